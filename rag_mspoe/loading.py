@@ -111,7 +111,8 @@ def resolve_source(source: str | os.PathLike[str] | None) -> tuple[str, str]:
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelLoadError(
-                f"{path} is a folder but has no config.json; point at a Hugging Face model folder or a .gguf file."
+                f"{path} is a folder but has no config.json; "
+                "point at a Hugging Face model folder or a .gguf file."
             )
         return str(path), path.name
     if path.exists():
@@ -162,7 +163,8 @@ def load_model(
         model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
     except OSError as exc:
         raise ModelLoadError(
-            f"Could not load model {source!r}: {exc}. Without hub access, pass a local folder or a .gguf file."
+            f"Could not load model {source!r}: {exc}. "
+            "Without hub access, pass a local folder or a .gguf file."
         ) from exc
     model.to(device).eval()
     model._rag_mspoe_name = name

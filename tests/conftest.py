@@ -1,0 +1,16 @@
+"""Shared fixtures: tiny random models of every supported architecture and the real embedded model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+torch.set_num_threads(1)  # measured faster than 2 threads on the 2-core CI machines, and deterministic
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    """The real embedded SmolLM2-135M-Instruct (converted once into the cache), as (model, tokenizer)."""
+    from rag_mspoe import load_model
+
+    return load_model()

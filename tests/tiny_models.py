@@ -1,0 +1,75 @@
+"""Tiny randomly initialised models of every supported architecture, for mechanics tests."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+import transformers
+
+ARCH_NAMES = ["llama", "mistral", "qwen2", "qwen3", "gemma3_text"]
+VOCAB = 96
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+)
+
+
+def tiny_config(arch: str, attn: str = "sdpa", **overrides: Any) -> Any:
+    if arch == "llama":
+        config = transformers.LlamaConfig(**COMMON)
+    elif arch == "mistral":
+        config = transformers.MistralConfig(**COMMON, sliding_window=12)
+    elif arch == "qwen2":
+        config = transformers.Qwen2Config(
+            **COMMON, use_sliding_window=True, sliding_window=12, max_window_layers=2
+        )
+    elif arch == "qwen3":
+        config = transformers.Qwen3Config(**COMMON, head_dim=16)
+    elif arch == "gemma3_text":
+        config = transformers.Gemma3TextConfig(
+            **COMMON,
+            head_dim=16,
+            sliding_window=12,
+            layer_types=["sliding_attention", "full_attention"] * 2,
+        )
+    else:
+        raise ValueError(arch)
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    config._attn_implementation = attn
+    return config
+
+
+def tiny_model(arch: str, attn: str = "sdpa", seed: int = 0, **overrides: Any) -> Any:
+    torch.manual_seed(seed)
+    config = tiny_config(arch, attn, **overrides)
+    model_cls = transformers.Gemma3ForCausalLM if arch == "gemma3_text" else transformers.AutoModelForCausalLM
+    if model_cls is transformers.AutoModelForCausalLM:
+        model = model_cls.from_config(config)
+    else:
+        model = model_cls(config)
+    return model.float().eval()
+
+
+def with_rope_parameters(model: Any, **rope: Any) -> Any:
+    """A copy of `model` (same weights) whose config sets `rope` in every RoPE parameter set."""
+    config = copy.deepcopy(model.config)
+    params = config.rope_parameters
+    targets = params.values() if all(isinstance(v, dict) for v in params.values()) else [params]
+    for target in targets:
+        target.update(rope)
+    clone = type(model)(config).float().eval()
+    clone.load_state_dict(model.state_dict())
+    return clone
+
+
+def prompt_ids(length: int = 20, batch: int = 1, seed: int = 1) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(3, VOCAB, (batch, length), generator=generator)
