@@ -1,0 +1,427 @@
+"""The one generation engine every adapter uses: chat template, left-padded batches, stop strings,
+streaming, token counting, a per-call rescaling method, and one lock per model.
+
+    engine = Engine.load(method="mspoe")
+    engine.generate("What is the capital of France?").text        # 'The capital of France is Paris.'
+    for piece in engine.stream("Tell me a story", stop=["THE END"]):
+        print(piece, end="")
+
+Calls run one at a time per model, so concurrent callers (threads or asyncio tasks) get exactly
+the answers they would get one after another. Async calls run the model in a worker thread and
+never block the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import queue
+import threading
+import time
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from rag_mspoe.chat_template import Prompt, render
+from rag_mspoe.stopping import GenerationWatch, TextTracker
+
+MethodSpec = Any  # None, a short name ("none", "pi", "mspoe", ...), a method config, or a JSON path
+FinishReason = Literal["stop", "length"]
+
+# One lock per model object, shared by every engine that wraps it: rescaling hooks and the
+# KV cache are model state, so two generations on one model must never overlap.
+_model_locks: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
+_model_locks_guard = threading.Lock()
+
+
+def _lock_for(model: Any) -> threading.Lock:
+    with _model_locks_guard:
+        return _model_locks.setdefault(model, threading.Lock())
+
+
+class PromptTooLongError(ValueError):
+    """The prompt and the requested output do not fit in the model's context window."""
+
+
+class GenerationTimeout(TimeoutError):
+    """A call did not finish within its timeout (waiting for the model included)."""
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """What middle truncation removed from one prompt."""
+
+    removed_tokens: int
+    at_token: int  # index in the prompt where the removed span started
+    removed_text: str
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int  # tokens generated, the one that ended the answer (end of turn, stop string) included
+    finish_reason: FinishReason
+    method: str
+    truncation: Truncation | None = None
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """Per-call settings, checked once. temperature == 0 means greedy decoding."""
+
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    method: MethodSpec = None  # None: the engine's default method
+    raw: bool = False  # plain text continuation, without the chat template
+    truncate: Literal["error", "middle"] = "error"
+    timeout: float | None = None  # seconds for the whole call, waiting for the model included
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        object.__setattr__(self, "stop", tuple(self.stop or ()))
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError(f"stop must be a list of non-empty strings, got {list(self.stop)!r}.")
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int):
+            raise TypeError(f"max_new_tokens must be an int, got {self.max_new_tokens!r}.")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}.")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}.")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+        if self.truncate not in ("error", "middle"):
+            raise ValueError(f"truncate must be 'error' or 'middle', got {self.truncate!r}.")
+        if self.timeout is not None and self.timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds or None, got {self.timeout}.")
+
+    @classmethod
+    def of(cls, settings: dict[str, Any]) -> GenerationSettings:
+        unknown = sorted(set(settings) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            valid = ", ".join(f.name for f in dataclasses.fields(cls))
+            raise TypeError(f"Unknown generation setting(s) {unknown}; valid settings are: {valid}.")
+        return cls(**settings)
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    ids: list[int]
+    truncation: Truncation | None
+
+
+class _End:
+    """Marks the end of a stream in its queue, carrying the result."""
+
+    def __init__(self, result: GenerationResult) -> None:
+        self.result = result
+
+
+class TextStream:
+    """Text pieces of one generation as they are produced; `.result` is set once it ends.
+
+    Generation runs in a worker thread. Leaving the loop early (or `close()`) stops it at the
+    next token.
+    """
+
+    def __init__(self, start: Callable[[Callable[[object], None], threading.Event], None]) -> None:
+        self.result: GenerationResult | None = None
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._cancel = threading.Event()
+        start(self._queue.put, self._cancel)
+
+    def __iter__(self) -> Iterator[str]:
+        try:
+            while True:
+                item = self._queue.get()
+                if isinstance(item, _End):
+                    self.result = item.result
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield str(item)
+        finally:
+            self._cancel.set()
+
+    def close(self) -> None:
+        self._cancel.set()
+
+
+class AsyncTextStream:
+    """The async form of `TextStream`: `async for piece in stream`, then `.result`."""
+
+    def __init__(self, start: Callable[[Callable[[object], None], threading.Event], None]) -> None:
+        self.result: GenerationResult | None = None
+        self._queue: asyncio.Queue[object] = asyncio.Queue()
+        self._cancel = threading.Event()
+        loop = asyncio.get_running_loop()
+        start(lambda item: loop.call_soon_threadsafe(self._queue.put_nowait, item), self._cancel)
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        try:
+            while True:
+                item = await self._queue.get()
+                if isinstance(item, _End):
+                    self.result = item.result
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield str(item)
+        finally:
+            self._cancel.set()
+
+    def close(self) -> None:
+        self._cancel.set()
+
+
+class Engine:
+    """Generation over one loaded causal LM and its tokenizer.
+
+    method: the default rescaling method. None keeps the model as it was handed over (whatever
+    `rescale` applied to it, or nothing); "none" forces the unmodified model. Each call can pass
+    its own `method`; it applies for that call only.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, method: MethodSpec = None, name: str | None = None) -> None:
+        from rag_mspoe import current_method, model_display_name, parse_method
+
+        self.model = model
+        self.tokenizer = tokenizer
+        self.name = name or model_display_name(model)
+        self._method = current_method(model) if method is None else parse_method(method)
+        self._lock = _lock_for(model)
+        # Fast tokenizers refuse concurrent use while their padding/truncation state changes.
+        self._tokenizer_lock = threading.Lock()
+        self._eos_ids = frozenset(self._collect_eos_ids())
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        if pad is None:
+            raise ValueError("The tokenizer has neither a pad nor an eos token; set tokenizer.pad_token first.")
+        self._pad_id = int(pad)
+
+    @classmethod
+    def load(
+        cls,
+        source: str | os.PathLike[str] | None = None,
+        method: MethodSpec = None,
+        dtype: torch.dtype | str | None = None,
+        threads: int | None = None,
+    ) -> Engine:
+        """Load a model (None: the embedded SmolLM2-135M-Instruct) and wrap it."""
+        from rag_mspoe import load_model
+
+        model, tokenizer = load_model(source, dtype=dtype, threads=threads)
+        return cls(model, tokenizer, method=method)
+
+    # -- facts -------------------------------------------------------------------------------------
+    @property
+    def context_window(self) -> int:
+        """Positions the model was trained for (config.max_position_embeddings)."""
+        return int(self.model.config.max_position_embeddings)
+
+    @property
+    def method(self) -> Any:
+        """The default method config, or None for the unmodified model."""
+        return self._method
+
+    def set_method(self, spec: MethodSpec) -> None:
+        """Change the default method; None or "none" means the unmodified model."""
+        from rag_mspoe import parse_method
+
+        with self._lock:
+            self._method = parse_method(spec)
+
+    def count_tokens(self, prompt: Prompt, *, raw: bool = False) -> int:
+        """Tokens the model reads for a prompt, chat template included unless raw."""
+        return len(self._render(prompt, raw))
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of plain text, without special tokens (a tokenizer for token budgets)."""
+        with self._tokenizer_lock:
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    # -- generation --------------------------------------------------------------------------------
+    def generate(self, prompt: Prompt, **settings: Any) -> GenerationResult:
+        """Generate an answer. Settings: see `GenerationSettings`."""
+        return self.generate_batch([prompt], **settings)[0]
+
+    def generate_batch(self, prompts: Sequence[Prompt], **settings: Any) -> list[GenerationResult]:
+        """Generate answers for several prompts in one left-padded batch."""
+        if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not prompts:
+            raise TypeError("generate_batch takes a non-empty list of prompts; use generate() for a single one.")
+        config = GenerationSettings.of(settings)
+        prepared = [self._prepare(prompt, config) for prompt in prompts]
+        return self._run(prepared, config)
+
+    def stream(self, prompt: Prompt, **settings: Any) -> TextStream:
+        """Iterate over text pieces as they are generated; `.result` holds the counts at the end."""
+        config = GenerationSettings.of(settings)
+        prepared = self._prepare(prompt, config)
+        return TextStream(lambda put, cancel: self._start_worker(prepared, config, put, cancel))
+
+    async def agenerate(self, prompt: Prompt, **settings: Any) -> GenerationResult:
+        return await asyncio.to_thread(self.generate, prompt, **settings)
+
+    async def agenerate_batch(self, prompts: Sequence[Prompt], **settings: Any) -> list[GenerationResult]:
+        return await asyncio.to_thread(self.generate_batch, prompts, **settings)
+
+    def astream(self, prompt: Prompt, **settings: Any) -> AsyncTextStream:
+        """`async for piece in engine.astream(...)`; must be called inside a running event loop."""
+        config = GenerationSettings.of(settings)
+        prepared = self._prepare(prompt, config)
+        return AsyncTextStream(lambda put, cancel: self._start_worker(prepared, config, put, cancel))
+
+    # -- internals ---------------------------------------------------------------------------------
+    def _collect_eos_ids(self) -> set[int]:
+        configured = getattr(self.model.generation_config, "eos_token_id", None)
+        ids = set(configured if isinstance(configured, list) else [configured])
+        ids.add(self.tokenizer.eos_token_id)
+        return {int(i) for i in ids if i is not None}
+
+    def _render(self, prompt: Prompt, raw: bool) -> list[int]:
+        with self._tokenizer_lock:
+            return render(self.tokenizer, prompt, raw=raw)
+
+    def _prepare(self, prompt: Prompt, config: GenerationSettings) -> _Prepared:
+        ids = self._render(prompt, config.raw)
+        budget = self.context_window - config.max_new_tokens
+        if budget < 1:
+            raise PromptTooLongError(
+                f"max_new_tokens={config.max_new_tokens} leaves no room for a prompt in the context window of "
+                f"{self.context_window} tokens; lower max_new_tokens."
+            )
+        if len(ids) <= budget:
+            return _Prepared(ids, None)
+        if config.truncate == "error":
+            raise PromptTooLongError(
+                f"The prompt is {len(ids)} tokens; with max_new_tokens={config.max_new_tokens} it needs "
+                f"{len(ids) + config.max_new_tokens} positions, but the context window of {self.name} is "
+                f"{self.context_window}. Shorten the prompt, lower max_new_tokens, or pass truncate='middle' "
+                "to cut the middle of the prompt."
+            )
+        # Keep the head and the tail, as LongBench does: instructions tend to sit at both ends.
+        head = budget // 2
+        tail_start = len(ids) - (budget - head)
+        removed = ids[head:tail_start]
+        with self._tokenizer_lock:
+            removed_text = self.tokenizer.decode(removed, skip_special_tokens=False)
+        truncation = Truncation(removed_tokens=len(removed), at_token=head, removed_text=removed_text)
+        return _Prepared(ids[:head] + ids[tail_start:], truncation)
+
+    def _start_worker(
+        self,
+        prepared: _Prepared,
+        config: GenerationSettings,
+        put: Callable[[object], None],
+        cancel: threading.Event,
+    ) -> None:
+        def work() -> None:
+            try:
+                (result,) = self._run([prepared], config, on_text=put, cancel=cancel)
+                put(_End(result))
+            except BaseException as exc:  # handed to the consumer, who re-raises it
+                put(exc)
+
+        threading.Thread(target=work, name=f"rag-mspoe-stream-{self.name}", daemon=True).start()
+
+    def _run(
+        self,
+        prepared: list[_Prepared],
+        config: GenerationSettings,
+        on_text: Callable[[str], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> list[GenerationResult]:
+        from rag_mspoe import method_name, parse_method
+
+        method = self._method if config.method is None else parse_method(config.method)
+        deadline = None if config.timeout is None else time.monotonic() + config.timeout
+        if not self._lock.acquire(timeout=-1 if config.timeout is None else config.timeout):
+            raise GenerationTimeout(
+                f"Waited {config.timeout} s for the model, busy with other requests; raise timeout or retry."
+            )
+        try:
+            trackers = [TextTracker(self.tokenizer, config.stop, self._eos_ids) for _ in prepared]
+            watch = GenerationWatch(trackers, on_text=on_text, cancel=cancel, deadline=deadline)
+            with self._method_applied(method), self._seeded(config.seed), torch.inference_mode():
+                self.model.generate(
+                    **self._batch(prepared),
+                    **self._sampling(config),
+                    max_new_tokens=config.max_new_tokens,
+                    pad_token_id=self._pad_id,
+                    stopping_criteria=[watch],
+                )
+        finally:
+            self._lock.release()
+        if watch.timed_out:
+            raise GenerationTimeout(
+                f"Generation passed timeout={config.timeout} s after {trackers[0].n_tokens} tokens; "
+                "raise timeout or lower max_new_tokens."
+            )
+        results = []
+        for item, tracker in zip(prepared, trackers):
+            tracker.flush()
+            if on_text is not None:
+                rest = tracker.take_rest()
+                if rest:
+                    on_text(rest)
+            results.append(
+                GenerationResult(
+                    text=tracker.text,
+                    prompt_tokens=len(item.ids),
+                    completion_tokens=tracker.n_tokens,
+                    finish_reason="stop" if tracker.done else "length",
+                    method=method_name(method),
+                    truncation=item.truncation,
+                )
+            )
+        return results
+
+    def _batch(self, prepared: list[_Prepared]) -> dict[str, torch.Tensor]:
+        """Left-padded input ids and attention mask, so every row ends where generation begins."""
+        width = max(len(item.ids) for item in prepared)
+        input_ids = torch.full((len(prepared), width), self._pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prepared), width), dtype=torch.long)
+        for row, item in enumerate(prepared):
+            input_ids[row, width - len(item.ids) :] = torch.tensor(item.ids, dtype=torch.long)
+            attention_mask[row, width - len(item.ids) :] = 1
+        device = self.model.device
+        return {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device)}
+
+    @staticmethod
+    def _sampling(config: GenerationSettings) -> dict[str, Any]:
+        if config.temperature == 0:
+            # Clear sampling knobs a model's generation_config may carry, which greedy ignores.
+            return {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+        return {"do_sample": True, "temperature": config.temperature, "top_p": config.top_p}
+
+    def _method_applied(self, method: Any) -> contextlib.AbstractContextManager[Any]:
+        from rag_mspoe import current_method, rescaled
+
+        if current_method(self.model) == method:
+            return contextlib.nullcontext()
+        return rescaled(self.model, method)
+
+    @contextlib.contextmanager
+    def _seeded(self, seed: int | None) -> Iterator[None]:
+        """Seed sampling for this call only, leaving the global random state as it was."""
+        if seed is None:
+            yield
+            return
+        device = self.model.device
+        devices = [device.index or 0] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            yield
+
+    def __repr__(self) -> str:
+        from rag_mspoe import method_name
+
+        return f"Engine(name={self.name!r}, method={method_name(self._method)!r}, context_window={self.context_window})"

@@ -1,0 +1,151 @@
+"""Follow generated tokens as text: stop strings of any length, and text that is safe to stream.
+
+`TextTracker` decodes one sequence incrementally, finds the earliest stop string, and holds back
+any tail that could still grow into a stop string, so a stream never shows part of one.
+`GenerationWatch` is the transformers stopping criterion that feeds one tracker per batch row
+and ends rows on stop strings, and the whole batch on cancellation or a deadline.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from transformers import StoppingCriteria
+
+_INCOMPLETE_CHAR = "\ufffd"  # what decode gives for a multi-byte character cut in the middle
+
+
+class TextTracker:
+    """The decoded text of one generated sequence, cut at the earliest stop string."""
+
+    def __init__(self, tokenizer: Any, stop: Sequence[str] = (), eos_ids: frozenset[int] = frozenset()):
+        self._tokenizer = tokenizer
+        self._stop = tuple(stop)
+        self._longest_stop = max((len(s) for s in self._stop), default=0)
+        self._eos_ids = eos_ids
+        self._ids: list[int] = []
+        # Decode from a recent offset rather than from the start: decoding a token depends on its
+        # neighbours (leading spaces, multi-byte characters), and a window keeps each step cheap.
+        self._prefix_offset = 0
+        self._read_offset = 0
+        self._text = ""
+        self._stop_at: int | None = None
+        self._emitted = 0
+        self.ended_by_eos = False
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens generated up to and including the one that ended the sequence."""
+        return len(self._ids)
+
+    @property
+    def done(self) -> bool:
+        return self.ended_by_eos or self._stop_at is not None
+
+    @property
+    def hit_stop_string(self) -> bool:
+        return self._stop_at is not None
+
+    @property
+    def text(self) -> str:
+        """The final text so far: everything decoded, cut before the first stop string."""
+        return self._text if self._stop_at is None else self._text[: self._stop_at]
+
+    def push(self, token_id: int) -> None:
+        if self.done:
+            return
+        self._ids.append(token_id)
+        if token_id in self._eos_ids:
+            self.ended_by_eos = True
+            return
+        self._append(self._decode_new(final=False))
+
+    def flush(self) -> None:
+        """Decode what is still pending (a character whose bytes never completed), at the end."""
+        if not self.done:
+            self._append(self._decode_new(final=True))
+
+    def take_streamable(self) -> str:
+        """Text not handed out before that can no longer change or turn out to be a stop string."""
+        if self.done:
+            limit = len(self.text)
+        else:
+            limit = len(self._text) - self._possible_stop_start(self._text)
+        piece = self.text[self._emitted : limit]
+        self._emitted = max(self._emitted, limit)
+        return piece
+
+    def take_rest(self) -> str:
+        """Everything not handed out yet; call once generation has ended (after `flush`)."""
+        piece = self.text[self._emitted :]
+        self._emitted = len(self.text)
+        return piece
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def _decode_new(self, *, final: bool) -> str:
+        before = self._decode(self._ids[self._prefix_offset : self._read_offset])
+        after = self._decode(self._ids[self._prefix_offset :])
+        if len(after) <= len(before) or (after.endswith(_INCOMPLETE_CHAR) and not final):
+            return ""
+        self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
+        return after[len(before) :]
+
+    def _append(self, new_text: str) -> None:
+        if not new_text:
+            return
+        # A stop string not found before must end inside the new text.
+        search_from = max(0, len(self._text) - self._longest_stop + 1)
+        self._text += new_text
+        hits = [i for i in (self._text.find(s, search_from) for s in self._stop) if i >= 0]
+        if hits:
+            self._stop_at = min(hits)
+
+    def _possible_stop_start(self, text: str) -> int:
+        """Length of the longest tail of text that begins some stop string."""
+        for size in range(min(self._longest_stop - 1, len(text)), 0, -1):
+            tail = text[-size:]
+            if any(s.startswith(tail) for s in self._stop):
+                return size
+        return 0
+
+
+class GenerationWatch(StoppingCriteria):
+    """Feeds each new token to its row's tracker and tells `generate` which rows are finished.
+
+    on_text receives row 0's streamable text as it appears. Setting `cancel` or passing the
+    deadline (time.monotonic() seconds) ends every row at the next step.
+    """
+
+    def __init__(
+        self,
+        trackers: Sequence[TextTracker],
+        *,
+        on_text: Callable[[str], None] | None = None,
+        cancel: threading.Event | None = None,
+        deadline: float | None = None,
+    ):
+        self.trackers = list(trackers)
+        self._on_text = on_text
+        self._cancel = cancel
+        self._deadline = deadline
+        self.timed_out = False
+
+    def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
+        for tracker, token_id in zip(self.trackers, input_ids[:, -1].tolist()):
+            tracker.push(token_id)
+        if self._on_text is not None:
+            piece = self.trackers[0].take_streamable()
+            if piece:
+                self._on_text(piece)
+        if self._deadline is not None and time.monotonic() > self._deadline:
+            self.timed_out = True
+        finished = [tracker.done for tracker in self.trackers]
+        if self.timed_out or (self._cancel is not None and self._cancel.is_set()):
+            finished = [True] * len(finished)
+        return torch.tensor(finished, dtype=torch.bool, device=input_ids.device)  # type: ignore[return-value]
