@@ -1,0 +1,57 @@
+"""The real embedded SmolLM2-135M-Instruct under every named method."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rag_mspoe import NAMED_METHODS, frozen_head_order, parse_method, rescaled
+
+QUESTIONS = [
+    ("What is the capital of France?", "paris"),
+    ("What is the capital of Germany?", "berlin"),
+]
+
+
+def answer(model, tokenizer, question, max_new_tokens=16):
+    messages = [{"role": "user", "content": question}]
+    enc = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
+    with torch.no_grad():
+        out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False)
+    return tokenizer.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["none", *NAMED_METHODS])
+def test_embedded_model_answers_under_each_method(embedded, name):
+    model, tokenizer = embedded
+    with rescaled(model, parse_method(name)):
+        for question, expected in QUESTIONS:
+            reply = answer(model, tokenizer, question)
+            assert expected in reply.lower(), f"{name}: {question!r} -> {reply!r}"
+
+
+@pytest.fixture(scope="module")
+def embedded_fp32():
+    from rag_mspoe import load_model
+
+    return load_model(dtype=torch.float32)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mspoe", "mspoe-query-head", "layerwise"])
+def test_embedded_model_cached_decoding_matches_full_forward(embedded_fp32, name):
+    model, tokenizer = embedded_fp32
+    ids = tokenizer("The quick brown fox jumps over the lazy dog. " * 8, return_tensors="pt")["input_ids"]
+    prompt_length = ids.shape[1] - 6
+    with rescaled(model, parse_method(name)), torch.no_grad():
+        out = model(ids[:, :prompt_length], use_cache=True)
+        steps, cache = [out.logits[:, -1:]], out.past_key_values
+        for t in range(prompt_length, ids.shape[1]):
+            out = model(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+            steps.append(out.logits)
+        with frozen_head_order(model):
+            full = model(ids).logits[:, prompt_length - 1 :]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=2e-4, rtol=1e-4)
