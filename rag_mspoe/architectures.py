@@ -58,7 +58,7 @@ def decoder(model: nn.Module) -> Any:
     return base
 
 
-def sliding_window(attention: nn.Module, config: Any) -> int | None:
+def sliding_window(attention: Any, config: Any) -> int | None:
     """The attention window of one layer, or None for full attention."""
     if hasattr(attention, "sliding_window"):  # Qwen2/3 and Gemma 3 set it per layer
         return attention.sliding_window

@@ -81,7 +81,7 @@ def convert_gguf(gguf_path: Path) -> Path:
     try:
         kwargs = {"gguf_file": gguf_path.name}
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, **kwargs)
+        model: Any = AutoModelForCausalLM.from_pretrained(gguf_path.parent, **kwargs)
         # The weights are already de-quantised; drop the GGUF marker so the folder saves and
         # reloads as a plain checkpoint.
         model.hf_quantizer = None
@@ -160,7 +160,7 @@ def load_model(
         kwargs["attn_implementation"] = attn_implementation
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder)
-        model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+        model: Any = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
     except OSError as exc:
         raise ModelLoadError(
             f"Could not load model {source!r}: {exc}. "

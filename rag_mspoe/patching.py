@@ -186,7 +186,7 @@ class RescaleState:
         self._handles.clear()
         self._undo.clear()
 
-    def _expand_kv(self, attention: nn.Module) -> None:
+    def _expand_kv(self, attention: Any) -> None:
         groups = attention.num_key_value_groups
         head_dim = attention.head_dim
 
@@ -225,7 +225,7 @@ class RescaleState:
     def _on_rotary(self, _module: nn.Module, args: tuple, kwargs: dict, _output: Any) -> None:
         self.forward.position_ids = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
 
-    def _on_attention(self, index: int, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    def _on_attention(self, index: int, module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         plan = self.plans[index]
         hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
         if plan.heads is None:
@@ -278,7 +278,7 @@ class RescaleState:
         return cos.reshape(shape), sin.reshape(shape)
 
     # -- Ms-PoE ranking -------------------------------------------------------------------------
-    def ranks(self, index: int, module: nn.Module, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    def ranks(self, index: int, module: Any, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """[B or 1, heads] rank of each head in this layer (0 = most position-aware)."""
         heads = self.plans[index].heads
         assert heads is not None
@@ -312,7 +312,7 @@ class RescaleState:
 class HeadwiseRotation:
     """Stands in for `cos` in one attention call and rotates each head at its own ratio."""
 
-    def __init__(self, state: RescaleState, index: int, module: nn.Module, hidden: torch.Tensor) -> None:
+    def __init__(self, state: RescaleState, index: int, module: Any, hidden: torch.Tensor) -> None:
         self.state, self.index, self.module, self.hidden = state, index, module, hidden
 
     def apply(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -353,7 +353,7 @@ def _wrap_apply_rotary(arch: Architecture) -> None:
                     return cos.apply(q, k)
                 return original(q, k, cos, sin, *args, **kwargs)
 
-            module.apply_rotary_pos_emb = apply_rotary_pos_emb
+            module.apply_rotary_pos_emb = apply_rotary_pos_emb  # type: ignore[attr-defined]
         _wrap_counts[arch.modeling_module] = _wrap_counts.get(arch.modeling_module, 0) + 1
 
 
@@ -362,7 +362,7 @@ def _unwrap_apply_rotary(arch: Architecture) -> None:
         _wrap_counts[arch.modeling_module] -= 1
         if _wrap_counts[arch.modeling_module] == 0:
             module = arch.module()
-            module.apply_rotary_pos_emb = module.apply_rotary_pos_emb.__wrapped__
+            module.apply_rotary_pos_emb = module.apply_rotary_pos_emb.__wrapped__  # type: ignore[attr-defined]
 
 
 # -- public API ------------------------------------------------------------------------------------
@@ -419,7 +419,9 @@ def head_ratios(model: nn.Module) -> dict[int, torch.Tensor]:
     """
     state: RescaleState | None = getattr(model, STATE_ATTR, None)
     result: dict[int, torch.Tensor] = {}
-    for index, plan in state.plans.items() if state else ():
+    if state is None:
+        return result
+    for index, plan in state.plans.items():
         if plan.heads is None:
             continue
         ranks = (
