@@ -38,10 +38,26 @@ FinishReason = Literal["stop", "length"]
 _model_locks: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
 _model_locks_guard = threading.Lock()
 
+_shared_engines: dict[str, Engine] = {}
+_shared_engines_guard = threading.Lock()
+
 
 def _lock_for(model: Any) -> threading.Lock:
     with _model_locks_guard:
         return _model_locks.setdefault(model, threading.Lock())
+
+
+def shared_engine(source: str | os.PathLike[str] | None = None) -> Engine:
+    """The process-wide engine for a model source (None: the embedded model), loaded on first use.
+
+    Adapters built from a source name share it, so a second chat model does not load the
+    weights again.
+    """
+    key = str(source) if source is not None else ""
+    with _shared_engines_guard:
+        if key not in _shared_engines:
+            _shared_engines[key] = Engine.load(source)
+        return _shared_engines[key]
 
 
 class PromptTooLongError(ValueError):
@@ -258,14 +274,16 @@ class Engine:
         if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not prompts:
             raise TypeError("generate_batch takes a non-empty list of prompts; use generate() for a single one.")
         config = GenerationSettings.of(settings)
+        method = self._resolve_method(config.method)
         prepared = [self._prepare(prompt, config) for prompt in prompts]
-        return self._run(prepared, config)
+        return self._run(prepared, config, method)
 
     def stream(self, prompt: Prompt, **settings: Any) -> TextStream:
         """Iterate over text pieces as they are generated; `.result` holds the counts at the end."""
         config = GenerationSettings.of(settings)
+        method = self._resolve_method(config.method)
         prepared = self._prepare(prompt, config)
-        return TextStream(lambda put, cancel: self._start_worker(prepared, config, put, cancel))
+        return TextStream(lambda put, cancel: self._start_worker(prepared, config, method, put, cancel))
 
     async def agenerate(self, prompt: Prompt, **settings: Any) -> GenerationResult:
         return await asyncio.to_thread(self.generate, prompt, **settings)
@@ -276,8 +294,9 @@ class Engine:
     def astream(self, prompt: Prompt, **settings: Any) -> AsyncTextStream:
         """`async for piece in engine.astream(...)`; must be called inside a running event loop."""
         config = GenerationSettings.of(settings)
+        method = self._resolve_method(config.method)
         prepared = self._prepare(prompt, config)
-        return AsyncTextStream(lambda put, cancel: self._start_worker(prepared, config, put, cancel))
+        return AsyncTextStream(lambda put, cancel: self._start_worker(prepared, config, method, put, cancel))
 
     # -- internals ---------------------------------------------------------------------------------
     def _collect_eos_ids(self) -> set[int]:
@@ -285,6 +304,11 @@ class Engine:
         ids = set(configured if isinstance(configured, list) else [configured])
         ids.add(self.tokenizer.eos_token_id)
         return {int(i) for i in ids if i is not None}
+
+    def _resolve_method(self, spec: MethodSpec) -> Any:
+        from rag_mspoe import parse_method
+
+        return self._method if spec is None else parse_method(spec)
 
     def _render(self, prompt: Prompt, raw: bool) -> list[int]:
         with self._tokenizer_lock:
@@ -320,12 +344,13 @@ class Engine:
         self,
         prepared: _Prepared,
         config: GenerationSettings,
+        method: Any,
         put: Callable[[object], None],
         cancel: threading.Event,
     ) -> None:
         def work() -> None:
             try:
-                (result,) = self._run([prepared], config, on_text=put, cancel=cancel)
+                (result,) = self._run([prepared], config, method, on_text=put, cancel=cancel)
                 put(_End(result))
             except BaseException as exc:  # handed to the consumer, who re-raises it
                 put(exc)
@@ -336,12 +361,12 @@ class Engine:
         self,
         prepared: list[_Prepared],
         config: GenerationSettings,
+        method: Any,
         on_text: Callable[[str], None] | None = None,
         cancel: threading.Event | None = None,
     ) -> list[GenerationResult]:
-        from rag_mspoe import method_name, parse_method
+        from rag_mspoe import method_name
 
-        method = self._method if config.method is None else parse_method(config.method)
         deadline = None if config.timeout is None else time.monotonic() + config.timeout
         if not self._lock.acquire(timeout=-1 if config.timeout is None else config.timeout):
             raise GenerationTimeout(
