@@ -12,6 +12,7 @@ from collections.abc import Sequence
 # Modules are imported lazily so `rag-mspoe --help` stays fast and optional extras stay optional.
 COMMAND_MODULES: list[tuple[str, str]] = [
     ("rag_mspoe.pipelines.cli", "register"),
+    ("rag_mspoe.connectors.serve_command", "register"),
 ]
 
 

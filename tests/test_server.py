@@ -1,0 +1,207 @@
+"""The OpenAI-compatible server, started for real on a loopback port, used through real clients."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+
+from rag_mspoe.connectors.server import create_app  # noqa: E402
+
+from rag_mspoe.engine import Engine  # noqa: E402
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+HI = b'{"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "hi"}]'
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running(app):
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def engine(embedded):
+    model, tokenizer = embedded
+    return Engine(model, tokenizer, method="none")
+
+
+@pytest.fixture(scope="module")
+def base_url(engine):
+    with running(create_app(engine, max_tokens_limit=64, max_request_bytes=4096)) as url:
+        yield url
+
+
+@pytest.fixture
+def client(base_url):
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+
+
+def test_chat_completion_answers_with_usage(client, engine):
+    reply = client.chat.completions.create(model=engine.name, messages=QUESTION, max_tokens=16, temperature=0)
+    assert "paris" in reply.choices[0].message.content.lower()
+    assert reply.usage.prompt_tokens == engine.count_tokens(QUESTION)
+    assert reply.usage.completion_tokens > 0 and reply.choices[0].finish_reason in ("stop", "length")
+
+
+def test_model_name_selects_the_method_per_request(client, engine):
+    for method in ("mspoe", "layerwise", "none"):
+        reply = client.chat.completions.create(
+            model=f"{engine.name}+{method}", messages=QUESTION, max_tokens=12, temperature=0
+        )
+        expected = engine.generate(QUESTION, max_new_tokens=12, method=method)
+        assert reply.model == f"{engine.name}+{method}"
+        assert reply.choices[0].message.content == expected.text
+    assert engine.method is None  # requests never change the default
+
+
+def test_streaming_equals_non_streaming(client, engine):
+    kwargs = dict(model=f"{engine.name}+mspoe", messages=QUESTION, max_tokens=16, temperature=0)
+    whole = client.chat.completions.create(**kwargs).choices[0].message.content
+    chunks = list(
+        client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs)
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length")
+    assert chunks[-1].usage.completion_tokens > 0
+
+
+def test_text_completion_honours_stop_strings(client, engine):
+    prompt = "Count: one, two, three, four, five,"
+    free = client.completions.create(model=engine.name, prompt=prompt, max_tokens=12, temperature=0)
+    first_word = free.choices[0].text.strip().split(",")[0]
+    assert first_word, free.choices[0].text
+    stopped = client.completions.create(
+        model=engine.name, prompt=prompt, max_tokens=12, temperature=0, stop=[","]
+    )
+    assert "," not in stopped.choices[0].text and stopped.choices[0].finish_reason == "stop"
+    streamed = client.completions.create(
+        model=engine.name, prompt=prompt, max_tokens=12, temperature=0, stop=[","], stream=True
+    )
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == stopped.choices[0].text
+
+
+def test_concurrent_async_requests_equal_sequential_ones(base_url, engine):
+    questions = [f"What is {a} plus {b}?" for a, b in [(2, 3), (10, 5), (7, 1), (4, 4)]]
+    kwargs = dict(model=f"{engine.name}+mspoe", max_tokens=10, temperature=0)
+    sync_client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="x", max_retries=0)
+    sequential = [
+        sync_client.chat.completions.create(messages=[{"role": "user", "content": q}], **kwargs)
+        .choices[0]
+        .message.content
+        for q in questions
+    ]
+
+    async def together():
+        async_client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="x", max_retries=0)
+        replies = await asyncio.gather(
+            *(
+                async_client.chat.completions.create(messages=[{"role": "user", "content": q}], **kwargs)
+                for q in questions
+            )
+        )
+        return [r.choices[0].message.content for r in replies]
+
+    assert asyncio.run(together()) == sequential
+
+
+def test_models_and_health(client, base_url, engine):
+    names = [m.id for m in client.models.list()]
+    assert names[0] == engine.name and f"{engine.name}+mspoe" in names and f"{engine.name}+none" in names
+    assert httpx.get(f"{base_url}/health").json()["status"] == "ok"
+
+
+@pytest.mark.parametrize(
+    "body, status, code",
+    [
+        (b"{not json", 400, None),
+        (b'{"model": "m"}', 400, None),  # no messages
+        (b'{"model": "nope", "messages": [{"role": "user", "content": "hi"}]}', 404, "model_not_found"),
+        (
+            HI + b', "max_tokens": 65}',
+            400,
+            None,
+        ),
+        (
+            HI + b', "n": 2}',
+            400,
+            None,
+        ),
+        (b'{"model": "smollm2-135m-instruct", "messages": [{"role": "wizard", "content": "hi"}]}', 400, None),
+        (
+            b'{"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "'
+            + b"x" * 5000
+            + b'"}]}',
+            413,
+            "request_too_large",
+        ),
+    ],
+)
+def test_malformed_requests_get_4xx_in_openai_shape(base_url, body, status, code):
+    response = httpx.post(
+        f"{base_url}/v1/chat/completions", content=body, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert error["message"] and error["type"]
+    if code:
+        assert error["code"] == code
+
+
+def test_prompt_over_the_context_window_is_a_400(engine):
+    app = create_app(engine, max_tokens_limit=64, max_request_bytes=1 << 20)
+    with running(app) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.BadRequestError, match="context window"):
+            client.chat.completions.create(
+                model=engine.name, messages=[{"role": "user", "content": "word " * 9000}], max_tokens=8
+            )
+
+
+def test_api_key_is_checked_when_set(engine):
+    with running(create_app(engine, api_key="secret")) as url:
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
+        good = openai.OpenAI(base_url=f"{url}/v1", api_key="secret", max_retries=0)
+        assert good.models.list().data
+
+
+def test_langchain_chat_openai_against_the_server(base_url, engine):
+    langchain_openai = pytest.importorskip("langchain_openai")
+    chat = langchain_openai.ChatOpenAI(
+        base_url=f"{base_url}/v1",
+        api_key="x",
+        model=f"{engine.name}+mspoe",
+        temperature=0,
+        max_tokens=16,
+        max_retries=0,
+    )
+    assert "paris" in chat.invoke("What is the capital of France?").content.lower()
