@@ -1,0 +1,113 @@
+"""Throughput and latency of the OpenAI-compatible server on loopback: a bounded concurrent burst
+against the same requests sent one after another.
+
+    python benchmarks/bench_server.py --requests 12 --concurrency 4 --max-tokens 24
+
+Starts `rag-mspoe serve` (embedded model) on a free loopback port, waits for it, measures, stops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def one(client: httpx.AsyncClient, url: str, body: dict) -> float:
+    start = time.perf_counter()
+    response = await client.post(url, json=body, timeout=600)
+    response.raise_for_status()
+    return time.perf_counter() - start
+
+
+async def burst(url: str, bodies: list[dict], concurrency: int) -> tuple[float, list[float]]:
+    limit = asyncio.Semaphore(concurrency)
+
+    async def limited(client: httpx.AsyncClient, body: dict) -> float:
+        async with limit:
+            return await one(client, url, body)
+
+    async with httpx.AsyncClient() as client:
+        start = time.perf_counter()
+        latencies = await asyncio.gather(*(limited(client, b) for b in bodies))
+        return time.perf_counter() - start, list(latencies)
+
+
+def report(label: str, wall: float, latencies: list[float]) -> None:
+    print(
+        f"{label:12} {len(latencies) / wall:8.2f} req/s   p50 {percentile(latencies, 0.5):6.2f} s   "
+        f"p90 {percentile(latencies, 0.9):6.2f} s   max {max(latencies):6.2f} s   (wall {wall:.1f} s)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=12)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--method", default="mspoe")
+    args = parser.parse_args()
+
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "rag_mspoe.cli", "serve", "--port", str(port), "--method", args.method],
+        stdout=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                model = httpx.get(f"{base}/health", timeout=2).json()["model"]
+                break
+            except httpx.HTTPError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise SystemExit("the server did not start") from None
+                time.sleep(0.5)
+        url = f"{base}/v1/chat/completions"
+        bodies = [
+            {
+                "model": model,
+                "messages": [{"role": "user", "content": f"Name {i + 2} animals that live in the sea."}],
+                "max_tokens": args.max_tokens,
+                "temperature": 0,
+            }
+            for i in range(args.requests)
+        ]
+        asyncio.run(burst(url, bodies[:1], 1))  # warm up
+        print(f"{args.requests} chat requests, max_tokens {args.max_tokens}, method {args.method}")
+        sequential = asyncio.run(burst(url, bodies, 1))
+        concurrent = asyncio.run(burst(url, bodies, args.concurrency))
+        report("sequential", *sequential)
+        report(f"burst of {args.concurrency}", *concurrent)
+        ratio = (args.requests / concurrent[0]) / (args.requests / sequential[0])
+        print(
+            f"throughput ratio burst/sequential: {ratio:.2f}; median latency ratio: "
+            f"{statistics.median(concurrent[1]) / statistics.median(sequential[1]):.2f}"
+        )
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()
