@@ -8,12 +8,16 @@
 Both adapters are thin: every call goes to `rag_mspoe.engine.Engine`, which owns the chat
 template, stop strings, streaming, token counts and the lock that keeps concurrent calls apart.
 Tool calling is not offered: the adapter does not put tools in the prompt, so it would only
-pretend. Structured output is served by schema-guided JSON generation (see `structured_output`).
+pretend. Structured output (`with_structured_output`) is schema-guided JSON: the schema writes
+the structure and the model fills the values (see `rag_mspoe.json_output`), so the answer always
+parses, whichever of LangChain's structured-output methods is asked for.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from operator import itemgetter
 from typing import Any, Literal, TypeVar
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -27,16 +31,29 @@ from langchain_core.messages import (
     SystemMessage,
     UsageMetadata,
 )
-from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult, Generation, GenerationChunk
-from langchain_core.outputs import LLMResult
+from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
+from langchain_core.outputs import (
+    ChatGeneration,
+    ChatGenerationChunk,
+    ChatResult,
+    Generation,
+    GenerationChunk,
+    LLMResult,
+)
+from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
+from langchain_core.utils.function_calling import convert_to_json_schema
+from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rag_mspoe.engine import Engine, GenerationResult, GenerationTimeout, shared_engine
+from rag_mspoe.json_output import check_schema, generate_json
 
 PROVIDER = "rag_mspoe"
 # Settings a single call may override, by their LangChain names.
 PER_CALL_SETTINGS = ("temperature", "max_tokens", "top_p", "seed", "method", "truncate", "timeout")
 _ROLES = {HumanMessage: "user", SystemMessage: "system", AIMessage: "assistant"}
+# LangChain's structured-output methods; all are served by schema-guided JSON here.
+STRUCTURED_OUTPUT_METHODS = ("json_schema", "json_mode", "function_calling")
 
 T = TypeVar("T")
 
@@ -213,9 +230,7 @@ class ChatRagMsPoE(EngineParams, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        settings = self._settings(stop, kwargs)
-        prompt = to_chat_messages(messages)
-        result = self._retrying(lambda: self.engine.generate(prompt, **settings))
+        result = self._retrying(lambda: self._answer(messages, stop, dict(kwargs)))
         return self._chat_result(result)
 
     async def _agenerate(
@@ -225,9 +240,7 @@ class ChatRagMsPoE(EngineParams, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        settings = self._settings(stop, kwargs)
-        prompt = to_chat_messages(messages)
-        result = await self._aretrying(lambda: self.engine.agenerate(prompt, **settings))
+        result = await self._aretrying(lambda: asyncio.to_thread(self._answer, messages, stop, dict(kwargs)))
         return self._chat_result(result)
 
     def _stream(
@@ -237,6 +250,9 @@ class ChatRagMsPoE(EngineParams, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
+        if "json_schema" in kwargs:  # a partial object would not validate: send the JSON whole
+            yield from self._whole(self._answer(messages, stop, kwargs))
+            return
         stream = self.engine.stream(to_chat_messages(messages), **self._settings(stop, kwargs))
         for piece in stream:
             chunk = ChatGenerationChunk(message=AIMessageChunk(content=piece))
@@ -253,6 +269,10 @@ class ChatRagMsPoE(EngineParams, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
+        if "json_schema" in kwargs:
+            for chunk in self._whole(await asyncio.to_thread(self._answer, messages, stop, kwargs)):
+                yield chunk
+            return
         stream = self.engine.astream(to_chat_messages(messages), **self._settings(stop, kwargs))
         async for piece in stream:
             chunk = ChatGenerationChunk(message=AIMessageChunk(content=piece))
@@ -261,6 +281,55 @@ class ChatRagMsPoE(EngineParams, BaseChatModel):
             yield chunk
         assert stream.result is not None
         yield self._last_chunk(stream.result)
+
+    def with_structured_output(
+        self,
+        schema: dict[str, Any] | type,
+        *,
+        method: Literal["json_schema", "json_mode", "function_calling"] = "json_schema",
+        include_raw: bool = False,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[Any, Any]:
+        """A runnable answering with an object of `schema` (pydantic class, TypedDict or JSON schema).
+
+        Every `method` is served by schema-guided JSON, which is always strict: the answer has
+        every key of the schema and parses. Pydantic classes come back as instances, the rest as dicts.
+        """
+        if kwargs:
+            raise TypeError(f"Unknown argument(s) {sorted(kwargs)} for with_structured_output.")
+        if method not in STRUCTURED_OUTPUT_METHODS:
+            raise ValueError(f"method must be one of {STRUCTURED_OUTPUT_METHODS}, got {method!r}.")
+        json_schema = convert_to_json_schema(schema)
+        check_schema(json_schema)
+        llm = self.bind(
+            json_schema=json_schema,
+            ls_structured_output_format={"kwargs": {"method": method, "strict": strict}, "schema": json_schema},
+        )
+        parser: Runnable[Any, Any] = (
+            PydanticOutputParser(pydantic_object=schema)
+            if isinstance(schema, type) and is_basemodel_subclass(schema)
+            else JsonOutputParser()
+        )
+        if not include_raw:
+            return llm | parser
+        parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
+        unparsed = RunnablePassthrough.assign(parsed=lambda _: None)
+        return RunnableMap(raw=llm) | parsed.with_fallbacks([unparsed], exception_key="parsing_error")
+
+    def _answer(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> GenerationResult:
+        """One blocking answer: plain text, or schema-guided JSON when a schema is bound."""
+        schema = kwargs.pop("json_schema", None)
+        settings = self._settings(stop, kwargs)
+        prompt = to_chat_messages(messages)
+        if schema is None:
+            return self.engine.generate(prompt, **settings)
+        del settings["stop"]  # the schema decides where each value ends
+        return generate_json(self.engine, prompt, schema, **settings)
+
+    def _whole(self, result: GenerationResult) -> Iterator[ChatGenerationChunk]:
+        yield ChatGenerationChunk(message=AIMessageChunk(content=result.text))
+        yield self._last_chunk(result)
 
     def _chat_result(self, result: GenerationResult) -> ChatResult:
         message = AIMessage(

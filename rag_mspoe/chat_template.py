@@ -38,16 +38,20 @@ def as_messages(prompt: Prompt) -> list[dict[str, str]]:
     return messages
 
 
-def render(tokenizer: Any, prompt: Prompt, *, raw: bool = False) -> list[int]:
-    """Token ids for a prompt: the chat template with the assistant turn opened, or plain text if raw."""
+def render(tokenizer: Any, prompt: Prompt, *, raw: bool = False, prefix: str = "") -> list[int]:
+    """Token ids for a prompt: the chat template with the assistant turn opened, or plain text if raw.
+
+    prefix: text the answer starts with, tokenized together with the prompt so the boundary
+    splits into tokens the way the model would have written it.
+    """
     if raw:
         if not isinstance(prompt, str):
             raise TypeError("raw=True takes a plain string prompt; pass messages without raw=True.")
-        return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+        return list(tokenizer(prompt + prefix, add_special_tokens=True)["input_ids"])
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
             "This tokenizer has no chat template; set tokenizer.chat_template, or pass raw=True for plain text."
         )
     text = tokenizer.apply_chat_template(as_messages(prompt), add_generation_prompt=True, tokenize=False)
     # The template already writes any special tokens (BOS included) the model expects.
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return list(tokenizer(text + prefix, add_special_tokens=False)["input_ids"])

@@ -98,6 +98,7 @@ class GenerationSettings:
     stop: tuple[str, ...] = ()
     method: MethodSpec = None  # None: the engine's default method
     raw: bool = False  # plain text continuation, without the chat template
+    prefix: str = ""  # text the answer is made to start with; the result holds only what follows
     truncate: Literal["error", "middle"] = "error"
     timeout: float | None = None  # seconds for the whole call, waiting for the model included
 
@@ -257,7 +258,7 @@ class Engine:
 
     def count_tokens(self, prompt: Prompt, *, raw: bool = False) -> int:
         """Tokens the model reads for a prompt, chat template included unless raw."""
-        return len(self._render(prompt, raw))
+        return len(self._render(prompt, raw, ""))
 
     def encode(self, text: str) -> list[int]:
         """Token ids of plain text, without special tokens (a tokenizer for token budgets)."""
@@ -285,6 +286,41 @@ class Engine:
         prepared = self._prepare(prompt, config)
         return TextStream(lambda put, cancel: self._start_worker(prepared, config, method, put, cancel))
 
+    def loglikelihood(
+        self, prompt: Prompt, continuations: Sequence[str], *, prefix: str = "", raw: bool = False, method: MethodSpec = None
+    ) -> list[float]:
+        """Log-probability of each continuation right after the prompt (and the answer prefix).
+
+        For picking among fixed options (multiple choice, enums, booleans). With Ms-PoE the heads
+        are ranked on the prompt once, as in generation, and that ranking scores every option.
+        """
+        from rag_mspoe import frozen_head_order
+
+        if isinstance(continuations, str) or not continuations:
+            raise TypeError("continuations is a non-empty list of strings.")
+        context = self._render(prompt, raw, prefix)
+        candidates = [self._render(prompt, raw, prefix + text) for text in continuations]
+        if max(len(ids) for ids in candidates) > self.context_window:
+            raise PromptTooLongError(
+                f"Prompt and continuation need {max(len(ids) for ids in candidates)} tokens, more than the "
+                f"context window of {self.name} ({self.context_window}); shorten the prompt."
+            )
+        resolved = self._resolve_method(method)
+        device = self.model.device
+        scores = []
+        with self._lock, self._method_applied(resolved), torch.inference_mode():
+            self.model(torch.tensor([context], device=device))  # ranks Ms-PoE heads on the prompt
+            with frozen_head_order(self.model):
+                for ids in candidates:
+                    # Score from the first token where the option changes the tokenization.
+                    start = next((i for i, (a, b) in enumerate(zip(context, ids)) if a != b), len(context))
+                    start = max(start, 1)
+                    logits = self.model(torch.tensor([ids], device=device)).logits[0, start - 1 : -1].float()
+                    targets = torch.tensor(ids[start:], device=device)
+                    logprobs = torch.log_softmax(logits, dim=-1).gather(1, targets[:, None])
+                    scores.append(float(logprobs.sum()))
+        return scores
+
     async def agenerate(self, prompt: Prompt, **settings: Any) -> GenerationResult:
         return await asyncio.to_thread(self.generate, prompt, **settings)
 
@@ -310,12 +346,12 @@ class Engine:
 
         return self._method if spec is None else parse_method(spec)
 
-    def _render(self, prompt: Prompt, raw: bool) -> list[int]:
+    def _render(self, prompt: Prompt, raw: bool, prefix: str) -> list[int]:
         with self._tokenizer_lock:
-            return render(self.tokenizer, prompt, raw=raw)
+            return render(self.tokenizer, prompt, raw=raw, prefix=prefix)
 
     def _prepare(self, prompt: Prompt, config: GenerationSettings) -> _Prepared:
-        ids = self._render(prompt, config.raw)
+        ids = self._render(prompt, config.raw, config.prefix)
         budget = self.context_window - config.max_new_tokens
         if budget < 1:
             raise PromptTooLongError(
