@@ -72,6 +72,7 @@ def index_documents(
     chunk_size: int | None = None,
     chunk_overlap: int | None = None,
     kind: str | None = None,
+    text_field: str = "text",
     batch_size: int = 64,
     checkpoint_chunks: int = DEFAULT_CHECKPOINT_CHUNKS,
     embedder: Embedder | None = None,
@@ -84,7 +85,7 @@ def index_documents(
     """
     started = time.perf_counter()
     report = IndexReport(index_dir=Path(index_dir))
-    ingested = load_documents(paths, progress=progress)
+    ingested = load_documents(paths, text_field=text_field, progress=progress)
     report.skipped.extend(ingested.skipped)
 
     if ChunkIndex.exists(index_dir):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rag_mspoe.pipelines.chunking import Chunk
 from rag_mspoe.pipelines.embedding import Embedder, canonical_model_name
@@ -18,6 +19,27 @@ class RetrievedChunk:
     score: float  # cosine similarity to the query
     rank: int  # 1 for the best match
     chunk_id: int  # row of the chunk in the index
+
+    @property
+    def uid(self) -> str:
+        """A readable id, unique across indexes: source, location and character span."""
+        chunk = self.chunk
+        where = f"#{chunk.location}" if chunk.location else ""
+        return f"{chunk.source}{where}:{chunk.start}-{chunk.end}"
+
+    def metadata(self) -> dict[str, Any]:
+        """Where the chunk comes from and how it ranked, for LangChain and LlamaIndex documents."""
+        chunk = self.chunk
+        return {
+            "source": chunk.source,
+            "title": chunk.title,
+            "location": chunk.location,
+            "start": chunk.start,
+            "end": chunk.end,
+            "score": self.score,
+            "rank": self.rank,
+            "chunk_id": self.chunk_id,
+        }
 
 
 class Retriever:

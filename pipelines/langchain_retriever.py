@@ -1,0 +1,26 @@
+"""The index as a LangChain retriever (needs `langchain-core`: pip install 'rag-mspoe[langchain]')."""
+
+from __future__ import annotations
+
+from langchain_core.callbacks import CallbackManagerForRetrieverRun
+from langchain_core.documents import Document
+from langchain_core.retrievers import BaseRetriever
+from pydantic import ConfigDict, Field
+from rag_mspoe.pipelines.retrieval import DEFAULT_TOP_K, Retriever
+
+
+class LangChainRetriever(BaseRetriever):
+    """Top-k chunks as LangChain documents, best first; metadata holds source, title, offsets and score."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
+
+    retriever: Retriever
+    k: int = Field(default=DEFAULT_TOP_K, ge=1)
+
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+    ) -> list[Document]:
+        return [
+            Document(id=hit.uid, page_content=hit.chunk.text, metadata=hit.metadata())
+            for hit in self.retriever.retrieve(query, self.k)
+        ]
