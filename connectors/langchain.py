@@ -16,9 +16,9 @@ parses, whichever of LangChain's structured-output methods is asked for.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from operator import itemgetter
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, BaseLLM, LangSmithParams
@@ -44,18 +44,15 @@ from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
 from langchain_core.utils.function_calling import convert_to_json_schema
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from rag_mspoe.connectors.settings import aretrying, engine_settings, retrying
 
-from rag_mspoe.engine import Engine, GenerationResult, GenerationTimeout, shared_engine
+from rag_mspoe.engine import Engine, GenerationResult, shared_engine
 from rag_mspoe.json_output import check_schema, generate_json
 
 PROVIDER = "rag_mspoe"
-# Settings a single call may override, by their LangChain names.
-PER_CALL_SETTINGS = ("temperature", "max_tokens", "top_p", "seed", "method", "truncate", "timeout")
 _ROLES = {HumanMessage: "user", SystemMessage: "system", AIMessage: "assistant"}
 # LangChain's structured-output methods; all are served by schema-guided JSON here.
 STRUCTURED_OUTPUT_METHODS = ("json_schema", "json_mode", "function_calling")
-
-T = TypeVar("T")
 
 
 def to_chat_messages(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
@@ -102,7 +99,7 @@ class EngineParams(BaseModel):
     )
     source: str | None = Field(
         default=None,
-        description="Model to load when no engine is given: None for the embedded model, a folder, a .gguf file.",
+        description="Model to load without an engine: None (the embedded model), a folder or a .gguf file.",
     )
     model_name: str = Field(default="", alias="model", description="Display name; defaults to the engine's.")
     method: Any = Field(
@@ -141,38 +138,7 @@ class EngineParams(BaseModel):
                 f"This adapter serves {self.model_name!r}; it cannot switch to model {requested_model!r} per "
                 "call. Build another adapter for another model (the rescaling method can change per call)."
             )
-        unknown = sorted(set(kwargs) - set(PER_CALL_SETTINGS))
-        if unknown:
-            raise TypeError(f"Unknown call argument(s) {unknown}; per-call settings are: {list(PER_CALL_SETTINGS)}.")
-        value = {name: kwargs.get(name, getattr(self, name)) for name in PER_CALL_SETTINGS}
-        return {
-            "max_new_tokens": value["max_tokens"],
-            "temperature": value["temperature"],
-            "top_p": value["top_p"],
-            "seed": value["seed"],
-            "stop": stop if stop is not None else self.stop,
-            "method": value["method"],
-            "truncate": value["truncate"],
-            "timeout": value["timeout"],
-        }
-
-    def _retrying(self, call: Callable[[], T]) -> T:
-        for attempt in range(self.max_retries + 1):
-            try:
-                return call()
-            except GenerationTimeout:
-                if attempt == self.max_retries:
-                    raise
-        raise AssertionError("unreachable")
-
-    async def _aretrying(self, call: Callable[[], Awaitable[T]]) -> T:
-        for attempt in range(self.max_retries + 1):
-            try:
-                return await call()
-            except GenerationTimeout:
-                if attempt == self.max_retries:
-                    raise
-        raise AssertionError("unreachable")
+        return engine_settings(self, kwargs if stop is None else {**kwargs, "stop": stop})
 
     def _response_metadata(self, result: GenerationResult) -> dict[str, Any]:
         metadata: dict[str, Any] = {
@@ -184,7 +150,9 @@ class EngineParams(BaseModel):
             metadata["truncated_tokens"] = result.truncation.removed_tokens
         return metadata
 
-    def _ls_params(self, model_type: Literal["chat", "llm"], stop: list[str] | None, kwargs: Any) -> LangSmithParams:
+    def _ls_params(
+        self, model_type: Literal["chat", "llm"], stop: list[str] | None, kwargs: Any
+    ) -> LangSmithParams:
         params = LangSmithParams(
             ls_provider=PROVIDER,
             ls_model_name=kwargs.get("model", self.model_name),
@@ -230,7 +198,7 @@ class ChatRagMsPoE(EngineParams, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        result = self._retrying(lambda: self._answer(messages, stop, dict(kwargs)))
+        result = retrying(lambda: self._answer(messages, stop, dict(kwargs)), self.max_retries)
         return self._chat_result(result)
 
     async def _agenerate(
@@ -240,7 +208,9 @@ class ChatRagMsPoE(EngineParams, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        result = await self._aretrying(lambda: asyncio.to_thread(self._answer, messages, stop, dict(kwargs)))
+        result = await aretrying(
+            lambda: asyncio.to_thread(self._answer, messages, stop, dict(kwargs)), self.max_retries
+        )
         return self._chat_result(result)
 
     def _stream(
@@ -304,7 +274,10 @@ class ChatRagMsPoE(EngineParams, BaseChatModel):
         check_schema(json_schema)
         llm = self.bind(
             json_schema=json_schema,
-            ls_structured_output_format={"kwargs": {"method": method, "strict": strict}, "schema": json_schema},
+            ls_structured_output_format={
+                "kwargs": {"method": method, "strict": strict},
+                "schema": json_schema,
+            },
         )
         parser: Runnable[Any, Any] = (
             PydanticOutputParser(pydantic_object=schema)
@@ -317,7 +290,9 @@ class ChatRagMsPoE(EngineParams, BaseChatModel):
         unparsed = RunnablePassthrough.assign(parsed=lambda _: None)
         return RunnableMap(raw=llm) | parsed.with_fallbacks([unparsed], exception_key="parsing_error")
 
-    def _answer(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> GenerationResult:
+    def _answer(
+        self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
+    ) -> GenerationResult:
         """One blocking answer: plain text, or schema-guided JSON when a schema is bound."""
         schema = kwargs.pop("json_schema", None)
         settings = self._settings(stop, kwargs)
@@ -338,7 +313,9 @@ class ChatRagMsPoE(EngineParams, BaseChatModel):
             response_metadata=self._response_metadata(result),
         )
         return ChatResult(
-            generations=[ChatGeneration(message=message, generation_info={"finish_reason": result.finish_reason})]
+            generations=[
+                ChatGeneration(message=message, generation_info={"finish_reason": result.finish_reason})
+            ]
         )
 
     def _last_chunk(self, result: GenerationResult) -> ChatGenerationChunk:
@@ -361,7 +338,9 @@ class RagMsPoELLM(EngineParams, BaseLLM):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, arbitrary_types_allowed=True)
 
-    use_chat_template: bool = Field(default=False, description="Wrap each prompt as a user turn of the chat template.")
+    use_chat_template: bool = Field(
+        default=False, description="Wrap each prompt as a user turn of the chat template."
+    )
 
     @property
     def _llm_type(self) -> str:
@@ -378,8 +357,9 @@ class RagMsPoELLM(EngineParams, BaseLLM):
         **kwargs: Any,
     ) -> LLMResult:
         settings = self._settings(stop, kwargs)
-        results = self._retrying(
-            lambda: self.engine.generate_batch(prompts, raw=not self.use_chat_template, **settings)
+        results = retrying(
+            lambda: self.engine.generate_batch(prompts, raw=not self.use_chat_template, **settings),
+            self.max_retries,
         )
         return self._llm_result(results)
 
@@ -391,8 +371,9 @@ class RagMsPoELLM(EngineParams, BaseLLM):
         **kwargs: Any,
     ) -> LLMResult:
         settings = self._settings(stop, kwargs)
-        results = await self._aretrying(
-            lambda: self.engine.agenerate_batch(prompts, raw=not self.use_chat_template, **settings)
+        results = await aretrying(
+            lambda: self.engine.agenerate_batch(prompts, raw=not self.use_chat_template, **settings),
+            self.max_retries,
         )
         return self._llm_result(results)
 
@@ -435,7 +416,9 @@ class RagMsPoELLM(EngineParams, BaseLLM):
         prompt_tokens = sum(r.prompt_tokens for r in results)
         completion_tokens = sum(r.completion_tokens for r in results)
         return LLMResult(
-            generations=[[Generation(text=r.text, generation_info=self._generation_info(r))] for r in results],
+            generations=[
+                [Generation(text=r.text, generation_info=self._generation_info(r))] for r in results
+            ],
             llm_output={
                 "model_name": self.model_name,
                 "token_usage": {

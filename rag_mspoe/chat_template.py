@@ -7,10 +7,10 @@ is rendered as a conversation. `raw=True` skips the template for plain text cont
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Union
+from typing import Any
 
 Message = Mapping[str, str]
-Prompt = Union[str, Sequence[Message]]
+Prompt = str | Sequence[Message]
 
 ROLES = ("system", "user", "assistant")
 
@@ -21,7 +21,8 @@ def as_messages(prompt: Prompt) -> list[dict[str, str]]:
         return [{"role": "user", "content": prompt}]
     if not isinstance(prompt, Sequence) or not prompt:
         raise TypeError(
-            f"A prompt is a string or a non-empty list of {{'role', 'content'}} dicts, got {type(prompt).__name__}."
+            "A prompt is a string or a non-empty list of {'role', 'content'} dicts, "
+            f"got {type(prompt).__name__}."
         )
     messages = []
     for i, message in enumerate(prompt):
@@ -50,7 +51,8 @@ def render(tokenizer: Any, prompt: Prompt, *, raw: bool = False, prefix: str = "
         return list(tokenizer(prompt + prefix, add_special_tokens=True)["input_ids"])
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
-            "This tokenizer has no chat template; set tokenizer.chat_template, or pass raw=True for plain text."
+            "This tokenizer has no chat template; set tokenizer.chat_template, "
+            "or pass raw=True for plain text."
         )
     text = tokenizer.apply_chat_template(as_messages(prompt), add_generation_prompt=True, tokenize=False)
     # The template already writes any special tokens (BOS included) the model expects.

@@ -79,9 +79,12 @@ class Truncation:
 
 @dataclass(frozen=True)
 class GenerationResult:
+    """One answer. completion_tokens counts every generated token, the one that ended the answer
+    (end of turn, or the last token of a stop string) included."""
+
     text: str
     prompt_tokens: int
-    completion_tokens: int  # tokens generated, the one that ended the answer (end of turn, stop string) included
+    completion_tokens: int
     finish_reason: FinishReason
     method: str
     truncation: Truncation | None = None
@@ -181,7 +184,11 @@ class AsyncTextStream:
         self._queue: asyncio.Queue[object] = asyncio.Queue()
         self._cancel = threading.Event()
         loop = asyncio.get_running_loop()
-        start(lambda item: loop.call_soon_threadsafe(self._queue.put_nowait, item), self._cancel)
+
+        def put(item: object) -> None:  # called from the worker thread
+            loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+        start(put, self._cancel)
 
     async def __aiter__(self) -> AsyncIterator[str]:
         try:
@@ -208,7 +215,9 @@ class Engine:
     its own `method`; it applies for that call only.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, method: MethodSpec = None, name: str | None = None) -> None:
+    def __init__(
+        self, model: Any, tokenizer: Any, method: MethodSpec = None, name: str | None = None
+    ) -> None:
         from rag_mspoe import current_method, model_display_name, parse_method
 
         self.model = model
@@ -221,7 +230,9 @@ class Engine:
         self._eos_ids = frozenset(self._collect_eos_ids())
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if pad is None:
-            raise ValueError("The tokenizer has neither a pad nor an eos token; set tokenizer.pad_token first.")
+            raise ValueError(
+                "The tokenizer has neither a pad nor an eos token; set tokenizer.pad_token first."
+            )
         self._pad_id = int(pad)
 
     @classmethod
@@ -273,7 +284,9 @@ class Engine:
     def generate_batch(self, prompts: Sequence[Prompt], **settings: Any) -> list[GenerationResult]:
         """Generate answers for several prompts in one left-padded batch."""
         if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not prompts:
-            raise TypeError("generate_batch takes a non-empty list of prompts; use generate() for a single one.")
+            raise TypeError(
+                "generate_batch takes a non-empty list of prompts; use generate() for a single one."
+            )
         config = GenerationSettings.of(settings)
         method = self._resolve_method(config.method)
         prepared = [self._prepare(prompt, config) for prompt in prompts]
@@ -287,7 +300,13 @@ class Engine:
         return TextStream(lambda put, cancel: self._start_worker(prepared, config, method, put, cancel))
 
     def loglikelihood(
-        self, prompt: Prompt, continuations: Sequence[str], *, prefix: str = "", raw: bool = False, method: MethodSpec = None
+        self,
+        prompt: Prompt,
+        continuations: Sequence[str],
+        *,
+        prefix: str = "",
+        raw: bool = False,
+        method: MethodSpec = None,
     ) -> list[float]:
         """Log-probability of each continuation right after the prompt (and the answer prefix).
 
@@ -313,7 +332,10 @@ class Engine:
             with frozen_head_order(self.model):
                 for ids in candidates:
                     # Score from the first token where the option changes the tokenization.
-                    start = next((i for i, (a, b) in enumerate(zip(context, ids)) if a != b), len(context))
+                    start = next(
+                        (i for i, (a, b) in enumerate(zip(context, ids, strict=False)) if a != b),
+                        len(context),
+                    )
                     start = max(start, 1)
                     logits = self.model(torch.tensor([ids], device=device)).logits[0, start - 1 : -1].float()
                     targets = torch.tensor(ids[start:], device=device)
@@ -355,8 +377,8 @@ class Engine:
         budget = self.context_window - config.max_new_tokens
         if budget < 1:
             raise PromptTooLongError(
-                f"max_new_tokens={config.max_new_tokens} leaves no room for a prompt in the context window of "
-                f"{self.context_window} tokens; lower max_new_tokens."
+                f"max_new_tokens={config.max_new_tokens} leaves no room for a prompt in the context window "
+                f"of {self.context_window} tokens; lower max_new_tokens."
             )
         if len(ids) <= budget:
             return _Prepared(ids, None)
@@ -427,7 +449,7 @@ class Engine:
                 "raise timeout or lower max_new_tokens."
             )
         results = []
-        for item, tracker in zip(prepared, trackers):
+        for item, tracker in zip(prepared, trackers, strict=True):
             tracker.flush()
             if on_text is not None:
                 rest = tracker.take_rest()
@@ -485,4 +507,5 @@ class Engine:
     def __repr__(self) -> str:
         from rag_mspoe import method_name
 
-        return f"Engine(name={self.name!r}, method={method_name(self._method)!r}, context_window={self.context_window})"
+        method = method_name(self._method)
+        return f"Engine(name={self.name!r}, method={method!r}, context_window={self.context_window})"

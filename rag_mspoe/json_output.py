@@ -47,7 +47,9 @@ def describe(schema: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def generate_json(engine: Engine, prompt: Prompt, schema: Mapping[str, Any], **settings: Any) -> GenerationResult:
+def generate_json(
+    engine: Engine, prompt: Prompt, schema: Mapping[str, Any], **settings: Any
+) -> GenerationResult:
     """Answer a prompt with a JSON object for `schema` (the JSON is the result's text).
 
     settings are the engine's; max_new_tokens caps each value, and stop/prefix/raw are taken
@@ -95,7 +97,9 @@ def _resolve(schema: Mapping[str, Any], root: Mapping[str, Any]) -> Mapping[str,
 def _kind(schema: Mapping[str, Any], root: Mapping[str, Any], path: str) -> str:
     if "enum" in schema:
         if not all(isinstance(v, str) for v in schema["enum"]):
-            raise UnsupportedSchemaError(f"{path}: only enums of strings are supported, got {schema['enum']}.")
+            raise UnsupportedSchemaError(
+                f"{path}: only enums of strings are supported, got {schema['enum']}."
+            )
         return "enum"
     kind = schema.get("type")
     if isinstance(kind, list):  # ["string", "null"]
@@ -120,7 +124,11 @@ class _Writer:
     """Builds the JSON text, asking the model for each value in turn."""
 
     def __init__(
-        self, engine: Engine, messages: list[dict[str, str]], root: Mapping[str, Any], settings: dict[str, Any]
+        self,
+        engine: Engine,
+        messages: list[dict[str, str]],
+        root: Mapping[str, Any],
+        settings: dict[str, Any],
     ) -> None:
         self.engine = engine
         self.messages = messages
@@ -151,7 +159,7 @@ class _Writer:
             written = self._ask(_SCALAR_END)
             match = (_INTEGER if kind == "integer" else _NUMBER).match(written)
             if match is None:
-                raise ValueError(f"The model wrote {written!r} where {path} needs {'an' if kind == 'integer' else 'a'} {kind}.")
+                raise ValueError(f"The model wrote {written!r} where {path} needs a number ({kind}).")
             self.text += match.group(1)
 
     def _ask(self, stop: list[str]) -> str:

@@ -71,10 +71,7 @@ class TextTracker:
 
     def take_streamable(self) -> str:
         """Text not handed out before that can no longer change or turn out to be a stop string."""
-        if self.done:
-            limit = len(self.text)
-        else:
-            limit = len(self._text) - self._possible_stop_start(self._text)
+        limit = len(self.text) if self.done else len(self._text) - self._possible_stop_start(self._text)
         piece = self.text[self._emitted : limit]
         self._emitted = max(self._emitted, limit)
         return piece
@@ -137,7 +134,7 @@ class GenerationWatch(StoppingCriteria):
         self.timed_out = False
 
     def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
-        for tracker, token_id in zip(self.trackers, input_ids[:, -1].tolist()):
+        for tracker, token_id in zip(self.trackers, input_ids[:, -1].tolist(), strict=True):
             tracker.push(token_id)
         if self._on_text is not None:
             piece = self.trackers[0].take_streamable()

@@ -138,7 +138,9 @@ def test_raw_prompt_skips_the_chat_template(engine):
 
 def test_too_long_prompt_is_an_error_naming_length_and_limit(engine):
     long_prompt = "word " * 300
-    with pytest.raises(PromptTooLongError, match=r"(?s)prompt is \d+ tokens.*window.*is 256.*truncate='middle'"):
+    with pytest.raises(
+        PromptTooLongError, match=r"(?s)prompt is \d+ tokens.*window.*is 256.*truncate='middle'"
+    ):
         engine.generate(long_prompt, max_new_tokens=8)
     with pytest.raises(PromptTooLongError, match="lower max_new_tokens"):
         engine.generate("hi", max_new_tokens=256)
@@ -261,7 +263,9 @@ def test_method_changes_the_output(engine):
 def test_engine_default_method_and_set_method(engine, tokenizer):
     mspoe = Engine(engine.model, tokenizer, method="mspoe")
     assert mspoe.method == parse_method("mspoe")
-    assert mspoe.generate(PROMPTS[0], max_new_tokens=8) == engine.generate(PROMPTS[0], max_new_tokens=8, method="mspoe")
+    assert mspoe.generate(PROMPTS[0], max_new_tokens=8) == engine.generate(
+        PROMPTS[0], max_new_tokens=8, method="mspoe"
+    )
     assert current_method(engine.model) is None
     mspoe.set_method("none")
     assert mspoe.generate(PROMPTS[0], max_new_tokens=8) == engine.generate(PROMPTS[0], max_new_tokens=8)
