@@ -206,9 +206,8 @@ def test_lcel_chain_prompt_model_parser(real):
     )
     chain = prompt | ChatRagMsPoE(engine=real, max_tokens=30, method="mspoe") | StrOutputParser()
     assert "Paris" in chain.invoke({"country": "France"})
-    assert [answer for answer in chain.batch([{"country": "France"}, {"country": "Italy"}])][1].count(
-        "Rome"
-    ) == 1
+    france, italy = chain.batch([{"country": "France"}, {"country": "Italy"}])
+    assert "Paris" in france and "Rome" in italy
     assert "Paris" in "".join(chain.stream({"country": "France"}))
 
 
