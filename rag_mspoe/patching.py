@@ -67,9 +67,7 @@ class _Forward:
     attention_mask: torch.Tensor | None = None
     starts_fresh: bool = True
     position_ids: torch.Tensor | None = None
-    tables: dict[tuple[Any, tuple[float, ...]], tuple[torch.Tensor, torch.Tensor]] = field(
-        default_factory=dict
-    )
+    tables: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
 
 def _layer_plans(method: MethodConfig, config: Any) -> dict[int, LayerPlan]:
@@ -163,6 +161,7 @@ class RescaleState:
         self._handles: list[Any] = []
         self._undo: list[Callable[[], None]] = []
         self._divisors_by_type = self._collect_divisors()
+        self._requests_by_type = self._collect_requests()
 
     # -- installation -------------------------------------------------------------------------
     def install(self) -> None:
@@ -204,10 +203,18 @@ class RescaleState:
         self._undo.append(restore)
 
     def _collect_divisors(self) -> dict[Any, tuple[float, ...]]:
+        """Per layer type, every divisor its layers use, sorted (one rotary call covers them)."""
         by_type: dict[Any, set[float]] = {}
         for index, plan in self.plans.items():
             by_type.setdefault(self._layer_type(index), set()).update(plan.divisors())
         return {key: tuple(sorted(values)) for key, values in by_type.items()}
+
+    def _collect_requests(self) -> dict[Any, set[tuple[float, ...]]]:
+        """Per layer type, the divisor tuples its layers ask `rope_tables` for."""
+        requests: dict[Any, set[tuple[float, ...]]] = {}
+        for index, plan in self.plans.items():
+            requests.setdefault(self._layer_type(index), set()).add(plan.divisors())
+        return requests
 
     def _layer_type(self, index: int) -> Any:
         if self.arch.rope_per_layer_type:
@@ -242,23 +249,39 @@ class RescaleState:
         """cos, sin of shape [len(divisors), B, T, D] at `position_ids / divisor`, cached per forward."""
         layer_type = self._layer_type(index)
         tables = self.forward.tables
-        if (layer_type, divisors) in tables:
-            return tables[(layer_type, divisors)]
-        short = hidden.shape[1] <= _SHORT_INPUT
-        if short:  # one rotary call for every divisor this layer type uses
+        found = tables.get((layer_type, divisors))
+        if found is not None:
+            return found
+        if hidden.shape[1] <= _SHORT_INPUT:
+            # Decoding: one rotary call gives every table of this layer type for the whole forward,
+            # so the other layers only look theirs up.
             every = self._divisors_by_type[layer_type]
-            key = (layer_type, every)
-            if key not in tables:
-                tables[key] = self._compute_rope(layer_type, hidden, every)
-            cos_all, sin_all = tables[key]
-            rows = torch.tensor([every.index(d) for d in divisors], device=cos_all.device)
-            result = (cos_all.index_select(0, rows), sin_all.index_select(0, rows))
-        else:
-            if len(tables) >= _LONG_INPUT_TABLES_KEPT:
-                tables.clear()
-            result = self._compute_rope(layer_type, hidden, divisors)
+            cos_all, sin_all = self._compute_rope(layer_type, hidden, every)
+            for wanted in self._requests_by_type[layer_type]:
+                rows = [every.index(d) for d in wanted]
+                tables[(layer_type, wanted)] = (cos_all[rows], sin_all[rows])
+            return tables[(layer_type, divisors)]
+        # Long inputs: tables are large, so compute each when needed and keep only a few.
+        if len(tables) >= _LONG_INPUT_TABLES_KEPT:
+            tables.clear()
+        result = self._compute_rope(layer_type, hidden, divisors)
         tables[(layer_type, divisors)] = result
         return result
+
+    def head_tables(
+        self, index: int, hidden: torch.Tensor, ratios: tuple[float, ...], ranks: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B, n, T, D]: each head's table at its ratio. Cached per forward while decoding,
+        where layers with the same ranking (few distinct ones) share it."""
+        cos_t, sin_t = self.rope_tables(index, hidden, ratios)  # [n, Bp, T, D]
+        if hidden.shape[1] > _SHORT_INPUT:
+            return _gather_heads(cos_t, ranks), _gather_heads(sin_t, ranks)
+        key = (self._layer_type(index), ratios, tuple(ranks.shape), tuple(ranks.flatten().tolist()))
+        found = self.forward.tables.get(key)
+        if found is None:
+            found = (_gather_heads(cos_t, ranks), _gather_heads(sin_t, ranks))
+            self.forward.tables[key] = found
+        return found
 
     def _compute_rope(
         self, layer_type: Any, hidden: torch.Tensor, divisors: tuple[float, ...]
@@ -319,12 +342,13 @@ class HeadwiseRotation:
         heads = self.state.plans[self.index].heads
         assert heads is not None
         ranks = self.state.ranks(self.index, self.module, q, k)
-        cos_t, sin_t = self.state.rope_tables(self.index, self.hidden, heads.ratios)  # [n, Bp, T, D]
-        cos_k, sin_k = _gather_heads(cos_t, ranks), _gather_heads(sin_t, ranks)  # [B, n, T, D]
-        groups = q.shape[1] // k.shape[1]
-        cos_q = cos_k.repeat_interleave(groups, dim=1) if groups > 1 else cos_k
-        sin_q = sin_k.repeat_interleave(groups, dim=1) if groups > 1 else sin_k
-        return q * cos_q + _rotate_half(q) * sin_q, k * cos_k + _rotate_half(k) * sin_k
+        cos, sin = self.state.head_tables(self.index, self.hidden, heads.ratios, ranks)  # [B, n, T, D]
+        batch, num_q, length, dim = q.shape
+        # Query heads of one KV group share its ratio: broadcast over the group, no copies.
+        grouped = q.view(batch, k.shape[1], num_q // k.shape[1], length, dim)
+        cos_q, sin_q = cos[:, :, None], sin[:, :, None]
+        q_out = (grouped * cos_q + _rotate_half(grouped) * sin_q).view(batch, num_q, length, dim)
+        return q_out, k * cos + _rotate_half(k) * sin
 
 
 def _gather_heads(table: torch.Tensor, ranks: torch.Tensor) -> torch.Tensor:
