@@ -175,6 +175,9 @@ class TextStream:
     def close(self) -> None:
         self._cancel.set()
 
+    def __del__(self) -> None:  # a stream dropped unread must not keep the model busy
+        self._cancel.set()
+
 
 class AsyncTextStream:
     """The async form of `TextStream`: `async for piece in stream`, then `.result`."""
@@ -204,6 +207,9 @@ class AsyncTextStream:
             self._cancel.set()
 
     def close(self) -> None:
+        self._cancel.set()
+
+    def __del__(self) -> None:  # a stream dropped unread must not keep the model busy
         self._cancel.set()
 
 

@@ -205,6 +205,13 @@ def test_timeout_while_waiting_for_a_busy_model(engine):
     worker.join()
 
 
+def test_leaving_a_stream_early_frees_the_model_at_once(engine):
+    for _ in engine.stream(PROMPTS[0], max_new_tokens=200):  # about half a second of work
+        break
+    # Still generating, the model would be busy for far longer than this.
+    assert engine.generate(PROMPTS[1], max_new_tokens=2, timeout=0.1).completion_tokens == 2
+
+
 def test_threads_get_the_answers_of_sequential_calls(engine):
     sequential = [engine.generate(p, max_new_tokens=10).text for p in PROMPTS]
     with ThreadPoolExecutor(max_workers=len(PROMPTS) * 2) as pool:
