@@ -3,6 +3,7 @@
 One index is a folder:
 
     meta.json                  settings, embedding model and dimension, which files are current
+    .lock                      held by the one process that is adding to the index
     vectors-<generation>.faiss the FAISS index
     chunks-<generation>.jsonl  one chunk per line, row i of the FAISS index is line i
 
@@ -13,22 +14,46 @@ generations are removed after the commit.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
 from rag_mspoe.pipelines.chunking import Chunk
 
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
+LOCK_FILE = ".lock"
 INDEX_KINDS = ("flat", "hnsw", "ivf")
 _GENERATION_FILE = re.compile(r"^(vectors|chunks)-(\d+)\.(faiss|jsonl)$")
+
+
+@contextlib.contextmanager
+def writer_lock(folder: str | Path) -> Iterator[None]:
+    """Hold the index folder for one writer: two processes adding at once would each save only
+    their own additions. A second writer fails at once rather than waiting unseen."""
+    path = Path(folder)
+    path.mkdir(parents=True, exist_ok=True)
+    with open(path / LOCK_FILE, "a") as handle:
+        if fcntl is not None:  # POSIX; elsewhere writers are not serialised
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise RuntimeError(
+                    f"Another process is writing the index at {path}; run again when it has finished"
+                ) from None
+        yield
 
 
 class IndexNotFoundError(FileNotFoundError):

@@ -22,7 +22,7 @@ from rag_mspoe.pipelines.chunking import (
     chunk_documents,
 )
 from rag_mspoe.pipelines.embedding import DEFAULT_EMBEDDING_MODEL, Embedder, canonical_model_name
-from rag_mspoe.pipelines.index import ChunkIndex, IndexMismatchError, IndexSettings
+from rag_mspoe.pipelines.index import ChunkIndex, IndexMismatchError, IndexSettings, writer_lock
 from rag_mspoe.pipelines.ingest import Document, Skipped, load_documents
 from rag_mspoe.pipelines.progress import tqdm_disable
 from tqdm.auto import tqdm
@@ -88,6 +88,31 @@ def index_documents(
     ingested = load_documents(paths, text_field=text_field, progress=progress)
     report.skipped.extend(ingested.skipped)
 
+    if not ingested.documents and not ChunkIndex.exists(index_dir):
+        raise ValueError(
+            f"No readable documents in {_describe(paths)}: {ingested.summary()}; nothing to index"
+        )
+
+    with writer_lock(index_dir):
+        index, embedder = _open_or_create(
+            index_dir, embedder, embedding_model, chunk_size, chunk_overlap, kind
+        )
+        new_documents = _new_documents(ingested.documents, index.documents, report)
+        _embed_and_save(index, embedder, new_documents, report, batch_size, checkpoint_chunks, progress)
+    report.documents_added = len(new_documents)
+    report.total_chunks = len(index)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _open_or_create(
+    index_dir: str | Path,
+    embedder: Embedder | None,
+    embedding_model: str | None,
+    chunk_size: int | None,
+    chunk_overlap: int | None,
+    kind: str | None,
+) -> tuple[ChunkIndex, Embedder]:
     if ChunkIndex.exists(index_dir):
         index = ChunkIndex.load(index_dir)
         _check_same_settings(index, embedding_model, chunk_size, chunk_overlap, kind)
@@ -109,24 +134,31 @@ def index_documents(
                 chunk_overlap=DEFAULT_CHUNK_OVERLAP if chunk_overlap is None else chunk_overlap,
             ),
         )
+    check_chunking(
+        index.settings.chunk_size, index.settings.chunk_overlap, embedder.max_tokens - _SPECIAL_TOKENS
+    )
+    return index, embedder
+
+
+def _embed_and_save(
+    index: ChunkIndex,
+    embedder: Embedder,
+    documents: list[Document],
+    report: IndexReport,
+    batch_size: int,
+    checkpoint_chunks: int,
+    progress: bool | None,
+) -> None:
     settings = index.settings
-    check_chunking(settings.chunk_size, settings.chunk_overlap, embedder.max_tokens - _SPECIAL_TOKENS)
-
-    new_documents = _new_documents(ingested.documents, index.documents, report)
-    if not new_documents and len(index) == 0:
-        raise ValueError(
-            f"No readable documents in {_describe(paths)}: {ingested.summary()}; nothing to index"
-        )
-
     chunks = chunk_documents(
-        new_documents,
+        documents,
         embedder.tokenizer,
         chunk_size=settings.chunk_size,
         overlap=settings.chunk_overlap,
         progress=progress,
     )
     with tqdm(total=len(chunks), desc="Embedding", unit="chunk", disable=tqdm_disable(progress)) as bar:
-        for group, hashes in _checkpoint_groups(chunks, new_documents, checkpoint_chunks):
+        for group, hashes in _checkpoint_groups(chunks, documents, checkpoint_chunks):
             embed_started = time.perf_counter()
             vectors = embedder.embed(
                 [embedding_text(c) for c in group], batch_size=batch_size, on_batch=bar.update
@@ -135,10 +167,6 @@ def index_documents(
             index.add(group, vectors, hashes)
             index.save()
             report.chunks_added += len(group)
-    report.documents_added = len(new_documents)
-    report.total_chunks = len(index)
-    report.seconds = time.perf_counter() - started
-    return report
 
 
 def _check_same_settings(

@@ -171,13 +171,13 @@ def _read_html(markup: str) -> tuple[str, str]:
 
 def _read_pdf(path: Path) -> tuple[str, str]:
     from pypdf import PdfReader
-    from pypdf.errors import PdfReadError
+    from pypdf.errors import PyPdfError
 
     try:
         reader = PdfReader(path)
         pages = [page.extract_text() or "" for page in reader.pages]
         title = (reader.metadata.title if reader.metadata else None) or ""
-    except (PdfReadError, ValueError, KeyError) as exc:
+    except (PyPdfError, ValueError, KeyError) as exc:
         raise UnreadableFile(f"not a readable PDF ({exc})") from exc
     return str(title).strip(), "\n\n".join(page.strip() for page in pages).strip()
 

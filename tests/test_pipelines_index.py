@@ -75,7 +75,7 @@ def test_only_the_current_generation_stays_on_disk(tmp_path):
     write_corpus(docs, {"mill.txt": "The windmill of Tarsk grinds rye."})
     index_documents(docs, index_dir, embedder=embedder(), progress=False)
     names = sorted(path.name for path in index_dir.iterdir())
-    assert names == ["chunks-000002.jsonl", "meta.json", "vectors-000002.faiss"]
+    assert names == [".lock", "chunks-000002.jsonl", "meta.json", "vectors-000002.faiss"]
 
 
 def test_a_failed_save_leaves_the_previous_index_whole(tmp_path, monkeypatch):
@@ -147,3 +147,14 @@ def test_a_folder_with_nothing_readable_builds_no_index(tmp_path):
     with pytest.raises(ValueError, match="No readable documents .* 1 skipped"):
         index_documents(docs, tmp_path / "index", embedder=embedder(), progress=False)
     assert not ChunkIndex.exists(tmp_path / "index")
+
+
+def test_a_second_writer_is_refused_while_the_first_holds_the_index(tmp_path):
+    from rag_mspoe.pipelines.index import writer_lock
+
+    docs, index_dir, _ = _build(tmp_path)
+    write_corpus(docs, {"mill.txt": "The windmill of Tarsk grinds rye."})
+    with writer_lock(index_dir), pytest.raises(RuntimeError, match="Another process is writing the index"):
+        index_documents(docs, index_dir, embedder=embedder(), progress=False)
+    assert len(ChunkIndex.load(index_dir)) == 5
+    assert index_documents(docs, index_dir, embedder=embedder(), progress=False).total_chunks == 6
