@@ -117,7 +117,6 @@ class EngineParams(BaseModel):
     )
     timeout: float | None = Field(default=None, gt=0, description="Seconds per attempt, waiting included.")
     max_retries: int = Field(default=0, ge=0, description="Retries of a non-streaming call that timed out.")
-    streaming: bool = Field(default=False, description="Run invoke through the streaming path.")
 
     @model_validator(mode="after")
     def _attach_engine(self) -> EngineParams:
@@ -183,6 +182,8 @@ class ChatRagMsPoE(EngineParams, BaseChatModel):
     """A LangChain chat model over a local model with rescaled RoPE (Ms-PoE, per layer, ...)."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, arbitrary_types_allowed=True)
+
+    streaming: bool = Field(default=False, description="Run invoke through the streaming path.")
 
     @property
     def _llm_type(self) -> str:
