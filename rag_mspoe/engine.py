@@ -186,10 +186,13 @@ class AsyncTextStream:
         self.result: GenerationResult | None = None
         self._queue: asyncio.Queue[object] = asyncio.Queue()
         self._cancel = threading.Event()
-        loop = asyncio.get_running_loop()
+        loop, items, cancel = asyncio.get_running_loop(), self._queue, self._cancel
 
-        def put(item: object) -> None:  # called from the worker thread
-            loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        def put(item: object) -> None:  # called from the worker thread; holds no reference to self
+            try:
+                loop.call_soon_threadsafe(items.put_nowait, item)
+            except RuntimeError:  # the event loop has closed: nobody is listening any more
+                cancel.set()
 
         start(put, self._cancel)
 

@@ -212,6 +212,15 @@ def test_leaving_a_stream_early_frees_the_model_at_once(engine):
     assert engine.generate(PROMPTS[1], max_new_tokens=2, timeout=0.1).completion_tokens == 2
 
 
+def test_leaving_an_async_stream_early_frees_the_model_at_once(engine):
+    async def main():
+        async for _ in engine.astream(PROMPTS[0], max_new_tokens=200):
+            break
+        return await engine.agenerate(PROMPTS[1], max_new_tokens=2, timeout=0.1)
+
+    assert asyncio.run(main()).completion_tokens == 2
+
+
 def test_threads_get_the_answers_of_sequential_calls(engine):
     sequential = [engine.generate(p, max_new_tokens=10).text for p in PROMPTS]
     with ThreadPoolExecutor(max_workers=len(PROMPTS) * 2) as pool:
