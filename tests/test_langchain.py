@@ -65,7 +65,8 @@ def test_stream_gives_the_invoke_answer_piece_by_piece(tiny):
     assert full.usage_metadata == invoked.usage_metadata
     assert full.response_metadata["method"] == "none"
     through_stream = ChatRagMsPoE(engine=tiny, max_tokens=12, streaming=True).invoke(QUESTION)
-    assert (through_stream.content, through_stream.usage_metadata) == (invoked.content, invoked.usage_metadata)
+    assert through_stream.content == invoked.content
+    assert through_stream.usage_metadata == invoked.usage_metadata
 
 
 def test_stop_strings_of_any_length_in_invoke_and_stream(tiny):
