@@ -44,8 +44,8 @@ from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
 from langchain_core.utils.function_calling import convert_to_json_schema
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from rag_mspoe.connectors.settings import aretrying, engine_settings, retrying
 
+from rag_mspoe.connectors.settings import aretrying, engine_settings, retrying
 from rag_mspoe.engine import Engine, GenerationResult, shared_engine
 from rag_mspoe.json_output import check_schema, generate_json
 

@@ -31,9 +31,9 @@ from llama_index.core.base.llms.types import (
 from llama_index.core.llms import LLM
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from pydantic import ConfigDict, Field, model_validator
-from rag_mspoe.connectors.settings import aretrying, engine_settings, retrying
 
 from rag_mspoe.chat_template import Prompt
+from rag_mspoe.connectors.settings import aretrying, engine_settings, retrying
 from rag_mspoe.engine import Engine, GenerationResult, shared_engine
 
 _ROLES = {MessageRole.SYSTEM: "system", MessageRole.USER: "user", MessageRole.ASSISTANT: "assistant"}

@@ -59,6 +59,7 @@ def register(subparsers: Any) -> None:
 def _serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
+
         from rag_mspoe.connectors.server import create_app
     except ImportError as exc:
         raise RuntimeError(

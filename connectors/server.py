@@ -20,8 +20,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
-from rag_mspoe.connectors import openai_schema as schema
 
+from rag_mspoe.connectors import openai_schema as schema
 from rag_mspoe.engine import Engine, GenerationResult, GenerationTimeout, PromptTooLongError
 from rag_mspoe.methods import NAMED_METHODS, MethodConfig, method_name, parse_method
 

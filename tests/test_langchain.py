@@ -12,10 +12,10 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, Tool
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from pydantic import BaseModel, Field, ValidationError
-from rag_mspoe.connectors.langchain import ChatRagMsPoE, RagMsPoELLM
 from tiny_models import tiny_model
 
 from rag_mspoe import current_method
+from rag_mspoe.connectors.langchain import ChatRagMsPoE, RagMsPoELLM
 from rag_mspoe.engine import Engine, GenerationTimeout
 from rag_mspoe.json_output import UnsupportedSchemaError
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from langchain_tests.integration_tests import ChatModelIntegrationTests
 from langchain_tests.unit_tests import ChatModelUnitTests
-from rag_mspoe.connectors.langchain import ChatRagMsPoE
 
+from rag_mspoe.connectors.langchain import ChatRagMsPoE
 from rag_mspoe.engine import Engine
 
 

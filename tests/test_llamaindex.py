@@ -14,10 +14,10 @@ from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events.llm import LLMChatStartEvent
 from llama_index.core.llms import ChatMessage
 from llama_index.core.node_parser import SentenceSplitter
-from rag_mspoe.connectors.llamaindex import RagMsPoE
 from tiny_models import tiny_model
 
 from rag_mspoe import current_method
+from rag_mspoe.connectors.llamaindex import RagMsPoE
 from rag_mspoe.engine import Engine
 
 QUESTION = "Name three colours."

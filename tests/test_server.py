@@ -15,7 +15,6 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
 from rag_mspoe.connectors.server import create_app  # noqa: E402
-
 from rag_mspoe.engine import Engine  # noqa: E402
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
