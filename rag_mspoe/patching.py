@@ -324,7 +324,7 @@ class RescaleState:
                 "Ms-PoE ranks heads on the prompt, but this forward continues a cache it never saw. "
                 "Run the prompt through the rescaled model first (or use a static head order)."
             )
-        if ranks.shape[0] != q.shape[0]:
+        if ranks.shape[0] not in (1, q.shape[0]):  # one prompt may be continued several ways
             raise RuntimeError(
                 f"The head ranking was computed for a batch of {ranks.shape[0]} prompts, but this forward "
                 f"has {q.shape[0]}; decode the same batch that was prefilled."

@@ -270,3 +270,18 @@ def test_decoding_without_prefill_is_a_clear_error():
         cache = model(ids, use_cache=True).past_key_values  # prefilled while unmodified
         with rescaled(model, MsPoE()), pytest.raises(RuntimeError, match="Run the prompt through"):
             model(ids[:, :1], past_key_values=cache, use_cache=True)
+
+
+@pytest.mark.parametrize("name", ["mspoe", "mspoe-query-head", "layerwise"])
+def test_one_prefill_continued_several_ways_matches_each_alone(name):
+    """Scoring several continuations of one prompt from one cached prefill (as eval does)."""
+    model = tiny_model("qwen3")
+    prompt = prompt_ids(length=16)
+    continuations = prompt_ids(length=4, batch=3, seed=9)
+    with rescaled(model, METHODS[name]), torch.no_grad():
+        cache = model(prompt, use_cache=True).past_key_values
+        cache.batch_repeat_interleave(3)
+        together = model(continuations, past_key_values=cache, use_cache=True).logits
+        for row in range(3):
+            alone = decode_step_by_step(model, torch.cat([prompt, continuations[row : row + 1]], dim=1), 16)
+            torch.testing.assert_close(together[row], alone[0, 16:], atol=5e-5, rtol=1e-4)
