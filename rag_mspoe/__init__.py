@@ -11,6 +11,7 @@ from rag_mspoe.loading import ModelLoadError, load_model, model_display_name
 from rag_mspoe.methods import (
     NAMED_METHODS,
     Compose,
+    HiddenScale,
     LayerWise,
     MethodConfig,
     MsPoE,
@@ -25,6 +26,7 @@ __all__ = [
     "ARCHITECTURES",
     "NAMED_METHODS",
     "Compose",
+    "HiddenScale",
     "LayerWise",
     "MethodConfig",
     "ModelLoadError",

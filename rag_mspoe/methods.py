@@ -205,6 +205,46 @@ class LayerWise(MethodConfig):
 
 
 @dataclass
+class HiddenScale(MethodConfig):
+    """Positional hidden-state scaling: one dimension of the attention input scaled by `factor`.
+
+    In `layers` (default: the middle of the model, layers 10-25 of 32 as in the paper, scaled to
+    the model's depth), the query of the last prompt token and the keys it reads are computed
+    from the input with `dimension` multiplied by `factor`; every other row of attention stays
+    as it was. Those scaled keys go to the KV cache and generated tokens use the scaled query
+    and keys too. Values are never scaled. `last_rows` > 1 gives the scaled path to more of the
+    final prompt rows (with the causal mask aligned bottom-right). Find `dimension` with the
+    calibration search; factors the paper used: 0, -1, 0.2.
+    """
+
+    kind: ClassVar[str] = "hidden"
+    dimension: int = -1
+    factor: float = 0.0
+    layers: list[int] | None = None
+    last_rows: int = 1
+
+    def __post_init__(self) -> None:
+        if self.dimension < 0:
+            raise ValueError(
+                "HiddenScale needs the hidden `dimension` to scale; find it with the calibration search."
+            )
+        if self.last_rows < 1:
+            raise ValueError(f"last_rows must be at least 1, got {self.last_rows}")
+        if self.layers is not None and any(i < 0 for i in self.layers):
+            raise ValueError(f"layers must be non-negative layer indices, got {self.layers}")
+
+    def layer_indices(self, num_layers: int, hidden_size: int) -> list[int]:
+        if self.dimension >= hidden_size:
+            raise ValueError(f"dimension {self.dimension} is outside the model's hidden size {hidden_size}.")
+        if self.layers is None:
+            return list(range(round(num_layers * 10 / 32), round(num_layers * 25 / 32) + 1))
+        bad = [i for i in self.layers if i >= num_layers]
+        if bad:
+            raise ValueError(f"HiddenScale.layers has {bad}; the model has {num_layers} layers.")
+        return sorted(set(self.layers))
+
+
+@dataclass
 class Compose(MethodConfig):
     """Several methods at once: per-layer factors multiply (e.g. layer-wise on top of PI).
 
@@ -219,6 +259,8 @@ class Compose(MethodConfig):
             raise ValueError("Compose needs at least one method.")
         if sum(isinstance(m, MsPoE) for m in self.methods) > 1:
             raise ValueError("Compose accepts at most one Ms-PoE method.")
+        if any(isinstance(m, HiddenScale) for m in self.methods):
+            raise ValueError("HiddenScale does not compose with RoPE methods; apply it on its own.")
         if any(isinstance(m, Compose) for m in self.methods):
             raise ValueError("Nest methods flat: Compose(methods=[a, b, c]), not Compose inside Compose.")
 

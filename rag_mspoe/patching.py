@@ -21,16 +21,18 @@ import contextlib
 import functools
 import logging
 import threading
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from rag_mspoe.architectures import Architecture, architecture_of, decoder, sliding_window
+from rag_mspoe.architectures import Architecture, sliding_window
 from rag_mspoe.awareness import position_awareness, rank_heads, ranks_from_order
-from rag_mspoe.methods import Compose, LayerWise, MethodConfig, MsPoE, Uniform
+from rag_mspoe.hidden_scaling import HiddenScaleState
+from rag_mspoe.hooks import ModelHooks, key_validity
+from rag_mspoe.methods import Compose, HiddenScale, LayerWise, MethodConfig, MsPoE, Uniform
 
 logger = logging.getLogger(__name__)
 
@@ -58,16 +60,6 @@ class LayerPlan:
 
     def divisors(self) -> tuple[float, ...]:
         return self.heads.ratios if self.heads else (self.factor,)
-
-
-@dataclass
-class _Forward:
-    """What one forward of the decoder tells the hooks."""
-
-    attention_mask: torch.Tensor | None = None
-    starts_fresh: bool = True
-    position_ids: torch.Tensor | None = None
-    tables: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
 
 def _layer_plans(method: MethodConfig, config: Any) -> dict[int, LayerPlan]:
@@ -127,45 +119,19 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def _key_validity(
-    attention_mask: torch.Tensor | None, batch: int, length: int, window: int | None, device: torch.device
-) -> torch.Tensor:
-    """[B, T] bool: the keys the last prompt row may attend to."""
-    if attention_mask is None:
-        valid = torch.ones(batch, length, dtype=torch.bool, device=device)
-    elif attention_mask.dim() == 2:
-        valid = attention_mask[:, -length:].to(device).bool()
-    elif attention_mask.dim() == 4:  # a ready mask: take its last query row
-        row = attention_mask[:, 0, -1, -length:].to(device)
-        valid = row if row.dtype == torch.bool else row == 0
-    else:
-        raise ValueError(f"Cannot read an attention mask of shape {tuple(attention_mask.shape)}.")
-    valid = valid.expand(batch, length)
-    if window is not None and window < length:
-        valid = valid & (torch.arange(length, device=device) >= length - window)
-    return valid
-
-
-class RescaleState:
-    """Everything `rescale` attached to one model, so `unrescale` can take it all off."""
+class RescaleState(ModelHooks):
+    """The hooks of a RoPE rescaling method (uniform, layer-wise, Ms-PoE, or a composition)."""
 
     def __init__(self, model: nn.Module, method: MethodConfig) -> None:
-        self.model = model
-        self.method = method
-        self.arch: Architecture = architecture_of(model)
-        self.decoder = decoder(model)
+        super().__init__(model, method)
         self.plans = _layer_plans(method, model.config)
-        self.forward = _Forward()
         self.frozen_ranking = False
         self.head_ranks: dict[int, torch.Tensor] = {}
-        self._handles: list[Any] = []
-        self._undo: list[Callable[[], None]] = []
         self._divisors_by_type = self._collect_divisors()
         self._requests_by_type = self._collect_requests()
 
     # -- installation -------------------------------------------------------------------------
-    def install(self) -> None:
-        self._handles.append(self.decoder.register_forward_pre_hook(self._on_decoder, with_kwargs=True))
+    def _install(self) -> None:
         self._handles.append(self.decoder.rotary_emb.register_forward_hook(self._on_rotary, with_kwargs=True))
         for index, plan in self.plans.items():
             attention = self.decoder.layers[index].self_attn
@@ -176,14 +142,6 @@ class RescaleState:
         if any(plan.heads for plan in self.plans.values()):
             _wrap_apply_rotary(self.arch)
             self._undo.append(lambda: _unwrap_apply_rotary(self.arch))
-
-    def uninstall(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        for undo in reversed(self._undo):
-            undo()
-        self._handles.clear()
-        self._undo.clear()
 
     def _expand_kv(self, attention: Any) -> None:
         groups = attention.num_key_value_groups
@@ -222,13 +180,6 @@ class RescaleState:
         return None
 
     # -- hooks ----------------------------------------------------------------------------------
-    def _on_decoder(self, _module: nn.Module, args: tuple, kwargs: dict) -> None:
-        cache = kwargs.get("past_key_values")
-        self.forward = _Forward(
-            attention_mask=kwargs.get("attention_mask"),
-            starts_fresh=cache is None or cache.get_seq_length() == 0,
-        )
-
     def _on_rotary(self, _module: nn.Module, args: tuple, kwargs: dict, _output: Any) -> None:
         self.forward.position_ids = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
 
@@ -308,13 +259,13 @@ class RescaleState:
         if heads.static_ranks is not None:
             return heads.static_ranks.to(q.device)[None]
         if self.forward.starts_fresh and not self.frozen_ranking:
-            valid = _key_validity(
+            valid = key_validity(
                 self.forward.attention_mask,
                 k.shape[0],
                 k.shape[2],
                 sliding_window(module, self.model.config),
                 k.device,
-            )
+            )[:, 0]
             scores = position_awareness(q[:, :, -1], k, valid, module.scaling, heads.alpha)
             group_scores = scores.view(k.shape[0], k.shape[1], -1).mean(dim=-1)
             self.head_ranks[index] = rank_heads(group_scores)
@@ -400,7 +351,9 @@ def rescale(model: nn.Module, method: MethodConfig | None) -> nn.Module:
         unrescale(model)
     if method is None:
         return model
-    state = RescaleState(model, method)
+    state: ModelHooks = (
+        HiddenScaleState(model, method) if isinstance(method, HiddenScale) else RescaleState(model, method)
+    )
     state.install()
     setattr(model, STATE_ATTR, state)
     return model
@@ -408,7 +361,7 @@ def rescale(model: nn.Module, method: MethodConfig | None) -> nn.Module:
 
 def unrescale(model: nn.Module) -> nn.Module:
     """Remove whatever `rescale` applied; the model computes exactly what it did before."""
-    state: RescaleState | None = getattr(model, STATE_ATTR, None)
+    state: ModelHooks | None = getattr(model, STATE_ATTR, None)
     if state is not None:
         state.uninstall()
         delattr(model, STATE_ATTR)
@@ -416,7 +369,7 @@ def unrescale(model: nn.Module) -> nn.Module:
 
 
 def current_method(model: nn.Module) -> MethodConfig | None:
-    state: RescaleState | None = getattr(model, STATE_ATTR, None)
+    state: ModelHooks | None = getattr(model, STATE_ATTR, None)
     return state.method if state else None
 
 
@@ -441,9 +394,9 @@ def head_ratios(model: nn.Module) -> dict[int, torch.Tensor]:
 
     Heads are KV heads under gqa_policy="kv_group" and query heads under "query_head".
     """
-    state: RescaleState | None = getattr(model, STATE_ATTR, None)
+    state = getattr(model, STATE_ATTR, None)
     result: dict[int, torch.Tensor] = {}
-    if state is None:
+    if not isinstance(state, RescaleState):
         return result
     for index, plan in state.plans.items():
         if plan.heads is None:
@@ -465,8 +418,8 @@ def frozen_head_order(model: nn.Module) -> Iterator[nn.Module]:
     For scoring a continuation in one forward over prompt + continuation: prefill the prompt
     (which ranks the heads on its last row), then run the whole sequence inside this block.
     """
-    state: RescaleState | None = getattr(model, STATE_ATTR, None)
-    if state is None:
+    state = getattr(model, STATE_ATTR, None)
+    if not isinstance(state, RescaleState):
         yield model
         return
     state.frozen_ranking = True

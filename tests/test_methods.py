@@ -9,6 +9,7 @@ import pytest
 
 from rag_mspoe import (
     Compose,
+    HiddenScale,
     LayerWise,
     MsPoE,
     Uniform,
@@ -25,6 +26,7 @@ ROUND_TRIP = [
     LayerWise(factors=[1.0, 1.2, 1.4]),
     LayerWise(control_points=[(0, 1.0), (0.5, 1.9), (1.0, 1.1)], x_is_fraction=True),
     Compose([LayerWise(factors=[1.0, 1.5]), Uniform(2.0)]),
+    HiddenScale(dimension=7, factor=-1.0, layers=[3, 4, 5]),
 ]
 
 

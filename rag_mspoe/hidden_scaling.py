@@ -1,0 +1,98 @@
+"""Hooks of positional hidden-state scaling (`HiddenScale`).
+
+In each scaled layer:
+- During a prefill the layer runs unchanged; a hook on `self_attn` then recomputes the last
+  `last_rows` rows of attention with query and keys from the scaled input (values unscaled),
+  causal mask aligned bottom-right, and swaps the scaled keys into the KV cache.
+- During decoding (or any forward that continues a cache), pre-hooks on `q_proj` and `k_proj`
+  scale their input, so new tokens use the scaled query and keys; `v_proj` is left alone.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch import nn
+
+from rag_mspoe.architectures import sliding_window
+from rag_mspoe.hooks import ModelHooks, key_validity
+from rag_mspoe.methods import HiddenScale
+
+
+class HiddenScaleState(ModelHooks):
+    def __init__(self, model: nn.Module, method: Any) -> None:
+        super().__init__(model, method)
+        assert isinstance(method, HiddenScale)
+        self.scale: HiddenScale = method
+        config: Any = model.config
+        self.layers = method.layer_indices(config.num_hidden_layers, config.hidden_size)
+
+    def _install(self) -> None:
+        for index in self.layers:
+            attention = self.decoder.layers[index].self_attn
+            for projection in (attention.q_proj, attention.k_proj):
+                self._handles.append(projection.register_forward_pre_hook(self._scale_when_continuing))
+            hook = functools.partial(self._recompute_last_rows, index)
+            self._handles.append(attention.register_forward_hook(hook, with_kwargs=True))
+
+    def scaled(self, hidden: torch.Tensor) -> torch.Tensor:
+        out = hidden.clone()
+        out[..., self.scale.dimension] *= self.scale.factor
+        return out
+
+    def _scale_when_continuing(self, _module: nn.Module, args: tuple) -> tuple | None:
+        if self.forward.starts_fresh:
+            return None
+        return (self.scaled(args[0]), *args[1:])
+
+    def _recompute_last_rows(
+        self, index: int, module: Any, args: tuple, kwargs: dict, output: tuple
+    ) -> tuple | None:
+        if not self.forward.starts_fresh:
+            return None
+        hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        cos, sin = kwargs["position_embeddings"]
+        batch, length, _ = hidden.shape
+        rows = min(self.scale.last_rows, length)
+        head_dim = module.head_dim
+        scaled = self.scaled(hidden)
+
+        def heads(x: torch.Tensor) -> torch.Tensor:
+            return x.view(batch, x.shape[1], -1, head_dim).transpose(1, 2)
+
+        q = heads(module.q_proj(scaled[:, -rows:]))
+        k = heads(module.k_proj(scaled))
+        if hasattr(module, "q_norm"):  # Qwen3, Gemma 3 normalise q and k per head before RoPE
+            q, k = module.q_norm(q), module.k_norm(k)
+        apply_rotary = self.arch.module().apply_rotary_pos_emb
+        q, _ = apply_rotary(q, q, cos[:, -rows:], sin[:, -rows:])
+        k, _ = apply_rotary(k, k, cos, sin)
+        v = heads(module.v_proj(hidden))
+
+        groups = q.shape[1] // k.shape[1]
+        keys, values = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        logits = (q.float() @ keys.float().transpose(-1, -2)) * module.scaling
+        cap = getattr(self.model.config, "attn_logit_softcapping", None)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        window = sliding_window(module, self.model.config)
+        valid = key_validity(self.forward.attention_mask, batch, length, window, hidden.device, rows)
+        weights = torch.softmax(logits.masked_fill(~valid[:, None], float("-inf")), dim=-1)
+        attended = (weights @ values.float()).to(hidden.dtype)  # [B, H, rows, D]
+        last = module.o_proj(attended.transpose(1, 2).reshape(batch, rows, -1))
+
+        attn_output = output[0].clone()
+        attn_output[:, -rows:] = last
+        self._replace_cached_keys(kwargs.get("past_key_values"), module.layer_idx, k)
+        return (attn_output, *output[1:])
+
+    @staticmethod
+    def _replace_cached_keys(cache: Any, layer_idx: int, keys: torch.Tensor) -> None:
+        """Put the scaled keys where the layer just cached its unscaled ones (the newest tokens)."""
+        if cache is None:
+            return
+        cached = cache.layers[layer_idx].keys
+        kept = min(cached.shape[-2], keys.shape[-2])
+        cached[:, :, -kept:] = keys[:, :, -kept:].to(cached.dtype)

@@ -1,0 +1,88 @@
+"""What every method's hooks share: per-forward facts from the decoder, and clean removal."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from rag_mspoe.architectures import Architecture, architecture_of, decoder
+from rag_mspoe.methods import MethodConfig
+
+
+@dataclass
+class ForwardInfo:
+    """What one forward of the decoder tells the hooks."""
+
+    attention_mask: torch.Tensor | None = None
+    starts_fresh: bool = True  # no cached tokens before this forward: a prefill
+    position_ids: torch.Tensor | None = None
+    tables: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+
+class ModelHooks:
+    """Hooks one method put on one model; `uninstall` takes every one of them off again."""
+
+    def __init__(self, model: nn.Module, method: MethodConfig) -> None:
+        self.model = model
+        self.method = method
+        self.arch: Architecture = architecture_of(model)
+        self.decoder = decoder(model)
+        self.forward = ForwardInfo()
+        self._handles: list[Any] = []
+        self._undo: list[Callable[[], None]] = []
+
+    def install(self) -> None:
+        self._handles.append(self.decoder.register_forward_pre_hook(self._on_decoder, with_kwargs=True))
+        self._install()
+
+    def _install(self) -> None:
+        raise NotImplementedError
+
+    def uninstall(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        for undo in reversed(self._undo):
+            undo()
+        self._handles.clear()
+        self._undo.clear()
+
+    def _on_decoder(self, _module: nn.Module, args: tuple, kwargs: dict) -> None:
+        cache = kwargs.get("past_key_values")
+        self.forward = ForwardInfo(
+            attention_mask=kwargs.get("attention_mask"),
+            starts_fresh=cache is None or cache.get_seq_length() == 0,
+        )
+
+
+def key_validity(
+    attention_mask: torch.Tensor | None,
+    batch: int,
+    length: int,
+    window: int | None,
+    device: torch.device,
+    rows: int = 1,
+) -> torch.Tensor:
+    """[B, rows, T] bool: which of T keys each of the last `rows` query rows of a prefill may read.
+
+    Causal alignment is bottom-right: row r of the last `rows` sits at position T - rows + r.
+    Padding (from a 2D mask, or the last row of a ready 4D mask) and sliding windows are masked.
+    """
+    if attention_mask is None:
+        valid = torch.ones(batch, 1, length, dtype=torch.bool, device=device)
+    elif attention_mask.dim() == 2:
+        valid = attention_mask[:, None, -length:].to(device).bool()
+    elif attention_mask.dim() == 4:  # a ready mask: take its last query row
+        row = attention_mask[:, 0, -1:, -length:].to(device)
+        valid = row if row.dtype == torch.bool else row == 0
+    else:
+        raise ValueError(f"Cannot read an attention mask of shape {tuple(attention_mask.shape)}.")
+    query_pos = torch.arange(length - rows, length, device=device)[:, None]
+    key_pos = torch.arange(length, device=device)[None, :]
+    allowed = key_pos <= query_pos
+    if window is not None:
+        allowed = allowed & (query_pos - key_pos < window)
+    return valid.expand(batch, 1, length) & allowed[None]
