@@ -85,12 +85,12 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
+
+    from rag_mspoe.engine import Engine
     from rag_mspoe.pipelines.answer import answer_question
     from rag_mspoe.pipelines.demo import contains_answer
     from rag_mspoe.pipelines.indexing import index_documents
     from rag_mspoe.pipelines.retrieval import Retriever
-
-    from rag_mspoe.engine import Engine
 
     with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as scratch:
         docs = Path(scratch) / "docs"

@@ -12,9 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tqdm.auto import tqdm
+
 from rag_mspoe.pipelines.ingest import Document, document_key
 from rag_mspoe.pipelines.progress import tqdm_disable
-from tqdm.auto import tqdm
 
 DEFAULT_CHUNK_SIZE = 200
 DEFAULT_CHUNK_OVERLAP = 40

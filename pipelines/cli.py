@@ -201,11 +201,10 @@ def _search(args: argparse.Namespace) -> int:
 
 
 def _ask(args: argparse.Namespace) -> int:
-    from rag_mspoe.pipelines.answer import answer_question
-    from rag_mspoe.pipelines.retrieval import Retriever
-
     from rag_mspoe import parse_method
     from rag_mspoe.engine import Engine
+    from rag_mspoe.pipelines.answer import answer_question
+    from rag_mspoe.pipelines.retrieval import Retriever
 
     parse_method(args.method)  # fail on a bad method name before loading anything heavy
     retriever = Retriever.load(args.index, embedding_model=args.embedding_model)
@@ -247,12 +246,11 @@ def _ask(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from rag_mspoe import parse_method
+    from rag_mspoe.engine import Engine
     from rag_mspoe.pipelines.demo import DEMO_QUESTIONS, demo_corpus_dir, run_demo
     from rag_mspoe.pipelines.indexing import index_documents
     from rag_mspoe.pipelines.retrieval import Retriever
-
-    from rag_mspoe import parse_method
-    from rag_mspoe.engine import Engine
 
     methods = [name.strip() for name in args.methods.split(",") if name.strip()]
     for name in methods:

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
 from rag_mspoe.pipelines.chunking import (
     DEFAULT_CHUNK_OVERLAP,
     DEFAULT_CHUNK_SIZE,
@@ -25,7 +27,6 @@ from rag_mspoe.pipelines.embedding import DEFAULT_EMBEDDING_MODEL, Embedder, can
 from rag_mspoe.pipelines.index import ChunkIndex, IndexMismatchError, IndexSettings, writer_lock
 from rag_mspoe.pipelines.ingest import Document, Skipped, load_documents
 from rag_mspoe.pipelines.progress import tqdm_disable
-from tqdm.auto import tqdm
 
 logger = logging.getLogger(__name__)
 

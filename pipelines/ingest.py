@@ -14,8 +14,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rag_mspoe.pipelines.progress import tqdm_disable
 from tqdm.auto import tqdm
+
+from rag_mspoe.pipelines.progress import tqdm_disable
 
 logger = logging.getLogger(__name__)
 

@@ -6,6 +6,7 @@ from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field
+
 from rag_mspoe.pipelines.retrieval import DEFAULT_TOP_K, Retriever
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from llama_index.core.callbacks import CallbackManager
 from llama_index.core.retrievers import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
+
 from rag_mspoe.pipelines.retrieval import DEFAULT_TOP_K, Retriever
 
 # Bookkeeping that should not reach the LLM's prompt or a re-embedding; title and source do.

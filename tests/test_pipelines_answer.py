@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from pipelines_helpers import embedder, write_corpus
+
 from rag_mspoe.pipelines.answer import answer_question, parse_citations
 from rag_mspoe.pipelines.chunking import Chunk
 from rag_mspoe.pipelines.index import ChunkIndex

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from pipelines_helpers import embedder
+
 from rag_mspoe.pipelines.chunking import check_chunking, chunk_documents
 from rag_mspoe.pipelines.ingest import Document
 

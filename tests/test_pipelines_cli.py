@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 from pipelines_helpers import embedder, write_corpus
+
+from rag_mspoe.cli import main
 from rag_mspoe.pipelines.demo import DEMO_QUESTIONS, DEMO_TOP_K, demo_corpus_dir
 from rag_mspoe.pipelines.index import ChunkIndex
 from rag_mspoe.pipelines.indexing import index_documents
 from rag_mspoe.pipelines.retrieval import Retriever
-
-from rag_mspoe.cli import main
 
 
 @pytest.fixture(scope="module")

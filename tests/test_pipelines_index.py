@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from pipelines_helpers import QUESTIONS, embedder, write_corpus
+
 from rag_mspoe.pipelines.index import ChunkIndex, IndexMismatchError, IndexNotFoundError
 from rag_mspoe.pipelines.indexing import index_documents
 from rag_mspoe.pipelines.retrieval import Retriever

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from pipelines_helpers import CORPUS, write_corpus
+
 from rag_mspoe.pipelines.ingest import load_documents
 
 

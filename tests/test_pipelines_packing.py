@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from rag_mspoe.pipelines.chunking import Chunk
 from rag_mspoe.pipelines.packing import (
     QA_INSTRUCTION,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from pipelines_helpers import embedder, write_corpus
+
 from rag_mspoe.pipelines.index import ChunkIndex
 from rag_mspoe.pipelines.indexing import index_documents
 from rag_mspoe.pipelines.retrieval import Retriever
