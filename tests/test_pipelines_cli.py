@@ -43,6 +43,12 @@ def test_search_prints_ranked_chunks_with_sources(built, capsys):
     out = capsys.readouterr().out
     assert out.startswith("1. ") and "harbour.md:0-" in out.splitlines()[0]
     assert "\n2. " in out
+    assert (
+        main(["search", "Who dredged the harbour of Vossel?", "--index", str(built / "index"), "--json"]) == 0
+    )
+    hits = json.loads(capsys.readouterr().out)
+    assert [hit["rank"] for hit in hits] == [1, 2, 3, 4, 5]
+    assert Path(hits[0]["source"]).name == "harbour.md" and hits[0]["text"].startswith("# Harbour of Vossel")
 
 
 @pytest.mark.slow
@@ -56,6 +62,21 @@ def test_ask_answers_and_lists_its_context(built, capsys):
     for citation in record["citations"]:
         assert citation["source"] == record["documents"][citation["number"] - 1]["source"]
     assert set(record["timings"]) == {"retrieve", "pack", "generate"}
+
+
+@pytest.mark.slow
+def test_ask_with_reorder_prints_answer_sources_and_timings(built, capsys):
+    question = "Who dredged the harbour of Vossel?"
+    argv = ["ask", question, "--index", str(built / "index"), "-k", "4", "--max-new-tokens", "8"]
+    assert main([*argv, "--reorder", "--show-prompt"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Write a high-quality answer") and f"Question: {question}" in out
+    assert "Context (LongContextReorder, " in out
+    # The two best chunks at the ends, the weakest in the middle: ranks 2 4 3 1 for four chunks.
+    context = [line for line in out.splitlines() if line.startswith("  [Document") and " rank " in line]
+    assert [line.split(" rank ")[1].split(",")[0] for line in context] == ["2", "4", "3", "1"]
+    assert "harbour.md" in out
+    assert "with method mspoe: retrieve" in out and "generate" in out
 
 
 @pytest.mark.parametrize(
