@@ -20,7 +20,15 @@ from rag_mspoe.methods import (
     method_name,
     parse_method,
 )
-from rag_mspoe.patching import current_method, frozen_head_order, head_ratios, rescale, rescaled, unrescale
+from rag_mspoe.patching import (
+    current_method,
+    frozen_head_order,
+    head_ratios,
+    head_scores,
+    rescale,
+    rescaled,
+    unrescale,
+)
 
 __all__ = [
     "ARCHITECTURES",
@@ -36,6 +44,7 @@ __all__ = [
     "current_method",
     "frozen_head_order",
     "head_ratios",
+    "head_scores",
     "load_method",
     "load_model",
     "method_name",

@@ -127,6 +127,7 @@ class RescaleState(ModelHooks):
         self.plans = _layer_plans(method, model.config)
         self.frozen_ranking = False
         self.head_ranks: dict[int, torch.Tensor] = {}
+        self.head_scores: dict[int, torch.Tensor] = {}  # position-awareness of the last prefill
         self._divisors_by_type = self._collect_divisors()
         self._requests_by_type = self._collect_requests()
 
@@ -268,6 +269,7 @@ class RescaleState(ModelHooks):
             )[:, 0]
             scores = position_awareness(q[:, :, -1], k, valid, module.scaling, heads.alpha)
             group_scores = scores.view(k.shape[0], k.shape[1], -1).mean(dim=-1)
+            self.head_scores[index] = group_scores
             self.head_ranks[index] = rank_heads(group_scores)
         ranks = self.head_ranks.get(index)
         if ranks is None:
@@ -409,6 +411,17 @@ def head_ratios(model: nn.Module) -> dict[int, torch.Tensor]:
         if ranks is not None:
             result[index] = torch.tensor(plan.heads.ratios)[ranks.cpu()]
     return result
+
+
+def head_scores(model: nn.Module) -> dict[int, torch.Tensor]:
+    """Position-awareness scores (Eq. 1) of the last per-prompt Ms-PoE prefill: per layer, [B, heads].
+
+    Heads as in `head_ratios`. Empty for other methods and for static Ms-PoE, which ranks nothing.
+    """
+    state = getattr(model, STATE_ATTR, None)
+    if not isinstance(state, RescaleState):
+        return {}
+    return {index: scores.detach().cpu() for index, scores in state.head_scores.items()}
 
 
 @contextlib.contextmanager
