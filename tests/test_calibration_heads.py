@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import prompt_ids, tiny_model
 
 from rag_mspoe import MsPoE, head_ratios, rescaled
 from rag_mspoe.calibration.heads import calibrate_head_order
 from rag_mspoe.engine import Engine
-from tiny_models import prompt_ids, tiny_model
 
 
 class _IdsTokenizer:
