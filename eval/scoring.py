@@ -1,0 +1,95 @@
+"""Score examples with the engine: greedy answers, gold-answer log-likelihood, forced choice.
+
+Prompts go in as built by `rag_mspoe.eval.prompts` (one user message each, through the chat
+template); an answer is scored as the start of the assistant's reply, since every prompt ends
+with its answer cue. `method` is any method spec the engine takes (None: the engine's default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rag_mspoe.engine import Engine, MethodSpec
+from rag_mspoe.eval.metrics import best_subspan_em, kv_match
+from rag_mspoe.eval.records import KVExample, QAExample
+
+
+def score_generation(
+    engine: Engine,
+    prompts: Sequence[str],
+    examples: Sequence[QAExample | KVExample],
+    *,
+    method: MethodSpec,
+    max_new_tokens: int = 100,
+    batch_size: int = 8,
+) -> list[dict[str, Any]]:
+    """Greedy answers, `batch_size` prompts per left-padded batch, each scored by its metric:
+    `best_subspan_em` for QA, `kv_match` for KV. Returns {"prediction", "correct"} per example.
+
+    A QA answer counts only up to its first newline, so QA-only batches stop generating there
+    (same score, far less decoding) and their predictions hold that first line.
+    """
+    if len(prompts) != len(examples):
+        raise ValueError(f"{len(prompts)} prompts for {len(examples)} examples; give one prompt per example.")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
+    results = []
+    for first in range(0, len(prompts), batch_size):
+        batch = examples[first : first + batch_size]
+        stop = ["\n"] if all(isinstance(example, QAExample) for example in batch) else []
+        answers = engine.generate_batch(
+            list(prompts[first : first + batch_size]), max_new_tokens=max_new_tokens, stop=stop, method=method
+        )
+        for example, answer in zip(batch, answers, strict=True):
+            if isinstance(example, QAExample):
+                correct = best_subspan_em(answer.text, example.answers)
+            else:
+                correct = kv_match(answer.text, example.value)
+            results.append({"prediction": answer.text, "correct": correct})
+    return results
+
+
+def score_loglikelihood(
+    engine: Engine, prompt: str, answer: str, *, method: MethodSpec, prefix: str = ""
+) -> dict[str, float]:
+    """Teacher-forced log-likelihood of `answer` as the reply to `prompt`:
+    {"sum": total log-probability, "mean": per token, "tokens": token count}."""
+    if not answer:
+        raise ValueError("The answer to score is empty; pass the gold answer text.")
+    ((total, tokens),) = engine.score_continuations(prompt, [answer], prefix=prefix, method=method)
+    return {"sum": total, "mean": total / tokens, "tokens": tokens}
+
+
+def score_forced_choice(
+    engine: Engine,
+    prompt: str,
+    candidates: Sequence[str],
+    gold: str,
+    *,
+    method: MethodSpec,
+    prefix: str = "",
+) -> dict[str, Any]:
+    """Pick the candidate with the highest mean log-probability per token (length-normalised by
+    token count, so long candidates are not penalised for their length).
+
+    Returns {"choice", "correct" (1.0 or 0.0), "scores" {candidate: mean log-probability},
+    "gold_sum" (the gold's total log-probability), "gold_tokens"}. Ties go to the earlier
+    candidate. All candidates are scored from one prefill of the prompt.
+    """
+    options = list(candidates)
+    if len(set(options)) != len(options) or not all(options):
+        raise ValueError(f"Candidates must be distinct non-empty strings, got {options!r}.")
+    if gold not in options:
+        raise ValueError(f"The gold answer {gold!r} is not among the candidates {options!r}; add it.")
+    scored = engine.score_continuations(prompt, options, prefix=prefix, method=method)
+    scores = {option: total / tokens for option, (total, tokens) in zip(options, scored, strict=True)}
+    choice = max(options, key=lambda option: scores[option])
+    gold_sum, gold_tokens = scored[options.index(gold)]
+    return {
+        "choice": choice,
+        "correct": 1.0 if choice == gold else 0.0,
+        "scores": scores,
+        "gold_sum": gold_sum,
+        "gold_tokens": gold_tokens,
+    }
