@@ -99,6 +99,7 @@ def test_long_context_reorder_only_when_asked(engine):
 
 @pytest.mark.parametrize("n", range(8))
 def test_long_context_reorder_arranges_like_llamaindex(n):
+    pytest.importorskip("llama_index.core")
     from llama_index.core.postprocessor import LongContextReorder
     from llama_index.core.schema import NodeWithScore, TextNode
 
