@@ -13,6 +13,8 @@ from collections.abc import Sequence
 COMMAND_MODULES: list[tuple[str, str]] = [
     ("rag_mspoe.pipelines.cli", "register"),
     ("rag_mspoe.connectors.serve_command", "register"),
+    ("rag_mspoe.calibration.cli", "register"),
+    ("rag_mspoe.eval.cli", "register"),
 ]
 
 

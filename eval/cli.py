@@ -1,0 +1,258 @@
+"""The evaluation commands: `sweep`, `report`, `compare`, `perplexity` and `e2e`.
+
+    rag-mspoe sweep --documents 10 --positions 0,4,9 --methods none pi mspoe --samples 100 --out runs/qa10
+    rag-mspoe report runs/qa10
+    rag-mspoe compare runs/qa10 runs/qa10-calibrated --out runs/qa10-vs-calibrated
+    rag-mspoe perplexity book.txt --lengths 2048 4096 --methods none pi dynamic-ntk --out runs/ppl
+    rag-mspoe e2e questions.jsonl corpus/ --methods none mspoe longcontextreorder --out runs/e2e
+
+Every command writes into its --out folder and resumes from what it finds there.
+Heavy libraries are imported only when a command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+DEFAULT_METHODS = ["none", "pi", "mspoe", "layerwise", "longcontextreorder"]
+
+
+def register(subparsers: Any) -> None:
+    _register_sweep(subparsers)
+    _register_report(subparsers)
+    _register_compare(subparsers)
+    _register_perplexity(subparsers)
+    _register_e2e(subparsers)
+
+
+def parse_positions(text: str, num_documents: int) -> list[int]:
+    """'0,4,9' or 'all' or 'ends' (first, middle, last), counted from 0."""
+    if text == "all":
+        return list(range(num_documents))
+    if text == "ends":
+        return sorted({0, (num_documents - 1) // 2, num_documents - 1})
+    try:
+        return sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise ValueError(
+            f"--positions {text!r}: give comma-separated indices from 0, 'ends' or 'all'."
+        ) from None
+
+
+def _common_model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", default=None, help="model folder, .gguf file or hub id (default: the embedded SmolLM2)"
+    )
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: half the CPUs)")
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+def _register_sweep(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "sweep",
+        help="gold-position sweep: every method at every gold position on the same examples",
+        description="Score each (method, gold position, example) into OUT/results.jsonl, then write the "
+        "report. Rerun the same command to resume a stopped run.",
+    )
+    parser.add_argument("--out", required=True, help="run folder (created; an existing run is resumed)")
+    parser.add_argument("--task", choices=["qa", "kv"], default="qa", help="multi-document QA or key-value")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--data", default=None, help="examples file (.jsonl or .jsonl.gz, paper format)")
+    source.add_argument(
+        "--generator",
+        choices=["invented-qa", "kv", "kv-short"],
+        default=None,
+        help="draw examples instead (default: invented-qa for qa, kv for kv)",
+    )
+    parser.add_argument("--documents", type=int, default=10, help="documents (QA) or pairs (KV) per prompt")
+    parser.add_argument(
+        "--positions", default="ends", help="gold positions from 0: '0,4,9', 'ends' (default) or 'all'"
+    )
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=DEFAULT_METHODS,
+        help="method specs: none, pi, pi:2, mspoe, mspoe:1.2-1.8, layerwise, dynamic-ntk, yarn, "
+        "longcontextreorder, random, a config .json, combined with '+' (layerwise+pi), "
+        f"optionally labelled (cal=path.json); default: {' '.join(DEFAULT_METHODS)}",
+    )
+    parser.add_argument("--samples", type=int, default=100, help="examples per position")
+    parser.add_argument(
+        "--metrics",
+        nargs="+",
+        choices=["choice", "loglik", "generate"],
+        default=["choice"],
+        help="choice: forced choice among the answers in the context (and the gold log-likelihood); "
+        "loglik: gold log-likelihood only; generate: greedy answer scored by best_subspan_em / KV match",
+    )
+    parser.add_argument("--similarity", type=float, default=0.5, help="distractor similarity (invented-qa)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the generator and of random orders")
+    parser.add_argument("--batch-size", type=int, default=8, help="items per batch (and per write)")
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=100, help="answer length for --metrics generate"
+    )
+    parser.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        default=None,
+        metavar="ADDRESS",
+        help="fan out over Ray: alone for a local Ray, or a cluster address (ray://host:10001 or auto)",
+    )
+    parser.add_argument("--ray-workers", type=int, default=2, help="Ray workers, one model replica each")
+    _common_model_options(parser)
+    parser.set_defaults(func=_sweep)
+
+
+def sweep_config(args: argparse.Namespace) -> Any:
+    from rag_mspoe.eval.sweep import SweepConfig
+
+    generator = None if args.data else (args.generator or ("invented-qa" if args.task == "qa" else "kv"))
+    return SweepConfig(
+        task=args.task,
+        num_documents=args.documents,
+        positions=tuple(parse_positions(args.positions, args.documents)),
+        methods=tuple(args.methods),
+        samples=args.samples,
+        data=str(Path(args.data).resolve()) if args.data else None,
+        generator=generator,
+        distractor_similarity=args.similarity,
+        seed=args.seed,
+        metrics=tuple(args.metrics),
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        model=args.model,
+    )
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from rag_mspoe.eval.runner import run_sweep
+
+    outcome = run_sweep(
+        sweep_config(args),
+        args.out,
+        threads=args.threads,
+        ray_address=args.ray,
+        ray_workers=args.ray_workers,
+        progress=not args.no_progress,
+    )
+    print(f"{outcome.total}/{outcome.expected} records in {outcome.folder} ({outcome.written} new)")
+    _print_table(outcome.folder)
+    return 0
+
+
+def _print_table(folder: Path) -> None:
+    from rag_mspoe.eval.report import TABLE_FILE
+
+    table = folder / TABLE_FILE
+    if table.is_file():
+        print(table.read_text())
+
+
+def _register_report(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "report", help="summary JSON, Markdown table and PNG plot of a sweep folder (also for a partial run)"
+    )
+    parser.add_argument("run", help="sweep folder")
+    parser.add_argument(
+        "--metric", default=None, help="choice_correct, match or gold_logprob (default: first)"
+    )
+    parser.add_argument("--baseline", default="none", help="method the paired tests compare against")
+    parser.set_defaults(func=_report)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from rag_mspoe.eval.report import write_report
+
+    write_report(Path(args.run), metric=args.metric, baseline=args.baseline)
+    _print_table(Path(args.run))
+    return 0
+
+
+def _register_compare(subparsers: Any) -> None:
+    parser = subparsers.add_parser("compare", help="compare two sweep folders method by method, per position")
+    parser.add_argument("a", help="first sweep folder")
+    parser.add_argument("b", help="second sweep folder")
+    parser.add_argument("--out", default=None, help="folder for comparison.json and comparison.md")
+    parser.add_argument("--metric", default=None, help="metric to compare (default: first both have)")
+    parser.set_defaults(func=_compare)
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from rag_mspoe.eval.report import compare_runs
+
+    result = compare_runs(Path(args.a), Path(args.b), metric=args.metric, out=args.out)
+    print(result["markdown"])
+    return 0
+
+
+def _register_perplexity(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "perplexity", help="perplexity against context length on a long text file, per method"
+    )
+    parser.add_argument("text", help="a long plain-text file")
+    parser.add_argument("--out", required=True, help="run folder (an existing run is resumed)")
+    parser.add_argument(
+        "--lengths", nargs="+", type=int, required=True, help="context lengths in tokens, e.g. 2048 4096 8192"
+    )
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=["none", "pi:2", "dynamic-ntk:2", "layerwise+pi:2", "layerwise+dynamic-ntk:2"],
+        help="method specs as for sweep",
+    )
+    parser.add_argument("--windows", type=int, default=1, help="text windows scored per length")
+    _common_model_options(parser)
+    parser.set_defaults(func=_perplexity)
+
+
+def _perplexity(args: argparse.Namespace) -> int:
+    from rag_mspoe.eval.perplexity import PerplexityConfig, run_perplexity
+
+    config = PerplexityConfig(
+        text=str(Path(args.text).resolve()),
+        lengths=tuple(args.lengths),
+        methods=tuple(args.methods),
+        windows=args.windows,
+        model=args.model,
+    )
+    summary = run_perplexity(config, args.out, threads=args.threads, progress=not args.no_progress)
+    print(summary["markdown"])
+    return 0
+
+
+def _register_e2e(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "e2e",
+        help="end to end: questions through the real RAG pipeline, accuracy by retrieval rank and position",
+    )
+    parser.add_argument("questions", help="JSONL of {id, question, answers, gold_source} per line")
+    parser.add_argument("corpus", nargs="+", help="files or folders to index (or an existing --index)")
+    parser.add_argument("--out", required=True, help="run folder (an existing run is resumed)")
+    parser.add_argument("--index", default=None, help="index folder (default: OUT/index)")
+    parser.add_argument("--methods", nargs="+", default=["none", "mspoe", "longcontextreorder"])
+    parser.add_argument("-k", type=int, default=10, help="chunks retrieved per question")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    _common_model_options(parser)
+    parser.set_defaults(func=_e2e)
+
+
+def _e2e(args: argparse.Namespace) -> int:
+    from rag_mspoe.eval.e2e import E2EConfig, run_e2e
+
+    config = E2EConfig(
+        questions=str(Path(args.questions).resolve()),
+        corpus=tuple(str(Path(p).resolve()) for p in args.corpus),
+        methods=tuple(args.methods),
+        k=args.k,
+        max_new_tokens=args.max_new_tokens,
+        model=args.model,
+    )
+    summary = run_e2e(
+        config, args.out, index_dir=args.index, threads=args.threads, progress=not args.no_progress
+    )
+    print(json.dumps(summary["overall"], indent=2))
+    return 0

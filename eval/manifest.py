@@ -1,0 +1,138 @@
+"""The manifest of a run folder: what was run, on which model, with which code.
+
+`manifest.json` holds the sweep settings, every method's full config, the model, package
+versions and the git commit, plus one entry per session of the run (a resumed run adds one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import time
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from rag_mspoe.eval.registry import EvalMethod
+from rag_mspoe.eval.sweep import SweepConfig
+
+MANIFEST_FILE = "manifest.json"
+_PACKAGES = ("rag-mspoe", "torch", "transformers", "numpy", "faiss-cpu", "sentence-transformers", "ray")
+
+
+def package_versions() -> dict[str, str]:
+    found = {"python": platform.python_version()}
+    for name in _PACKAGES:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return found
+
+
+def git_state() -> dict[str, Any]:
+    """Commit of the source tree this package runs from, and whether it had uncommitted changes."""
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}  # an installed wheel: no repository around it
+    return {"commit": commit, "dirty": bool(status.strip())}
+
+
+def model_facts(model: Any) -> dict[str, Any]:
+    from rag_mspoe import model_display_name
+
+    config = model.config
+    return {
+        "name": model_display_name(model),
+        "model_type": config.model_type,
+        "num_layers": config.num_hidden_layers,
+        "num_heads": config.num_attention_heads,
+        "num_kv_heads": getattr(config, "num_key_value_heads", None),
+        "max_position_embeddings": config.max_position_embeddings,
+        "rope_parameters": getattr(config, "rope_parameters", None),
+        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+    }
+
+
+def read_manifest(folder: Path) -> dict[str, Any] | None:
+    path = folder / MANIFEST_FILE
+    if not path.is_file():
+        return None
+    try:
+        return dict(json.loads(path.read_text()))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc}); restore it or start in a new folder.") from exc
+
+
+def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
+    path = folder / MANIFEST_FILE
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def start_session(folder: Path, config: SweepConfig, methods: list[EvalMethod]) -> dict[str, Any]:
+    """Check the folder holds this sweep (or nothing) and record a new session; returns the manifest.
+
+    A resumed run must have the same settings; it may add methods and positions. A method
+    name must keep meaning the same config.
+    """
+    manifest = read_manifest(folder)
+    if manifest is None:
+        manifest = {"sweep": config.to_dict(), "methods": {}, "sessions": []}
+    else:
+        previous = SweepConfig.from_dict(manifest["sweep"])
+        differing = {
+            key: (old, new)
+            for (key, old), new in zip(previous.identity().items(), config.identity().values(), strict=True)
+            if old != new
+        }
+        if differing:
+            details = ", ".join(f"{key}: {old!r} there, {new!r} now" for key, (old, new) in differing.items())
+            raise ValueError(
+                f"{folder} holds a run of another sweep ({details}); "
+                "rerun with the same settings to resume it, or write into a new folder."
+            )
+        merged = config.to_dict()
+        merged["methods"] = list(dict.fromkeys([*previous.methods, *config.methods]))
+        merged["positions"] = sorted({*previous.positions, *config.positions})
+        manifest["sweep"] = merged
+    for method in methods:
+        known = manifest["methods"].get(method.name)
+        if known is not None and known != _jsonable(method.to_dict()):
+            raise ValueError(
+                f"Method name {method.name!r} meant another config in {folder}; "
+                "give this one another label (label=spec)."
+            )
+        manifest["methods"][method.name] = _jsonable(method.to_dict())
+    manifest["sessions"].append(
+        {"started": _now(), "versions": package_versions(), "git": git_state(), "host_cpus": os.cpu_count()}
+    )
+    return manifest
+
+
+def finish_session(manifest: dict[str, Any], model: dict[str, Any], records: int, complete: bool) -> None:
+    manifest["model"] = model
+    manifest["sessions"][-1].update({"finished": _now(), "records": records, "complete": complete})
+
+
+def _jsonable(data: Any) -> Any:
+    return json.loads(json.dumps(data, default=str))
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")

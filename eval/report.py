@@ -1,0 +1,259 @@
+"""Reports of a sweep folder: summary.json, table.md, accuracy_by_position.png; and a comparison of two runs.
+
+Accuracy is read by the gold document's position in the retrieval order the sweep set (the
+`position` of a record). Only examples scored for every method at a position count there, so
+every method is measured on the same examples and the paired test against the baseline holds.
+The report reads whatever results.jsonl holds, so it also summarises a run still in progress.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rag_mspoe.eval.manifest import read_manifest
+from rag_mspoe.eval.metrics import bootstrap_ci, paired_test, position_summary
+from rag_mspoe.eval.results import RESULTS_FILE, read_records
+
+SUMMARY_FILE = "summary.json"
+TABLE_FILE = "table.md"
+PLOT_FILE = "accuracy_by_position.png"
+METRICS = ("choice_correct", "match", "gold_logprob")
+METRIC_LABELS = {
+    "choice_correct": "forced-choice accuracy",
+    "match": "best_subspan_em",
+    "gold_logprob": "gold answer log-likelihood",
+}
+
+
+def available_metrics(records: Sequence[dict[str, Any]]) -> list[str]:
+    return [m for m in METRICS if any(m in r for r in records)]
+
+
+def summarize(
+    records: Sequence[dict[str, Any]],
+    metric: str,
+    *,
+    baseline: str = "none",
+    method_order: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Per method: per-position mean, CI, paired p-value against `baseline`; average, worst, gap."""
+    scores: dict[tuple[str, int], dict[str, float]] = defaultdict(dict)
+    for record in records:
+        if metric in record:
+            scores[(record["method"], int(record["position"]))][str(record["example_id"])] = float(
+                record[metric]
+            )
+    methods = list(dict.fromkeys([*method_order, *(m for m, _ in scores)]))
+    methods = [m for m in methods if any(key[0] == m for key in scores)]
+    positions = sorted({p for _, p in scores})
+    # Examples every method has at a position: the common, paired sample.
+    common = {
+        p: sorted(set.intersection(*(set(scores.get((m, p), {})) for m in methods)), key=_natural)
+        for p in positions
+    }
+    positions = [p for p in positions if common[p]]
+    everywhere = (
+        sorted(set.intersection(*(set(common[p]) for p in positions)), key=_natural) if positions else []
+    )
+    summary: dict[str, Any] = {
+        "metric": metric,
+        "baseline": baseline if baseline in methods else None,
+        "positions": positions,
+        "examples_per_position": {p: len(common[p]) for p in positions},
+        "methods": {},
+    }
+    for method in methods:
+        per_position = {p: [scores[(method, p)][i] for i in common[p]] for p in positions}
+        if not positions:
+            continue
+        stats = position_summary(per_position)
+        entry: dict[str, Any] = {**stats, "ci": {}, "p_vs_baseline": {}}
+        for p in positions:
+            entry["ci"][p] = bootstrap_ci(per_position[p])
+            if summary["baseline"] and method != baseline:
+                base = [scores[(baseline, p)][i] for i in common[p]]
+                entry["p_vs_baseline"][p] = paired_test(per_position[p], base)
+        # The average, paired per example: each example's mean over the positions (examples
+        # scored at every position only).
+        flat = [sum(scores[(method, p)][i] for p in positions) / len(positions) for i in everywhere]
+        entry["average_ci"] = bootstrap_ci(flat) if flat else None
+        if summary["baseline"] and method != baseline and flat:
+            base = [sum(scores[(baseline, p)][i] for p in positions) / len(positions) for i in everywhere]
+            entry["p_average_vs_baseline"] = paired_test(flat, base)
+        summary["methods"][method] = entry
+    return summary
+
+
+def _natural(text: str) -> tuple[Any, ...]:
+    return tuple(int(part) if part.isdigit() else part for part in text.replace("-", " ").split())
+
+
+def markdown_table(summary: dict[str, Any]) -> str:
+    """Methods x positions, each cell `mean [CI low, high]`, then average, worst, gap, p vs baseline."""
+    metric = summary["metric"]
+    percent = metric != "gold_logprob"
+    positions = summary["positions"]
+
+    def fmt(value: float) -> str:
+        return f"{100 * value:.1f}" if percent else f"{value:.2f}"
+
+    header = ["method", *(f"pos {p}" for p in positions), "average", "worst", "gap"]
+    if summary["baseline"]:
+        header.append(f"p avg vs {summary['baseline']}")
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for method, entry in summary["methods"].items():
+        cells = [method]
+        for p in positions:
+            low, high = entry["ci"][p]
+            mark = "*" if entry["p_vs_baseline"].get(p, 1.0) < 0.05 else ""
+            cells.append(f"{fmt(entry['accuracy'][p])}{mark} [{fmt(low)}, {fmt(high)}]")
+        cells += [fmt(entry["average"]), fmt(entry["worst"]), fmt(entry["gap"])]
+        if summary["baseline"]:
+            p_value = entry.get("p_average_vs_baseline")
+            cells.append("-" if p_value is None else f"{p_value:.3g}")
+        lines.append("| " + " | ".join(cells) + " |")
+    counts = sorted(set(summary["examples_per_position"].values()))
+    unit = "%" if percent else "nats"
+    note = (
+        f"{METRIC_LABELS.get(metric, metric)} ({unit}) by gold position (0 = first document); "
+        f"{' / '.join(map(str, counts))} examples per position; [95% bootstrap CI]; "
+        "gap = best minus worst position"
+    )
+    if summary["baseline"]:
+        note += f"; * = differs from {summary['baseline']} at that position (paired test, p < 0.05)"
+    return "\n".join(lines) + f"\n\n{note}.\n"
+
+
+def plot(summary: dict[str, Any], path: Path, title: str = "") -> None:
+    """Accuracy against gold position, one line per method, with CI bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    positions = summary["positions"]
+    percent = summary["metric"] != "gold_logprob"
+    scale = 100.0 if percent else 1.0
+    figure, axes = plt.subplots(figsize=(7, 4.2), dpi=110)
+    for method, entry in summary["methods"].items():
+        means = [scale * entry["accuracy"][p] for p in positions]
+        lows = [m - scale * entry["ci"][p][0] for m, p in zip(means, positions, strict=True)]
+        highs = [scale * entry["ci"][p][1] - m for m, p in zip(means, positions, strict=True)]
+        axes.errorbar(positions, means, yerr=[lows, highs], marker="o", capsize=3, label=method)
+    axes.set_xlabel("gold document position (0 = first)")
+    unit = " (%)" if percent else " (nats)"
+    axes.set_ylabel(METRIC_LABELS.get(summary["metric"], summary["metric"]) + unit)
+    axes.set_xticks(positions)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    if title:
+        axes.set_title(title, fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def write_report(folder: Path, metric: str | None = None, baseline: str = "none") -> dict[str, Any]:
+    """Write summary.json (every metric), table.md and the plot (the chosen metric) into `folder`."""
+    folder = Path(folder)
+    records = read_records(folder / RESULTS_FILE)
+    if not records:
+        raise ValueError(f"{folder} has no results yet; run a sweep into it first.")
+    manifest = read_manifest(folder) or {}
+    order = manifest.get("sweep", {}).get("methods", [])
+    metrics = available_metrics(records)
+    if metric is not None and metric not in metrics:
+        raise ValueError(f"{folder} has no {metric!r} scores; it has {', '.join(metrics)}.")
+    chosen = metric or metrics[0]
+    summaries = {m: summarize(records, m, baseline=baseline, method_order=order) for m in metrics}
+    sweep = manifest.get("sweep", {})
+    document = {
+        "run": str(folder),
+        "sweep": sweep,
+        "model": manifest.get("model", {}).get("name"),
+        "records": len(records),
+        "main_metric": chosen,
+        "metrics": summaries,
+    }
+    (folder / SUMMARY_FILE).write_text(json.dumps(document, indent=2, default=str) + "\n")
+    tables = [f"### {METRIC_LABELS.get(m, m)}\n\n{markdown_table(summaries[m])}" for m in [chosen, *metrics]]
+    (folder / TABLE_FILE).write_text("\n".join(dict.fromkeys(tables)))
+    title = f"{document['model'] or ''} {sweep.get('task', '')}, {sweep.get('num_documents', '?')} documents"
+    plot(summaries[chosen], folder / PLOT_FILE, title=title.strip())
+    return document
+
+
+def compare_runs(
+    a: Path, b: Path, metric: str | None = None, out: str | Path | None = None
+) -> dict[str, Any]:
+    """Per method both runs have: per-position difference b - a, average difference, and
+    a paired test on the examples both runs scored (same ids)."""
+    records_a, records_b = read_records(Path(a) / RESULTS_FILE), read_records(Path(b) / RESULTS_FILE)
+    if not records_a or not records_b:
+        raise ValueError(f"Both {a} and {b} need results; run their sweeps first.")
+    shared = [m for m in available_metrics(records_a) if m in available_metrics(records_b)]
+    if metric is not None and metric not in shared:
+        raise ValueError(
+            f"{metric!r} is not scored in both runs; both have {', '.join(shared) or 'nothing'}."
+        )
+    if not shared:
+        raise ValueError(f"{a} and {b} share no metric to compare.")
+    chosen = metric or shared[0]
+
+    def table(records: Sequence[dict[str, Any]]) -> dict[tuple[str, int], dict[str, float]]:
+        found: dict[tuple[str, int], dict[str, float]] = defaultdict(dict)
+        for r in records:
+            if chosen in r:
+                found[(r["method"], int(r["position"]))][str(r["example_id"])] = float(r[chosen])
+        return found
+
+    table_a, table_b = table(records_a), table(records_b)
+    rows = []
+    for key in sorted(set(table_a) & set(table_b)):
+        ids = sorted(set(table_a[key]) & set(table_b[key]), key=_natural)
+        if not ids:
+            continue
+        xs, ys = [table_a[key][i] for i in ids], [table_b[key][i] for i in ids]
+        rows.append(
+            {
+                "method": key[0],
+                "position": key[1],
+                "examples": len(ids),
+                "a": sum(xs) / len(xs),
+                "b": sum(ys) / len(ys),
+                "difference": (sum(ys) - sum(xs)) / len(ids),
+                "p": paired_test(ys, xs),
+            }
+        )
+    if not rows:
+        raise ValueError(f"{a} and {b} have no (method, position, example) in common to compare.")
+    percent = chosen != "gold_logprob"
+    scale = 100.0 if percent else 1.0
+    lines = [
+        f"{METRIC_LABELS.get(chosen, chosen)}: A = {a}, B = {b}",
+        "",
+        "| method | position | examples | A | B | B - A | p |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['method']} | {row['position']} | {row['examples']} | {scale * row['a']:.1f} | "
+            f"{scale * row['b']:.1f} | {scale * row['difference']:+.1f} | {row['p']:.3g} |"
+        )
+    result: dict[str, Any] = {
+        "metric": chosen,
+        "a": str(a),
+        "b": str(b),
+        "rows": rows,
+        "markdown": "\n".join(lines) + "\n",
+    }
+    if out is not None:
+        target = Path(out)
+        target.mkdir(parents=True, exist_ok=True)
+        (target / "comparison.json").write_text(json.dumps(result, indent=2) + "\n")
+        (target / "comparison.md").write_text(result["markdown"])
+    return result

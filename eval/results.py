@@ -1,0 +1,99 @@
+"""The results file of a run: JSON lines appended batch by batch, each record written exactly once.
+
+A record is keyed by (method, position, example id). Opening the file repairs a torn last line
+(a run killed while writing), so a restarted run sees exactly the records that were written
+whole, skips them, and appends the rest. One process at a time may write into a run folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # Windows: runs are not guarded against a second writer
+    fcntl = None  # type: ignore[assignment]
+
+RESULTS_FILE = "results.jsonl"
+LOCK_FILE = ".lock"
+Key = tuple[str, int, str]
+
+
+def record_key(record: dict[str, Any]) -> Key:
+    return (str(record["method"]), int(record["position"]), str(record["example_id"]))
+
+
+@contextlib.contextmanager
+def run_lock(folder: Path) -> Iterator[None]:
+    """Hold the run folder; a second process writing the same folder would duplicate records."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / LOCK_FILE, "a") as handle:
+        if fcntl is not None:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise RuntimeError(
+                    f"Another process is running a sweep into {folder}; wait for it or use another folder."
+                ) from None
+        yield
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """Every whole record of a results file (a torn last line is left out)."""
+    if not path.is_file():
+        return []
+    records = []
+    with open(path, "rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.endswith(b"\n"):
+                break  # torn by a kill mid-write; the run that resumes rewrites it
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise ValueError(
+                    f"{path}, line {number}: not a JSON record ({exc.msg}); remove that line and rerun."
+                ) from None
+    return records
+
+
+class ResultsFile:
+    """Append-only JSONL of records with the set of keys already written."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / RESULTS_FILE
+        self._repair_tail()
+        self.done: set[Key] = set()
+        for record in read_records(self.path):
+            key = record_key(record)
+            if key in self.done:
+                raise ValueError(f"{self.path} holds record {key} twice; remove one copy and rerun.")
+            self.done.add(key)
+
+    def _repair_tail(self) -> None:
+        if not self.path.is_file():
+            return
+        data = self.path.read_bytes()
+        end = data.rfind(b"\n") + 1
+        if end != len(data):
+            with open(self.path, "r+b") as handle:
+                handle.truncate(end)
+
+    def append(self, records: Iterable[dict[str, Any]]) -> int:
+        """Write records not yet present, in one write, flushed to disk; returns how many were new."""
+        fresh = []
+        for record in records:
+            key = record_key(record)
+            if key not in self.done:
+                self.done.add(key)
+                fresh.append(json.dumps(record, ensure_ascii=False) + "\n")
+        if fresh:
+            with open(self.path, "a", encoding="utf-8") as handle:
+                handle.write("".join(fresh))
+                handle.flush()
+                os.fsync(handle.fileno())
+        return len(fresh)

@@ -1,0 +1,113 @@
+"""Score one batch of a sweep into records: the unit of work of the local runner and of Ray workers.
+
+A record holds the keys (method, position, example_id), where the gold document ended up in
+the prompt (`prompt_position`, which differs from `position` under a prompt-level reordering),
+and the metrics: `choice_correct` and `choice` (forced choice), `gold_logprob` and `gold_tokens`
+(teacher-forced log-likelihood of the gold answer), `match` and `prediction` (greedy answer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from rag_mspoe.eval import prompts, scoring
+from rag_mspoe.eval.records import KVExample, with_gold_at
+from rag_mspoe.eval.registry import EngineSet, EvalMethod, stable_seed
+from rag_mspoe.eval.sweep import Batch, Example, SweepConfig
+
+
+def arranged_example(method: EvalMethod, example: Example, position: int, seed: int) -> tuple[Example, int]:
+    """The example with its gold at `position`, in the method's document order, and where the gold is now."""
+    placed = with_gold_at(example, position)
+    items: tuple[Any, ...] = placed.pairs if isinstance(placed, KVExample) else placed.documents
+    ordered, indices = method.arrange(items, stable_seed(seed, example.id, position))
+    if isinstance(placed, KVExample):
+        arranged: Example = dataclasses.replace(placed, pairs=tuple(ordered))
+    else:
+        arranged = dataclasses.replace(placed, documents=tuple(ordered))
+    return arranged, indices.index(position)
+
+
+def prompt_of(example: Example) -> str:
+    return prompts.kv_prompt(example) if isinstance(example, KVExample) else prompts.qa_prompt(example)
+
+
+def candidates_of(example: Example) -> tuple[tuple[str, ...], str]:
+    """(answer options in the context, the gold one) for forced choice."""
+    if isinstance(example, KVExample):
+        return tuple(value for _, value in example.pairs), example.value
+    return example.candidates, example.answers[0]
+
+
+def gold_answer(example: Example) -> str:
+    return example.value if isinstance(example, KVExample) else example.answers[0]
+
+
+class BatchScorer:
+    """Holds the engines (one per model variant) and the examples; scores batches."""
+
+    def __init__(
+        self,
+        config: SweepConfig,
+        examples: Sequence[Example],
+        methods: Sequence[EvalMethod],
+        engines: EngineSet,
+    ) -> None:
+        self.config = config
+        self.examples = list(examples)
+        self.methods = {m.name: m for m in methods}
+        self.engines = engines
+
+    def score(self, batch: Batch) -> list[dict[str, Any]]:
+        method = self.methods[batch.method]
+        engine = self.engines.engine_for(method)
+        started = time.perf_counter()
+        arranged = [
+            arranged_example(method, self.examples[index], position, self.config.seed)
+            for position, index in batch.items
+        ]
+        texts = [prompt_of(example) for example, _ in arranged]
+        records: list[dict[str, Any]] = [
+            {
+                "method": method.name,
+                "position": position,
+                "example_id": self.examples[index].id,
+                "prompt_position": prompt_position,
+                "prompt_tokens": engine.count_tokens(text),
+            }
+            for (position, index), (_, prompt_position), text in zip(
+                batch.items, arranged, texts, strict=True
+            )
+        ]
+        metrics = self.config.metrics
+        if "generate" in metrics:
+            scored = scoring.score_generation(
+                engine,
+                texts,
+                [example for example, _ in arranged],
+                method=method.method,
+                max_new_tokens=self.config.max_new_tokens,
+                batch_size=len(texts),
+            )
+            for record, result in zip(records, scored, strict=True):
+                record["prediction"] = result["prediction"]
+                record["match"] = float(result["correct"])
+        for record, (example, _), text in zip(records, arranged, texts, strict=True):
+            if "choice" in metrics:
+                options, gold = candidates_of(example)
+                choice = scoring.score_forced_choice(engine, text, list(options), gold, method=method.method)
+                record["choice"] = choice["choice"]
+                record["choice_correct"] = float(choice["correct"])
+                record["gold_logprob"] = float(choice["gold_sum"])
+                record["gold_tokens"] = int(choice["gold_tokens"])
+            elif "loglik" in metrics:
+                gold = scoring.score_loglikelihood(engine, text, gold_answer(example), method=method.method)
+                record["gold_logprob"] = float(gold["sum"])
+                record["gold_tokens"] = int(gold["tokens"])
+        seconds = (time.perf_counter() - started) / len(records)
+        for record in records:
+            record["seconds"] = round(seconds, 4)
+        return records

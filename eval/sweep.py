@@ -1,0 +1,173 @@
+"""What a gold-position sweep is: its settings, its examples and its units of work.
+
+A sweep scores every (method, gold position, example). The examples are the same for every
+method and position, so methods can be compared pairwise on them. Work comes in batches of
+one method and several (position, example) items, ordered example chunk first, so a run that
+stops early has every method and position scored on the same first examples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeAlias
+
+from rag_mspoe.eval.records import KVExample, QAExample, gold_index
+
+Task = Literal["qa", "kv"]
+METRICS = ("choice", "loglik", "generate")
+GENERATORS = ("invented-qa", "kv", "kv-short")
+Example: TypeAlias = QAExample | KVExample
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """Everything that decides which records a sweep writes (the run folder must keep them equal).
+
+    data: a QA or KV examples file; None draws examples from `generator` with `seed`.
+    num_documents: documents (QA) or key-value pairs (KV) per prompt.
+    metrics: "choice" (forced choice among the answer candidates in the context, with the gold
+    answer's log-likelihood), "loglik" (the gold answer's log-likelihood only), "generate"
+    (greedy answer scored by best_subspan_em, or by KV match).
+    """
+
+    task: Task = "qa"
+    num_documents: int = 10
+    positions: tuple[int, ...] = (0, 4, 9)
+    methods: tuple[str, ...] = ("none",)
+    samples: int = 100
+    data: str | None = None
+    generator: str | None = "invented-qa"
+    distractor_similarity: float = 0.5
+    seed: int = 0
+    metrics: tuple[str, ...] = ("choice",)
+    max_new_tokens: int = 100
+    batch_size: int = 8
+    model: str | None = None  # None: the embedded model
+    extra: dict[str, Any] = field(default_factory=dict)  # free-form notes kept in the manifest
+
+    def __post_init__(self) -> None:
+        for name in ("positions", "methods", "metrics"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        if self.task not in ("qa", "kv"):
+            raise ValueError(f"task must be 'qa' or 'kv', got {self.task!r}.")
+        if self.num_documents < 2:
+            raise ValueError(f"num_documents must be at least 2, got {self.num_documents}.")
+        bad = [p for p in self.positions if not 0 <= p < self.num_documents]
+        if bad or not self.positions:
+            raise ValueError(
+                f"Gold positions {bad or 'none'} are not in 0..{self.num_documents - 1}; "
+                "give positions counted from 0 within the document count."
+            )
+        unknown = [m for m in self.metrics if m not in METRICS]
+        if unknown or not self.metrics:
+            raise ValueError(f"Unknown metrics {unknown}; choose from {', '.join(METRICS)}.")
+        if self.data is None and self.generator not in GENERATORS:
+            raise ValueError(
+                f"Give a data file or a generator ({', '.join(GENERATORS)}), got {self.generator!r}."
+            )
+        if self.data is None and (self.generator == "invented-qa") != (self.task == "qa"):
+            raise ValueError(f"Generator {self.generator!r} does not make {self.task!r} examples.")
+        if self.samples < 1 or self.batch_size < 1:
+            raise ValueError("samples and batch_size must be at least 1.")
+
+    # What must match for a run folder to be resumed; methods and positions may grow.
+    IDENTITY = (
+        "task",
+        "num_documents",
+        "samples",
+        "data",
+        "generator",
+        "distractor_similarity",
+        "seed",
+        "metrics",
+        "max_new_tokens",
+        "model",
+    )
+
+    def identity(self) -> dict[str, Any]:
+        data = self.to_dict()
+        return {key: data[key] for key in self.IDENTITY}
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        for name in ("positions", "methods", "metrics"):
+            data[name] = list(data[name])
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SweepConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def load_examples(config: SweepConfig) -> list[Example]:
+    """The sweep's examples: the first `samples` of the data file, or drawn from the generator."""
+    from rag_mspoe.eval import generators, loaders
+
+    examples: Sequence[Example]
+    if config.data is not None:
+        examples = (loaders.load_qa if config.task == "qa" else loaders.load_kv)(config.data)
+        if len(examples) < config.samples:
+            raise ValueError(
+                f"{config.data} holds {len(examples)} examples, fewer than samples={config.samples}; "
+                "lower --samples."
+            )
+        examples = [_fit(ex, config.num_documents, config.data) for ex in examples[: config.samples]]
+    elif config.generator == "invented-qa":
+        examples = generators.generate_invented_qa(
+            config.num_documents, config.samples, config.seed, config.distractor_similarity
+        )
+    else:
+        examples = generators.generate_kv(
+            config.num_documents, config.samples, config.seed, short_keys=config.generator == "kv-short"
+        )
+    ids = [ex.id for ex in examples]
+    if len(set(ids)) != len(ids):
+        raise ValueError("Example ids repeat; records are keyed by id, so give every example its own.")
+    if "choice" in config.metrics and isinstance(examples[0], QAExample):
+        missing = [ex.id for ex in examples if isinstance(ex, QAExample) and not ex.candidates]
+        if missing:
+            raise ValueError(
+                f"Forced choice needs answer candidates, and {len(missing)} examples (e.g. {missing[0]!r}) "
+                "have none; use --metrics generate or loglik, or data with 'candidates'."
+            )
+    return list(examples)
+
+
+def _fit(example: Example, count: int, source: str) -> Example:
+    """Keep the gold item and the first count - 1 others, in their order."""
+    items: tuple[Any, ...] = example.pairs if isinstance(example, KVExample) else example.documents
+    gold = gold_index(example)
+    if gold is None:
+        raise ValueError(f"{source}: example {example.id!r} has no gold document; mark one with isgold.")
+    if len(items) < count:
+        raise ValueError(
+            f"{source}: example {example.id!r} has {len(items)} documents, fewer than --documents {count}."
+        )
+    others = [i for i in range(len(items)) if i != gold][: count - 1]
+    kept = tuple(items[i] for i in sorted([gold, *others]))
+    if isinstance(example, KVExample):
+        return dataclasses.replace(example, pairs=kept)
+    return dataclasses.replace(example, documents=kept)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Items of one method scored together: (gold position, example index) pairs."""
+
+    method: str
+    items: tuple[tuple[int, int], ...]
+
+
+def plan_batches(
+    num_examples: int, methods: Sequence[str], positions: Sequence[int], batch_size: int
+) -> Iterator[Batch]:
+    """Every (method, position, example) once, example chunks outermost (see the module docstring)."""
+    for start in range(0, num_examples, batch_size):
+        chunk = range(start, min(start + batch_size, num_examples))
+        for method in methods:
+            items = [(position, index) for position in positions for index in chunk]
+            for offset in range(0, len(items), batch_size):
+                yield Batch(method, tuple(items[offset : offset + batch_size]))
