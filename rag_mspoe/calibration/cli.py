@@ -1,0 +1,336 @@
+"""The `calibrate` command: fit a method to one model and save its config next to a short report.
+
+    rag-mspoe calibrate layers --out runs/cal-layers            # Bezier curve: GA vs CMA-ES
+    rag-mspoe calibrate heads --out runs/cal-heads              # static Ms-PoE head order
+    rag-mspoe calibrate hidden --out runs/cal-hidden            # positional hidden dimension
+
+Each writes `rag_mspoe_method.json` in --out, which `load_model`, `--method` and every connector
+accept. Rerunning `calibrate layers` with the same options resumes a killed search.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+import typing
+from pathlib import Path
+from typing import Any
+
+from rag_mspoe.calibration.bezier_ga import GASettings
+from rag_mspoe.calibration.fitness import METRICS, CalibrationSplit, FitnessWeights
+from rag_mspoe.calibration.optimizers import OPTIMIZERS, CMAESSettings
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "calibrate",
+        help="fit layer factors, a static Ms-PoE head order or the positional hidden dimension to a model",
+        description="Calibrate a method for one model on generated examples; writes a method config.",
+    )
+    commands = parser.add_subparsers(dest="calibration", metavar="WHAT", required=True)
+    _register_layers(commands)
+    _register_heads(commands)
+    _register_hidden(commands)
+
+
+# -- shared options ---------------------------------------------------------------------------------
+def _common_options(parser: argparse.ArgumentParser, task: str, examples: int, heldout: int) -> None:
+    parser.add_argument(
+        "--out", required=True, help="folder for the config, the report and (layers) checkpoints"
+    )
+    parser.add_argument(
+        "--model", default=None, help="model folder, .gguf file or hub id (default: embedded)"
+    )
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: half the CPUs)")
+    split = parser.add_argument_group("data (generated; calibration and held-out differ by seed)")
+    split.add_argument(
+        "--task",
+        choices=("qa", "kv"),
+        default=task,
+        help=f"invented-fact QA or KV retrieval (default {task})",
+    )
+    split.add_argument("--documents", type=int, default=5, help="documents (or key-value pairs) per prompt")
+    split.add_argument(
+        "--examples", type=int, default=examples, help="calibration examples, each at 3 gold positions"
+    )
+    split.add_argument("--data-seed", type=int, default=1, help="generator seed of the calibration split")
+    split.add_argument(
+        "--heldout-examples", type=int, default=heldout, help="held-out examples (0: no held-out check)"
+    )
+    split.add_argument("--heldout-seed", type=int, default=2, help="generator seed of the held-out split")
+    split.add_argument(
+        "--distractor-similarity", type=float, default=0.5, help="QA only: how alike distractors are"
+    )
+    scoring = parser.add_argument_group("fitness (Eq. 11)")
+    scoring.add_argument(
+        "--metric",
+        choices=METRICS,
+        default="choice",
+        help="A in Eq. 11: forced-choice accuracy, the gold's choice probability, or its log-likelihood",
+    )
+    scoring.add_argument(
+        "--weights",
+        default="0.2,0.3,0.5",
+        help="lambda first,middle,last; Eq. 12 needs first < middle < last",
+    )
+
+
+def _splits(args: argparse.Namespace) -> tuple[CalibrationSplit, CalibrationSplit | None]:
+    def split(examples: int, seed: int) -> CalibrationSplit:
+        return CalibrationSplit(args.task, args.documents, examples, seed, args.distractor_similarity)
+
+    if args.heldout_examples and args.heldout_seed == args.data_seed:
+        raise ValueError(
+            "--heldout-seed equals --data-seed: the held-out split would repeat the calibration examples."
+        )
+    heldout = split(args.heldout_examples, args.heldout_seed) if args.heldout_examples else None
+    return split(args.examples, args.data_seed), heldout
+
+
+def add_dataclass_options(
+    parser: argparse.ArgumentParser, cls: type, prefix: str = "", title: str = ""
+) -> None:
+    """One --option per field of a settings dataclass, typed and with the field's help text."""
+    group = parser.add_argument_group(title or cls.__name__)
+    hints = typing.get_type_hints(cls)
+    for item in dataclasses.fields(cls):
+        kind = hints[item.name]
+        default = item.default
+        if default is dataclasses.MISSING or item.name == "head_order":
+            continue
+        flag = "--" + (prefix + item.name).replace("_", "-")
+        text = item.metadata.get("help", item.name.replace("_", " "))
+        help_text = f"{text} Default: {default}." if text.endswith(".") else f"{text} (default {default})"
+        if kind in (int, float, str):
+            group.add_argument(flag, type=kind, default=default, help=help_text, dest=prefix + item.name)
+        elif typing.get_origin(kind) is typing.Literal:
+            group.add_argument(
+                flag, choices=typing.get_args(kind), default=default, help=help_text, dest=prefix + item.name
+            )
+        else:  # sequences and optional lists: comma-separated numbers
+            group.add_argument(
+                flag,
+                default=default,
+                help=help_text + ", comma-separated",
+                dest=prefix + item.name,
+                type=lambda text: [float(v) if "." in v else int(v) for v in text.split(",")],
+            )
+
+
+def dataclass_from_args(cls: type, args: argparse.Namespace, prefix: str = "", **extra: Any) -> Any:
+    values = {
+        f.name: getattr(args, prefix + f.name)
+        for f in dataclasses.fields(cls)
+        if hasattr(args, prefix + f.name)
+    }
+    for item in dataclasses.fields(cls):  # tuples stay tuples (frozen settings compare by value)
+        if isinstance(item.default, tuple) and isinstance(values.get(item.name), list):
+            values[item.name] = tuple(values[item.name])
+    return cls(**values, **extra)
+
+
+def _engine(args: argparse.Namespace) -> Any:
+    from rag_mspoe.engine import Engine
+
+    return Engine.load(args.model, threads=args.threads)
+
+
+def _print_rows(rows: list[dict[str, Any]]) -> None:
+    from rag_mspoe.calibration.report import comparison_markdown
+
+    print(comparison_markdown(rows), end="")
+
+
+# -- layers -----------------------------------------------------------------------------------------
+def _register_layers(commands: Any) -> None:
+    parser = commands.add_parser(
+        "layers",
+        help="per-layer RoPE factors from a Bezier curve, searched by the constrained GA (and CMA-ES)",
+        description="Search the control points of a Bezier curve of per-layer interpolation factors "
+        "(layer-specific scaling paper, Section 3.3) with each optimiser at the same budget of fitness "
+        "evaluations, then compare the picks with none, pi and mspoe on a held-out split.",
+    )
+    _common_options(parser, task="qa", examples=16, heldout=48)
+    search = parser.add_argument_group("search")
+    search.add_argument(
+        "--optimizers", default="ga,cmaes", help=f"comma-separated, from {', '.join(OPTIMIZERS)}"
+    )
+    search.add_argument(
+        "--budget",
+        type=int,
+        default=None,
+        help="distinct fitness evaluations per optimiser (default: what the GA spends)",
+    )
+    search.add_argument("--ray", action="store_true", help="evaluate fitness in parallel over Ray")
+    search.add_argument("--workers", type=int, default=2, help="Ray workers, each with its own model copy")
+    add_dataclass_options(parser, GASettings, title="genetic algorithm and grid (Algorithm 1, Table 1)")
+    add_dataclass_options(parser, CMAESSettings, prefix="cmaes_", title="CMA-ES")
+    parser.set_defaults(func=_layers)
+
+
+def _layers(args: argparse.Namespace) -> int:
+    from rag_mspoe.calibration.fitness import LocalEvaluator, RayEvaluator, start_ray_workers
+    from rag_mspoe.calibration.report import write_report
+    from rag_mspoe.calibration.search import LayerSearch, SearchSettings
+
+    started = time.monotonic()
+    settings = SearchSettings(
+        optimizers=tuple(name.strip() for name in args.optimizers.split(",")),
+        metric=args.metric,
+        weights=FitnessWeights.parse(args.weights),
+        budget=args.budget,
+        ga=dataclass_from_args(GASettings, args),
+        cmaes=dataclass_from_args(CMAESSettings, args, prefix="cmaes_"),
+    )
+    calibration_split, heldout_split = _splits(args)
+    engine = _engine(args)
+    num_layers = int(engine.model.config.num_hidden_layers)
+    if args.ray:
+        workers = start_ray_workers(args.model, args.workers, threads=args.threads or 1)
+        calibration: Any = RayEvaluator(workers, calibration_split, engine.name)
+        heldout: Any = RayEvaluator(workers, heldout_split, engine.name) if heldout_split else None
+    else:
+        calibration = LocalEvaluator(engine, calibration_split)
+        heldout = LocalEvaluator(engine, heldout_split) if heldout_split else None
+    search = LayerSearch(args.out, settings, calibration, num_layers)
+    results = search.run()
+    rows = search.compare(results, heldout)
+    summary = write_report(Path(args.out), results, rows, num_layers)
+    for result in results:
+        print(
+            f"{result.name}: control points {list(result.best)}, calibration fitness {result.fitness:.4f}, "
+            f"{result.evaluations} evaluations, {result.wall_s:.0f} s"
+        )
+    _print_rows(rows)
+    print(f"config: {Path(args.out) / 'rag_mspoe_method.json'}\nreport: {summary}")
+    print(f"wall time of this run: {time.monotonic() - started:.0f} s")
+    return 0
+
+
+# -- heads ------------------------------------------------------------------------------------------
+def _register_heads(commands: Any) -> None:
+    from rag_mspoe.methods import MsPoE
+
+    parser = commands.add_parser(
+        "heads",
+        help="static Ms-PoE: head order from position-awareness averaged over calibration prompts",
+        description="Average Ms-PoE's position-awareness scores over the calibration prompts and freeze "
+        "the head order, so generation skips the per-prompt ranking.",
+    )
+    _common_options(parser, task="qa", examples=16, heldout=0)
+    add_dataclass_options(parser, MsPoE, title="Ms-PoE settings of the frozen method")
+    parser.set_defaults(func=_heads)
+
+
+def _heads(args: argparse.Namespace) -> int:
+    from rag_mspoe.calibration.heads import calibrate_head_order
+    from rag_mspoe.methods import MsPoE
+
+    calibration_split, heldout_split = _splits(args)
+    engine = _engine(args)
+    started = time.monotonic()
+    prompts = [item.prompt for item in calibration_split.items()]
+    config, report = calibrate_head_order(engine, prompts, base=dataclass_from_args(MsPoE, args))
+    wall_s = time.monotonic() - started
+    _save(
+        args, engine, config, {**report, "wall_s": wall_s, "calibration_split": calibration_split.identity()}
+    )
+    lines = [f"| {layer} | {' '.join(map(str, order))} |" for layer, order in enumerate(report["head_order"])]
+    _write_markdown(
+        args,
+        "Static Ms-PoE head order",
+        ["| layer | heads, most position-aware first |", "|---|---|", *lines],
+        wall_s,
+    )
+    _compare(args, engine, heldout_split, [("mspoe", MsPoE()), ("mspoe-static", config)])
+    return 0
+
+
+# -- hidden -----------------------------------------------------------------------------------------
+def _register_hidden(commands: Any) -> None:
+    from rag_mspoe.calibration.hidden_dims import DimensionSearchSettings
+
+    parser = commands.add_parser(
+        "hidden",
+        help="positional hidden dimension and factor for HiddenScale",
+        description="Find the hidden dimension whose value tracks position, and the factor that lowers "
+        "the gold answers' loss on the calibration split; writes no config if none beats the "
+        "unmodified model.",
+    )
+    _common_options(parser, task="kv", examples=16, heldout=0)
+    add_dataclass_options(parser, DimensionSearchSettings, prefix="dim_", title="dimension search")
+    parser.set_defaults(func=_hidden)
+
+
+def _hidden(args: argparse.Namespace) -> int:
+    from rag_mspoe.calibration.hidden_dims import DimensionSearchSettings, search_positional_dimension
+
+    calibration_split, heldout_split = _splits(args)
+    engine = _engine(args)
+    started = time.monotonic()
+    validation = [(item.prompt, item.gold) for item in calibration_split.items()]
+    result = search_positional_dimension(
+        engine, validation, dataclass_from_args(DimensionSearchSettings, args, "dim_")
+    )
+    wall_s = time.monotonic() - started
+    report = {**result.to_dict(), "wall_s": wall_s, "calibration_split": calibration_split.identity()}
+    lines = ["| dimension | monotone layers | smoothness | loss per factor |", "|---|---|---|---|"]
+    lines += [
+        f"| {c['dimension']} | {c['monotone_layers']} | {c['smoothness']:.3g} | "
+        + ", ".join(f"{f}: {loss:.4f}" for f, loss in c.get("losses", {}).items())
+        + " |"
+        for c in result.candidates
+    ]
+    lines.insert(0, f"Unmodified model's loss: {result.baseline_loss:.4f}. Chosen: {result.config}\n")
+    if result.config is None:
+        _write_json(Path(args.out) / "report.json", report)
+        _write_markdown(args, "Positional hidden dimension", lines, wall_s)
+        print("No dimension and factor beat the unmodified model; no config written.")
+        return 0
+    _save(args, engine, result.config, report)
+    _write_markdown(args, "Positional hidden dimension", lines, wall_s)
+    _compare(args, engine, heldout_split, [("hidden", result.config)])
+    return 0
+
+
+# -- outputs of heads and hidden ----------------------------------------------------------------------
+def _write_json(path: Path, data: Any) -> None:
+    from rag_mspoe.calibration.search import write_json
+
+    write_json(path, data)
+
+
+def _save(args: argparse.Namespace, engine: Any, config: Any, report: dict[str, Any]) -> None:
+    path = config.save(args.out, base_model=engine.name)
+    _write_json(Path(args.out) / "report.json", report)
+    print(f"config: {path}")
+
+
+def _write_markdown(args: argparse.Namespace, title: str, lines: list[str], wall_s: float) -> None:
+    path = Path(args.out) / "summary.md"
+    path.write_text(f"# {title}\n\nWall time: {wall_s:.0f} s\n\n" + "\n".join(lines) + "\n")
+    print(f"report: {path}")
+
+
+def _compare(
+    args: argparse.Namespace, engine: Any, heldout: CalibrationSplit | None, methods: list[Any]
+) -> None:
+    """With --heldout-examples: forced choice of the result against the unmodified model."""
+    if heldout is None:
+        return
+    from rag_mspoe.calibration.fitness import FitnessCache, LocalEvaluator, utility
+    from rag_mspoe.calibration.report import comparison_markdown
+    from rag_mspoe.calibration.search import comparison_rows
+
+    weights = FitnessWeights.parse(args.weights)
+    rows = comparison_rows(
+        {"held-out": LocalEvaluator(engine, heldout)},
+        FitnessCache(Path(args.out) / "fitness_cache.jsonl"),
+        [("none", None), *methods],
+        lambda scores: utility(scores, weights, args.metric),
+    )
+    _write_json(Path(args.out) / "heldout.json", rows)
+    with (Path(args.out) / "summary.md").open("a") as handle:
+        handle.write("\n## Held-out forced-choice accuracy (%)\n\n" + comparison_markdown(rows))
+    _print_rows(rows)
