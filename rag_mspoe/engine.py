@@ -386,6 +386,8 @@ class Engine:
         attention keeps it out of them (its scores are not counted). With Ms-PoE the ranking made
         on the prompt serves every continuation, as in generation.
         """
+        from rag_mspoe import frozen_head_order
+
         if isinstance(continuations, str) or not continuations:
             raise TypeError("continuations is a non-empty list of strings.")
         context = self._render(prompt, raw, prefix)
@@ -408,18 +410,17 @@ class Engine:
         resolved = self._resolve_method(method)
         device = self.model.device
         with self._lock, self._method_applied(resolved), torch.inference_mode():
-            # The whole prompt goes in, so Ms-PoE ranks heads on the prompt's last token as in
-            # `loglikelihood`; the cache is then cut back to the shared tokens.
-            out = self.model(
-                torch.tensor([context], device=device),
-                use_cache=True,
-                logits_to_keep=len(context) - shared + 1,
-            )
-            first = out.logits[:, 0].float()  # predicts token `shared`
-            cache = out.past_key_values
             if shared < len(context):
-                cache.crop(shared)
-            logits = first[:, None].expand(len(rows), 1, -1)
+                # Ms-PoE ranks heads on the whole prompt's last token, as in `loglikelihood`; the
+                # shared tokens then run again with that ranking. Rare, and unlike cropping the
+                # cache it works for sliding-window caches too.
+                self.model(torch.tensor([context], device=device), logits_to_keep=1)
+            with frozen_head_order(self.model) if shared < len(context) else contextlib.nullcontext():
+                out = self.model(
+                    torch.tensor([context[:shared]], device=device), use_cache=True, logits_to_keep=1
+                )
+            cache = out.past_key_values
+            logits = out.logits.float().expand(len(rows), 1, -1)  # predicts token `shared`
             if width:
                 cache.batch_repeat_interleave(len(rows))
                 rest = self.model(inputs.to(device), past_key_values=cache, use_cache=True).logits.float()
