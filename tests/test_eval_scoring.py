@@ -130,7 +130,9 @@ def test_generation_is_scored_by_the_papers_metrics(engine):
     kv_pairs = kv[0].pairs[:-1] + ((kv[0].pairs[-1][0], full[3][-3:]),)
     examples.append(dataclasses.replace(kv[0], pairs=kv_pairs, key=kv_pairs[-1][0], value=kv_pairs[-1][1]))
 
-    qa_only = score_generation(engine, prompts[:3], examples[:3], method=None, max_new_tokens=12, batch_size=2)
+    qa_only = score_generation(
+        engine, prompts[:3], examples[:3], method=None, max_new_tokens=12, batch_size=2
+    )
     for result, text, ex in zip(qa_only, full, examples, strict=False):
         assert result["prediction"] == text.split("\n")[0]  # generation stopped at the first newline
         assert result["correct"] == best_subspan_em(text, ex.answers)
