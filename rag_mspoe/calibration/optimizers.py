@@ -76,6 +76,7 @@ class CMAESSearch:
             seed=ga.seed,
             population_size=max(ga.population_size, 2),  # CMA-ES needs at least two samples to rank
         )
+        self.seed = ga.seed
         self._asked: list[np.ndarray] = []
 
     @property
@@ -84,6 +85,9 @@ class CMAESSearch:
 
     def ask(self) -> list[Individual]:
         if not self._asked:
+            # cmaes does not pickle its random state, so each generation draws from its own seed:
+            # a search resumed from a checkpoint samples what the uninterrupted one would.
+            self.cma.reseed_rng(self.seed * 1_000_003 + self.cma.generation)
             self._asked = [self.cma.ask() for _ in range(self.cma.population_size)]
         return [self._decode(vector) for vector in self._asked]
 
