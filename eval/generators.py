@@ -155,7 +155,7 @@ _ATTRIBUTES = (
         "The usual cargo of the {e} is {v}.",
     )),
 )  # fmt: skip
-_FILLERS_PER_DOCUMENT = 2
+_MAX_FILLERS = 4  # the other value types of an entity's kind
 _MAX_TRIES = 200
 
 
@@ -189,7 +189,12 @@ def generate_kv(num_pairs: int, num_examples: int, seed: int, short_keys: bool =
 
 
 def generate_invented_qa(
-    num_documents: int, num_examples: int, seed: int, distractor_similarity: float = 0.5
+    num_documents: int,
+    num_examples: int,
+    seed: int,
+    distractor_similarity: float = 0.5,
+    *,
+    filler_sentences: int = 0,
 ) -> list[QAExample]:
     """Multi-document QA over invented facts; the gold document is at a random index.
 
@@ -203,15 +208,24 @@ def generate_invented_qa(
     it does, and (c) names an entity that starts like the gold's. At 0 distractors state other
     attributes of other kinds of entity under unrelated names; at 1 they differ from the gold
     only in the name (similar) and the value.
+
+    filler_sentences (0 to 4): facts of other value types added to every document, each about 12
+    tokens. With none, SmolLM2-135M picks the gold among 10 candidates about half the time when
+    it is in document 1 and a fifth of the time elsewhere; two fillers bring that down to a
+    quarter and a tenth (20 examples per position), so harder settings suit larger models.
     """
     if num_documents < 1:
         raise ValueError(f"num_documents must be at least 1 (the gold document), got {num_documents}.")
     _check_count("num_examples", num_examples)
     if not 0.0 <= distractor_similarity <= 1.0:
         raise ValueError(f"distractor_similarity must be in [0, 1], got {distractor_similarity}.")
+    if not 0 <= filler_sentences <= _MAX_FILLERS:
+        raise ValueError(f"filler_sentences must be in [0, {_MAX_FILLERS}], got {filler_sentences}.")
     rng = random.Random(seed)
     return [
-        _clean_example(rng, f"invented-{seed}-{number}", num_documents, distractor_similarity)
+        _clean_example(
+            rng, f"invented-{seed}-{number}", num_documents, distractor_similarity, filler_sentences
+        )
         for number in range(num_examples)
     ]
 
@@ -266,11 +280,13 @@ def _value(value_type: str, rng: random.Random) -> str:
     return f"{rng.choice(_MATERIALS)} {rng.choice(_GOODS)}"
 
 
-def _clean_example(rng: random.Random, example_id: str, num_documents: int, similarity: float) -> QAExample:
+def _clean_example(
+    rng: random.Random, example_id: str, num_documents: int, similarity: float, fillers: int
+) -> QAExample:
     """Draw examples until one passes `_is_clean` (a draw rarely fails it)."""
     try:
         for _ in range(_MAX_TRIES):
-            example = _invented_example(rng, example_id, num_documents, similarity)
+            example = _invented_example(rng, example_id, num_documents, similarity, fillers)
             if _is_clean(example):
                 return example
     except _Exhausted:
@@ -281,7 +297,7 @@ def _clean_example(rng: random.Random, example_id: str, num_documents: int, simi
 
 
 def _invented_example(
-    rng: random.Random, example_id: str, num_documents: int, similarity: float
+    rng: random.Random, example_id: str, num_documents: int, similarity: float, fillers: int
 ) -> QAExample:
     names = _Names()
     gold_attribute = rng.choice(_ATTRIBUTES)
@@ -289,7 +305,7 @@ def _invented_example(
     gold_wording = rng.randrange(len(gold_attribute.statements))
     gold_value = names.fresh(functools.partial(_value, gold_attribute.value_type), rng)
     documents = [
-        _document(rng, names, gold_attribute, gold_name, gold_wording, gold_value, is_gold=True),
+        _document(rng, names, gold_attribute, gold_name, gold_wording, gold_value, fillers, is_gold=True),
     ]
     candidates = [gold_value]
     first_syllable = gold_name.lower()[:3]
@@ -309,7 +325,7 @@ def _invented_example(
         similar = rng.random() < similarity
         name = names.fresh(functools.partial(_invented_word, first=first_syllable if similar else None), rng)
         value = names.fresh(functools.partial(_value, attribute.value_type), rng)
-        documents.append(_document(rng, names, attribute, name, wording, value, is_gold=False))
+        documents.append(_document(rng, names, attribute, name, wording, value, fillers, is_gold=False))
         candidates.append(value)
     rng.shuffle(documents)
     return QAExample(
@@ -328,13 +344,14 @@ def _document(
     name: str,
     wording: int,
     value: str,
+    fillers: int,
     *,
     is_gold: bool,
 ) -> Document:
-    """The main fact in one of its wordings, among filler facts of other value types."""
+    """The main fact in one of its wordings, among `fillers` facts of other value types."""
     sentences = [attribute.statements[wording].format(e=name, v=value)]
-    fillers = [a for a in _ATTRIBUTES if a.kind == attribute.kind and a.value_type != attribute.value_type]
-    for filler in rng.sample(fillers, _FILLERS_PER_DOCUMENT):
+    others = [a for a in _ATTRIBUTES if a.kind == attribute.kind and a.value_type != attribute.value_type]
+    for filler in rng.sample(others, fillers):
         filler_value = names.fresh(functools.partial(_value, filler.value_type), rng)
         sentences.append(rng.choice(filler.statements).format(e=name, v=filler_value))
     rng.shuffle(sentences)

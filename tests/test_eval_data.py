@@ -265,12 +265,15 @@ def test_kv_generator_short_keys():
         generate_kv(1, 1, seed=0)
 
 
-@pytest.mark.parametrize("similarity", [0.0, 0.5, 1.0])
-def test_invented_qa_gold_fact_only_in_the_gold_document(similarity):
-    examples = generate_invented_qa(10, 40, seed=3, distractor_similarity=similarity)
+@pytest.mark.parametrize(("similarity", "fillers"), [(0.0, 0), (0.5, 2), (1.0, 4), (1.0, 0)])
+def test_invented_qa_gold_fact_only_in_the_gold_document(similarity, fillers):
+    examples = generate_invented_qa(
+        10, 40, seed=3, distractor_similarity=similarity, filler_sentences=fillers
+    )
     for example in examples:
         gold = gold_index(example)
         assert gold is not None and len(example.documents) == 10
+        assert all(d.text.count(". ") == fillers and d.text.endswith(".") for d in example.documents)
         texts = [normalize_answer(f"{d.title} {d.text}") for d in example.documents]
         entity = example.documents[gold].title
         assert entity in example.question
@@ -298,8 +301,8 @@ def _states_gold_fact_pattern(example, document):
 
 
 def test_distractor_similarity_sets_how_alike_distractors_are():
-    alike = generate_invented_qa(8, 20, seed=4, distractor_similarity=1.0)
-    unlike = generate_invented_qa(8, 20, seed=4, distractor_similarity=0.0)
+    alike = generate_invented_qa(8, 20, seed=4, distractor_similarity=1.0, filler_sentences=1)
+    unlike = generate_invented_qa(8, 20, seed=4, distractor_similarity=0.0, filler_sentences=1)
     for example in alike:
         prefix = example.documents[gold_index(example)].title[:3]
         for document in example.documents:
@@ -319,3 +322,5 @@ def test_invented_qa_argument_checks():
         generate_invented_qa(0, 1, seed=0)
     with pytest.raises(ValueError, match="num_examples must be at least 1"):
         generate_invented_qa(5, 0, seed=0)
+    with pytest.raises(ValueError, match=r"filler_sentences must be in \[0, 4\]"):
+        generate_invented_qa(5, 1, seed=0, filler_sentences=5)
