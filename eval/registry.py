@@ -247,7 +247,7 @@ def _rebuild_rotary_modules(variant: Any, config: Any, device: Any) -> None:
 
 
 class EngineSet:
-    """Engines over one base model and its RoPE variants, built on first use and kept."""
+    """The base model, its RoPE variants and an engine over each, built on first use and kept."""
 
     def __init__(self, model: Any, tokenizer: Any, make_engine: Callable[[Any, Any], Any] | None = None):
         from rag_mspoe.engine import Engine
@@ -255,10 +255,15 @@ class EngineSet:
         self.model = model
         self.tokenizer = tokenizer
         self._make = make_engine or (lambda m, t: Engine(m, t, method="none"))
+        self._models: dict[tuple[tuple[str, Any], ...], Any] = {(): model}
         self._engines: dict[tuple[tuple[str, Any], ...], Any] = {}
+
+    def model_for(self, method: EvalMethod) -> Any:
+        if method.rope not in self._models:
+            self._models[method.rope] = rope_variant(self.model, method.rope_parameters)
+        return self._models[method.rope]
 
     def engine_for(self, method: EvalMethod) -> Any:
         if method.rope not in self._engines:
-            model = rope_variant(self.model, method.rope_parameters) if method.rope else self.model
-            self._engines[method.rope] = self._make(model, self.tokenizer)
+            self._engines[method.rope] = self._make(self.model_for(method), self.tokenizer)
         return self._engines[method.rope]

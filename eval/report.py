@@ -128,26 +128,42 @@ def markdown_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + f"\n\n{note}.\n"
 
 
-def plot(summary: dict[str, Any], path: Path, title: str = "") -> None:
-    """Accuracy against gold position, one line per method, with CI bars."""
+def line_plot(
+    series: dict[str, dict[int, float]],
+    path: Path,
+    *,
+    xlabel: str,
+    ylabel: str,
+    errors: dict[str, dict[int, tuple[float, float]]] | None = None,
+    log_y: bool = False,
+    title: str = "",
+) -> None:
+    """One line per name over integer x, with optional (low, high) error bars; PNG through Agg."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    positions = summary["positions"]
-    percent = summary["metric"] != "gold_logprob"
-    scale = 100.0 if percent else 1.0
     figure, axes = plt.subplots(figsize=(7, 4.2), dpi=110)
-    for method, entry in summary["methods"].items():
-        means = [scale * entry["accuracy"][p] for p in positions]
-        lows = [m - scale * entry["ci"][p][0] for m, p in zip(means, positions, strict=True)]
-        highs = [scale * entry["ci"][p][1] - m for m, p in zip(means, positions, strict=True)]
-        axes.errorbar(positions, means, yerr=[lows, highs], marker="o", capsize=3, label=method)
-    axes.set_xlabel("gold document position (0 = first)")
-    unit = " (%)" if percent else " (nats)"
-    axes.set_ylabel(METRIC_LABELS.get(summary["metric"], summary["metric"]) + unit)
-    axes.set_xticks(positions)
+    xs_all: set[int] = set()
+    for name, values in series.items():
+        xs = sorted(values)
+        xs_all.update(xs)
+        ys = [values[x] for x in xs]
+        if errors and name in errors:
+            bars = [
+                [y - errors[name][x][0] for x, y in zip(xs, ys, strict=True)],
+                [errors[name][x][1] - y for x, y in zip(xs, ys, strict=True)],
+            ]
+            axes.errorbar(xs, ys, yerr=bars, marker="o", capsize=3, label=name)
+        else:
+            axes.plot(xs, ys, marker="o", label=name)
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel(ylabel)
+    if len(xs_all) <= 12:
+        axes.set_xticks(sorted(xs_all))
+    if log_y:
+        axes.set_yscale("log")
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8)
     if title:
@@ -155,6 +171,29 @@ def plot(summary: dict[str, Any], path: Path, title: str = "") -> None:
     figure.tight_layout()
     figure.savefig(path)
     plt.close(figure)
+
+
+def plot(summary: dict[str, Any], path: Path, title: str = "") -> None:
+    """Accuracy against gold position, one line per method, with CI bars."""
+    percent = summary["metric"] != "gold_logprob"
+    scale = 100.0 if percent else 1.0
+    series = {
+        method: {p: scale * entry["accuracy"][p] for p in summary["positions"]}
+        for method, entry in summary["methods"].items()
+    }
+    errors = {
+        method: {p: (scale * entry["ci"][p][0], scale * entry["ci"][p][1]) for p in summary["positions"]}
+        for method, entry in summary["methods"].items()
+    }
+    unit = " (%)" if percent else " (nats)"
+    line_plot(
+        series,
+        path,
+        xlabel="gold document position (0 = first)",
+        ylabel=METRIC_LABELS.get(summary["metric"], summary["metric"]) + unit,
+        errors=errors,
+        title=title,
+    )
 
 
 def write_report(folder: Path, metric: str | None = None, baseline: str = "none") -> dict[str, Any]:

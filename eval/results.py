@@ -1,8 +1,9 @@
 """The results file of a run: JSON lines appended batch by batch, each record written exactly once.
 
-A record is keyed by (method, position, example id). Opening the file repairs a torn last line
-(a run killed while writing), so a restarted run sees exactly the records that were written
-whole, skips them, and appends the rest. One process at a time may write into a run folder.
+A record is keyed by some of its fields (a sweep: method, gold position, example id). Opening
+the file repairs a torn last line (a run killed while writing), so a restarted run sees exactly
+the records that were written whole, skips them, and appends the rest. One process at a time
+may write into a run folder.
 """
 
 from __future__ import annotations
@@ -21,11 +22,8 @@ except ImportError:  # Windows: runs are not guarded against a second writer
 
 RESULTS_FILE = "results.jsonl"
 LOCK_FILE = ".lock"
-Key = tuple[str, int, str]
-
-
-def record_key(record: dict[str, Any]) -> Key:
-    return (str(record["method"]), int(record["position"]), str(record["example_id"]))
+SWEEP_KEY = ("method", "position", "example_id")
+Key = tuple[Any, ...]
 
 
 @contextlib.contextmanager
@@ -64,15 +62,19 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 class ResultsFile:
     """Append-only JSONL of records with the set of keys already written."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, key_fields: tuple[str, ...] = SWEEP_KEY) -> None:
         self.path = folder / RESULTS_FILE
+        self.key_fields = key_fields
         self._repair_tail()
         self.done: set[Key] = set()
         for record in read_records(self.path):
-            key = record_key(record)
+            key = self.key(record)
             if key in self.done:
                 raise ValueError(f"{self.path} holds record {key} twice; remove one copy and rerun.")
             self.done.add(key)
+
+    def key(self, record: dict[str, Any]) -> Key:
+        return tuple(record[name] for name in self.key_fields)
 
     def _repair_tail(self) -> None:
         if not self.path.is_file():
@@ -87,7 +89,7 @@ class ResultsFile:
         """Write records not yet present, in one write, flushed to disk; returns how many were new."""
         fresh = []
         for record in records:
-            key = record_key(record)
+            key = self.key(record)
             if key not in self.done:
                 self.done.add(key)
                 fresh.append(json.dumps(record, ensure_ascii=False) + "\n")

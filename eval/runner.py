@@ -118,6 +118,7 @@ def run_sweep(
         )
         written = 0
         facts: dict[str, Any] = {}
+        stream: Iterator[list[dict[str, Any]]] = iter(())
         try:
             if ray_address is not None:
                 from rag_mspoe.eval.ray_backend import score_on_ray
@@ -129,9 +130,10 @@ def run_sweep(
                 written += results.append(records)
                 bar.update(len(records))
         finally:
+            getattr(stream, "close", lambda: None)()  # stops Ray workers when the run is interrupted
             bar.close()
-            total = sum(1 for key in results.done if key[0] in {m.name for m in methods})
-            finish_session(manifest, facts or manifest.get("model", {}), len(results.done), total >= expected)
+            complete = done_here + written >= expected
+            finish_session(manifest, facts or manifest.get("model", {}), len(results.done), complete)
             write_manifest(out, manifest)
     if report:
         from rag_mspoe.eval.report import write_report

@@ -1,0 +1,271 @@
+"""End-to-end mode: questions go through the real RAG pipeline (index, retrieve, pack, answer).
+
+For each question and method it records where the gold document ranked in retrieval
+(`gold_rank`, 1 = best, None = not retrieved) and where it sat in the packed prompt
+(`gold_prompt_position`, 0 = first document, None = not packed), so accuracy can be read by
+prompt position and by retrieval quality.
+
+Questions file: JSON lines of {"id", "question", "answers": [...]} with optionally
+"gold_source" (the corpus file the answer comes from; a chunk is gold when its source path ends
+with it) and "candidates" (answer options, for forced choice). Without gold_source, a chunk is
+gold when it contains an answer (SQuAD-normalised).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rag_mspoe.eval.loaders import read_jsonl
+from rag_mspoe.eval.manifest import git_state, model_facts, package_versions, read_manifest, write_manifest
+from rag_mspoe.eval.metrics import best_subspan_em, normalize_answer
+from rag_mspoe.eval.registry import EngineSet, EvalMethod, resolve_all, stable_seed
+from rag_mspoe.eval.report import line_plot
+from rag_mspoe.eval.results import ResultsFile, read_records, run_lock
+
+KEY_FIELDS = ("method", "example_id")
+PLOT_FILE = "accuracy_by_prompt_position.png"
+RANK_BUCKETS = ((1, 1), (2, 3), (4, 5), (6, 10), (11, 10**9))
+
+
+@dataclass(frozen=True)
+class Question:
+    id: str
+    question: str
+    answers: tuple[str, ...]
+    gold_source: str | None = None
+    candidates: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class E2EConfig:
+    questions: str
+    corpus: tuple[str, ...]
+    methods: tuple[str, ...] = ("none", "mspoe", "longcontextreorder")
+    k: int = 10
+    max_new_tokens: int = 64
+    model: str | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "corpus", tuple(self.corpus))
+        object.__setattr__(self, "methods", tuple(self.methods))
+        if self.k < 1:
+            raise ValueError(f"k must be at least 1, got {self.k}.")
+
+
+def read_questions(path: str) -> list[Question]:
+    questions = []
+    for number, record in enumerate(read_jsonl(path), start=1):
+        answers = record.get("answers")
+        if not isinstance(record.get("question"), str) or not isinstance(answers, list) or not answers:
+            raise ValueError(
+                f"{path}, record {number}: needs 'question' (a string) and 'answers' (a non-empty list)."
+            )
+        questions.append(
+            Question(
+                id=str(record.get("id", number - 1)),
+                question=record["question"],
+                answers=tuple(answers),
+                gold_source=record.get("gold_source"),
+                candidates=tuple(record.get("candidates") or ()),
+            )
+        )
+    if len({q.id for q in questions}) != len(questions):
+        raise ValueError(f"{path}: question ids repeat; give every question its own 'id'.")
+    return questions
+
+
+def is_gold(question: Question, source: str, text: str) -> bool:
+    if question.gold_source:
+        return Path(source).as_posix().endswith(Path(question.gold_source).as_posix())
+    normalized = normalize_answer(text)
+    return any(normalize_answer(answer) in normalized for answer in question.answers)
+
+
+def run_e2e(
+    config: E2EConfig,
+    folder: str | Path,
+    *,
+    index_dir: str | Path | None = None,
+    model: Any = None,
+    tokenizer: Any = None,
+    threads: int | None = None,
+    progress: bool | None = None,
+) -> dict[str, Any]:
+    """Index the corpus (incrementally), then answer every pending (method, question)."""
+    from tqdm.auto import tqdm
+
+    from rag_mspoe.pipelines.indexing import index_documents
+    from rag_mspoe.pipelines.retrieval import Retriever
+
+    out = Path(folder)
+    methods = resolve_all(config.methods)
+    questions = read_questions(config.questions)
+    with run_lock(out):
+        results = ResultsFile(out, KEY_FIELDS)
+        todo = [(m, q) for q in questions for m in methods if (m.name, q.id) not in results.done]
+        if todo:
+            index_path = Path(index_dir) if index_dir else out / "index"
+            index_documents(list(config.corpus), index_path, progress=progress)
+            retriever = Retriever.load(index_path)
+            retrieved = dict(
+                zip(
+                    [q.id for q in questions],
+                    retriever.retrieve_many([q.question for q in questions], config.k),
+                    strict=True,
+                )
+            )
+            if model is None:
+                from rag_mspoe import load_model
+
+                model, tokenizer = load_model(config.model, threads=threads)
+            engines = EngineSet(model, tokenizer)
+            _write_manifest(out, config, methods, model)
+            bar = tqdm(
+                todo,
+                unit="answer",
+                desc=f"e2e {out.name}",
+                disable=None if progress is None else not progress,
+                mininterval=1 if sys.stderr.isatty() else 30,
+            )
+            for method, question in bar:
+                record = answer_one(
+                    config, method, question, retrieved[question.id], engines.engine_for(method)
+                )
+                results.append([record])
+    return write_e2e_report(out, [m.name for m in methods])
+
+
+def answer_one(
+    config: E2EConfig, method: EvalMethod, question: Question, retrieved: Sequence[Any], engine: Any
+) -> dict[str, Any]:
+    """Pack the retrieved chunks as the pipeline does, put them in the method's order, answer."""
+    from rag_mspoe.eval.scoring import score_forced_choice
+    from rag_mspoe.pipelines.answer import generate_answer, pack_for_engine
+    from rag_mspoe.pipelines.packing import render_prompt
+
+    started = time.perf_counter()
+    gold_rank = next((r.rank for r in retrieved if is_gold(question, r.chunk.source, r.chunk.text)), None)
+    packed = pack_for_engine(
+        question.question, retrieved, engine, max_new_tokens=config.max_new_tokens, reorder=False, cite=False
+    )
+    documents, _ = method.arrange(packed.documents, stable_seed(config.seed, question.id))
+    prompt = render_prompt(question.question, documents, cite=False)
+    packed = dataclasses.replace(
+        packed, prompt=prompt, documents=documents, reordered=method.order != "given"
+    )
+    position = next(
+        (i for i, r in enumerate(documents) if is_gold(question, r.chunk.source, r.chunk.text)), None
+    )
+    answer = generate_answer(
+        packed, question.question, engine, max_new_tokens=config.max_new_tokens, method=method.method
+    )
+    record: dict[str, Any] = {
+        "method": method.name,
+        "example_id": question.id,
+        "gold_rank": gold_rank,
+        "gold_prompt_position": position,
+        "packed": len(documents),
+        "prediction": answer.text,
+        "match": best_subspan_em(answer.text, question.answers),
+    }
+    if question.candidates:
+        choice = score_forced_choice(
+            engine, prompt, list(question.candidates), question.answers[0], method=method.method
+        )
+        record["choice_correct"] = choice["correct"]
+    record["seconds"] = round(time.perf_counter() - started, 4)
+    return record
+
+
+def _write_manifest(folder: Path, config: E2EConfig, methods: list[EvalMethod], model: Any) -> None:
+    manifest = read_manifest(folder) or {"methods": {}, "sessions": []}
+    manifest["e2e"] = dataclasses.asdict(config)
+    manifest["methods"].update({m.name: m.to_dict() for m in methods})
+    manifest["model"] = model_facts(model)
+    manifest["sessions"].append({"versions": package_versions(), "git": git_state()})
+    write_manifest(folder, json.loads(json.dumps(manifest, default=str)))
+
+
+def _bucket(rank: int | None) -> str:
+    if rank is None:
+        return "not retrieved"
+    low, high = next((low, high) for low, high in RANK_BUCKETS if low <= rank <= high)
+    return str(low) if low == high else (f"{low}-{high}" if high < 10**9 else f">{low - 1}")
+
+
+def write_e2e_report(folder: Path, method_order: Sequence[str] = ()) -> dict[str, Any]:
+    """summary.json and table.md: accuracy per method overall, by gold prompt position, by retrieval rank."""
+    records = read_records(folder / "results.jsonl")
+    metric = "choice_correct" if any("choice_correct" in r for r in records) else "match"
+    groups: dict[str, dict[str, dict[str, list[float]]]] = defaultdict(
+        lambda: {"overall": defaultdict(list), "position": defaultdict(list), "rank": defaultdict(list)}
+    )
+    for r in records:
+        value = float(r.get(metric, r["match"]))
+        entry = groups[r["method"]]
+        entry["overall"]["all"].append(value)
+        position = r["gold_prompt_position"]
+        entry["position"]["not packed" if position is None else str(position)].append(value)
+        entry["rank"][_bucket(r["gold_rank"])].append(value)
+    methods = [m for m in dict.fromkeys([*method_order, *groups]) if m in groups]
+
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values)
+
+    summary: dict[str, Any] = {"metric": metric, "overall": {}, "by_position": {}, "by_rank": {}}
+    for method in methods:
+        entry = groups[method]
+        summary["overall"][method] = {
+            "accuracy": mean(entry["overall"]["all"]),
+            "n": len(entry["overall"]["all"]),
+        }
+        summary["by_position"][method] = {
+            k: {"accuracy": mean(v), "n": len(v)} for k, v in entry["position"].items()
+        }
+        summary["by_rank"][method] = {k: {"accuracy": mean(v), "n": len(v)} for k, v in entry["rank"].items()}
+    lines = [
+        f"Accuracy ({metric}) per method; n = questions.",
+        "",
+        "| method | accuracy | n |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {m} | {100 * v['accuracy']:.1f} | {v['n']} |" for m, v in summary["overall"].items()]
+    for title, key in (("gold position in the prompt", "by_position"), ("gold retrieval rank", "by_rank")):
+        lines += [
+            "",
+            f"By {title}: accuracy (n)",
+            "",
+            "| method | " + title + " | accuracy | n |",
+            "|---|---|---|---|",
+        ]
+        for method, cells in summary[key].items():
+            for name in sorted(
+                cells, key=lambda c: (not c[0].isdigit(), int(c.split("-")[0]) if c[0].isdigit() else 0)
+            ):
+                lines.append(
+                    f"| {method} | {name} | {100 * cells[name]['accuracy']:.1f} | {cells[name]['n']} |"
+                )
+    summary["markdown"] = "\n".join(lines) + "\n"
+    (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (folder / "table.md").write_text(summary["markdown"])
+    by_position = {
+        method: {int(k): v["accuracy"] * 100 for k, v in cells.items() if k.isdigit()}
+        for method, cells in summary["by_position"].items()
+    }
+    if any(by_position.values()):
+        line_plot(
+            by_position,
+            folder / PLOT_FILE,
+            xlabel="gold document position in the packed prompt (0 = first)",
+            ylabel=f"{metric} (%)",
+        )
+    return summary

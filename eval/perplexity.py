@@ -1,0 +1,200 @@
+"""Perplexity against context length on a long text, per method: the extrapolation check of the
+layer-specific scaling paper (PI and Dynamic-NTK, with and without layer-specific factors).
+
+    config = PerplexityConfig(text="book.txt", lengths=(2048, 4096, 8192),
+                              methods=("none", "pi:2", "dynamic-ntk:2", "layerwise+pi:2"))
+    run_perplexity(config, "runs/ppl")
+
+The text is tokenized once; window w of length L is tokens [w*L, (w+1)*L). Each window is one
+forward (no striding), so every token of it is predicted from all tokens before it in the
+window. Results stream to results.jsonl, one record per (method, length, window), and a
+resumed run skips what is there; summary.json, table.md and perplexity_by_length.png follow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rag_mspoe.eval.manifest import git_state, model_facts, package_versions, read_manifest, write_manifest
+from rag_mspoe.eval.registry import EngineSet, EvalMethod, resolve_all
+from rag_mspoe.eval.report import line_plot
+from rag_mspoe.eval.results import ResultsFile, read_records, run_lock
+
+KEY_FIELDS = ("method", "length", "window")
+PLOT_FILE = "perplexity_by_length.png"
+_LOSS_CHUNK = 1024  # logits rows turned to float at once, to bound memory on long windows
+
+
+@dataclass(frozen=True)
+class PerplexityConfig:
+    text: str
+    lengths: tuple[int, ...]
+    methods: tuple[str, ...] = ("none", "pi:2", "dynamic-ntk:2", "layerwise+pi:2", "layerwise+dynamic-ntk:2")
+    windows: int = 1
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lengths", tuple(sorted(set(self.lengths))))
+        object.__setattr__(self, "methods", tuple(self.methods))
+        if not self.lengths or min(self.lengths) < 2:
+            raise ValueError("lengths must be at least 2 tokens each.")
+        if self.windows < 1:
+            raise ValueError(f"windows must be at least 1, got {self.windows}.")
+
+
+def text_tokens(tokenizer: Any, path: str, needed: int) -> list[int]:
+    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if len(ids) < needed:
+        raise ValueError(
+            f"{path} has {len(ids)} tokens; {needed} are needed (windows x longest length). "
+            "Use a longer text, fewer --windows or shorter --lengths."
+        )
+    return ids
+
+
+def window_nll(model: Any, ids: Sequence[int], method: Any) -> tuple[float, int]:
+    """(sum of negative log-likelihoods, tokens predicted) of one window under `method`."""
+    import torch
+
+    from rag_mspoe import rescaled
+
+    with rescaled(model, method), torch.inference_mode():
+        inputs = torch.tensor([list(ids)], device=model.device)
+        logits = model(inputs).logits[0]
+        targets = inputs[0, 1:]
+        total = 0.0
+        for start in range(0, len(ids) - 1, _LOSS_CHUNK):
+            rows = logits[start : start + _LOSS_CHUNK][: len(targets) - start].float()
+            picked = torch.log_softmax(rows, dim=-1).gather(1, targets[start : start + len(rows), None])
+            total -= float(picked.sum())
+    return total, len(ids) - 1
+
+
+def run_perplexity(
+    config: PerplexityConfig,
+    folder: str | Path,
+    *,
+    model: Any = None,
+    tokenizer: Any = None,
+    threads: int | None = None,
+    progress: bool | None = None,
+) -> dict[str, Any]:
+    """Score every pending (method, length, window) into `folder`; returns the summary."""
+    from tqdm.auto import tqdm
+
+    out = Path(folder)
+    methods = resolve_all(config.methods)
+    ordered = [m.name for m in methods if m.order != "given"]
+    if ordered:
+        raise ValueError(f"{ordered} reorder documents, which means nothing for perplexity; drop them.")
+    with run_lock(out):
+        _check_manifest(out, config)
+        results = ResultsFile(out, KEY_FIELDS)
+        todo = [
+            (method, length, window)
+            for length in config.lengths
+            for window in range(config.windows)
+            for method in methods
+            if (method.name, length, window) not in results.done
+        ]
+        if todo:
+            if model is None:
+                from rag_mspoe import load_model
+
+                model, tokenizer = load_model(config.model, threads=threads)
+            models = EngineSet(model, tokenizer)
+            ids = text_tokens(tokenizer, config.text, config.windows * max(config.lengths))
+            _write_manifest(out, config, methods, model)
+            bar = tqdm(
+                todo,
+                unit="window",
+                desc=f"perplexity {out.name}",
+                disable=None if progress is None else not progress,
+                mininterval=1 if sys.stderr.isatty() else 30,
+            )
+            for method, length, window in bar:
+                nll, tokens = window_nll(
+                    models.model_for(method), ids[window * length : (window + 1) * length], method.method
+                )
+                results.append(
+                    [
+                        {
+                            "method": method.name,
+                            "length": length,
+                            "window": window,
+                            "nll": nll,
+                            "tokens": tokens,
+                            "perplexity": math.exp(nll / tokens),
+                        }
+                    ]
+                )
+    return write_perplexity_report(out, [m.name for m in methods])
+
+
+def _check_manifest(folder: Path, config: PerplexityConfig) -> None:
+    manifest = read_manifest(folder)
+    if manifest is None:
+        return
+    previous = manifest.get("perplexity", {})
+    for key in ("text", "model"):
+        if previous.get(key) != getattr(config, key):
+            raise ValueError(
+                f"{folder} holds a perplexity run with {key}={previous.get(key)!r}, "
+                f"not {getattr(config, key)!r}; use the same settings to resume, or a new folder."
+            )
+
+
+def _write_manifest(folder: Path, config: PerplexityConfig, methods: list[EvalMethod], model: Any) -> None:
+    manifest = read_manifest(folder) or {"methods": {}, "sessions": []}
+    manifest["perplexity"] = dataclasses.asdict(config)
+    manifest["methods"].update({m.name: m.to_dict() for m in methods})
+    manifest["model"] = model_facts(model)
+    manifest["sessions"].append({"versions": package_versions(), "git": git_state()})
+    write_manifest(folder, json.loads(json.dumps(manifest, default=str)))
+
+
+def write_perplexity_report(folder: Path, method_order: Sequence[str] = ()) -> dict[str, Any]:
+    """summary.json, table.md (methods x lengths) and perplexity_by_length.png from results.jsonl."""
+    records = read_records(folder / "results.jsonl")
+    totals: dict[tuple[str, int], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for record in records:
+        entry = totals[(record["method"], int(record["length"]))]
+        entry[0] += record["nll"]
+        entry[1] += record["tokens"]
+    methods = [
+        m for m in dict.fromkeys([*method_order, *(m for m, _ in totals)]) if any(k[0] == m for k in totals)
+    ]
+    lengths = sorted({length for _, length in totals})
+    table = {
+        method: {
+            length: math.exp(nll / tokens) for (m, length), (nll, tokens) in totals.items() if m == method
+        }
+        for method in methods
+    }
+    header = ["method", *(str(length) for length in lengths)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for method in methods:
+        cells = [f"{table[method][length]:.2f}" if length in table[method] else "-" for length in lengths]
+        lines.append("| " + " | ".join([method, *cells]) + " |")
+    markdown = "\n".join(lines) + "\n\nPerplexity (lower is better) by context length in tokens.\n"
+    summary = {"lengths": lengths, "perplexity": table, "markdown": markdown}
+    (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (folder / "table.md").write_text(markdown)
+    if table:
+        line_plot(
+            table,
+            folder / PLOT_FILE,
+            xlabel="context length (tokens)",
+            ylabel="perplexity (log scale)",
+            log_y=True,
+        )
+    return summary

@@ -1,0 +1,148 @@
+"""The sweep runner: complete, once-only records; resuming after a kill; the manifest; settings checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pytest
+from eval_run_helpers import save_tiny_chat_model, tiny_chat_model
+
+from rag_mspoe.eval.generators import generate_invented_qa
+from rag_mspoe.eval.loaders import save_jsonl
+from rag_mspoe.eval.records import gold_index
+from rag_mspoe.eval.registry import resolve
+from rag_mspoe.eval.results import read_records
+from rag_mspoe.eval.runner import run_sweep
+from rag_mspoe.eval.sweep import SweepConfig
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_chat_model()
+
+
+def keys(records):
+    return [(r["method"], r["position"], r["example_id"]) for r in records]
+
+
+def test_sweep_scores_every_method_position_and_example_once(tiny, tmp_path):
+    config = SweepConfig(
+        num_documents=6,
+        positions=(0, 3, 5),
+        methods=("none", "mspoe", "longcontextreorder", "dynamic-ntk"),
+        samples=4,
+        batch_size=3,
+        metrics=("choice", "generate"),
+        max_new_tokens=4,
+    )
+    outcome = run_sweep(config, tmp_path, model=tiny[0], tokenizer=tiny[1], progress=False)
+    records = read_records(tmp_path / "results.jsonl")
+    assert outcome.complete and outcome.written == len(records) == 4 * 3 * 4
+    assert len(set(keys(records))) == len(records)
+    for record in records:
+        assert record["choice_correct"] in (0.0, 1.0) and record["match"] in (0.0, 1.0)
+        assert record["gold_logprob"] < 0 and record["gold_tokens"] >= 1
+        _, slots = resolve(record["method"]).arrange(list(range(6)), seed=0)
+        assert record["prompt_position"] == slots.index(record["position"])
+    for name in ("summary.json", "table.md", "accuracy_by_position.png", "examples.jsonl.gz"):
+        assert (tmp_path / name).is_file()
+
+
+def test_manifest_records_model_methods_versions_and_commit(tiny, tmp_path):
+    config = SweepConfig(num_documents=4, positions=(0, 3), methods=("none", "layerwise+pi"), samples=2)
+    run_sweep(config, tmp_path, model=tiny[0], tokenizer=tiny[1], progress=False, report=False)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["model"]["name"] == "tiny-llama" and manifest["model"]["num_layers"] == 4
+    assert manifest["methods"]["layerwise+pi"]["method"]["method"] == "compose"
+    assert manifest["sweep"]["positions"] == [0, 3]
+    session = manifest["sessions"][-1]
+    assert {"torch", "transformers", "rag-mspoe"} <= set(session["versions"])
+    assert len(session["git"]["commit"]) == 40 and session["complete"] is True
+
+
+def test_resume_adds_only_what_is_missing_and_refuses_another_sweep(tiny, tmp_path):
+    base = dict(num_documents=4, positions=(0, 3), samples=3, batch_size=2)
+    run_sweep(
+        SweepConfig(methods=("none",), **base), tmp_path, model=tiny[0], tokenizer=tiny[1], progress=False
+    )
+    first = read_records(tmp_path / "results.jsonl")
+    again = run_sweep(
+        SweepConfig(methods=("none", "pi"), **base),
+        tmp_path,
+        model=tiny[0],
+        tokenizer=tiny[1],
+        progress=False,
+    )
+    records = read_records(tmp_path / "results.jsonl")
+    assert again.written == 6 and records[: len(first)] == first
+    assert Counter(r["method"] for r in records) == {"none": 6, "pi": 6}
+    with pytest.raises(ValueError, match="samples: 3 there, 5 now"):
+        run_sweep(
+            SweepConfig(methods=("none",), **{**base, "samples": 5}),
+            tmp_path,
+            model=tiny[0],
+            tokenizer=tiny[1],
+        )
+
+
+def test_examples_are_frozen_in_the_run_folder(tiny, tmp_path):
+    data = tmp_path / "data.jsonl"
+    save_jsonl(data, generate_invented_qa(5, 3, seed=1))
+    config = SweepConfig(data=str(data), num_documents=5, positions=(0, 4), samples=3)
+    run_sweep(config, tmp_path / "run", model=tiny[0], tokenizer=tiny[1], progress=False, report=False)
+    save_jsonl(data, generate_invented_qa(5, 3, seed=2))  # the data file changes under a stopped run
+    more = SweepConfig(data=str(data), num_documents=5, positions=(0, 2, 4), samples=3)
+    run_sweep(more, tmp_path / "run", model=tiny[0], tokenizer=tiny[1], progress=False, report=False)
+    records = read_records(tmp_path / "run" / "results.jsonl")
+    assert {r["example_id"] for r in records} == {"invented-1-0", "invented-1-1", "invented-1-2"}
+
+
+def test_a_data_file_with_more_documents_is_cut_to_the_requested_count(tiny, tmp_path):
+    data = tmp_path / "data.jsonl"
+    examples = generate_invented_qa(8, 2, seed=3)
+    save_jsonl(data, examples)
+    config = SweepConfig(data=str(data), num_documents=4, positions=(3,), samples=2, metrics=("loglik",))
+    run_sweep(config, tmp_path / "run", model=tiny[0], tokenizer=tiny[1], progress=False, report=False)
+    from rag_mspoe.eval.loaders import load_qa
+
+    kept = load_qa(tmp_path / "run" / "examples.jsonl.gz")
+    assert all(len(ex.documents) == 4 and gold_index(ex) is not None for ex in kept)
+    assert all(
+        "gold_logprob" in r and "choice" not in r for r in read_records(tmp_path / "run" / "results.jsonl")
+    )
+
+
+def test_a_killed_run_resumes_without_losing_or_duplicating_a_record(tmp_path):
+    model_dir = save_tiny_chat_model(tmp_path / "model")
+    command = [
+        sys.executable, "-m", "rag_mspoe.cli", "sweep", "--out", str(tmp_path / "run"), "--model", str(model_dir),
+        "--documents", "8", "--positions", "0,7", "--methods", "none", "pi", "--samples", "30",
+        "--batch-size", "2", "--threads", "1", "--no-progress",
+    ]  # fmt: skip
+    results = tmp_path / "run" / "results.jsonl"
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        if results.is_file() and results.read_bytes().count(b"\n") >= 8:
+            break
+        time.sleep(0.02)
+    assert process.poll() is None, process.stderr.read().decode()[-2000:] if process.stderr else ""
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    before = read_records(results)
+    assert 8 <= len(before) < 120
+
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    after = read_records(results)
+    assert len(after) == 2 * 2 * 30 == len(set(keys(after)))
+    assert after[: len(before)] == before
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert len(manifest["sessions"]) == 2 and manifest["sessions"][-1]["complete"] is True
+    assert "120/120 records" in finished.stdout
