@@ -120,11 +120,9 @@ def test_a_data_file_with_more_documents_is_cut_to_the_requested_count(tiny, tmp
 
 def test_a_killed_run_resumes_without_losing_or_duplicating_a_record(tmp_path):
     model_dir = save_tiny_chat_model(tmp_path / "model")
-    command = [
-        sys.executable, "-m", "rag_mspoe.cli", "sweep", "--out", str(tmp_path / "run"), "--model", str(model_dir),
-        "--documents", "8", "--positions", "0,7", "--methods", "none", "pi", "--samples", "30",
-        "--batch-size", "2", "--threads", "1", "--no-progress",
-    ]  # fmt: skip
+    options = "--documents 8 --positions 0,7 --methods none pi --samples 30 --batch-size 2 --threads 1"
+    command = [sys.executable, "-m", "rag_mspoe.cli", "sweep", "--out", str(tmp_path / "run")]
+    command += ["--model", str(model_dir), *options.split(), "--no-progress"]
     results = tmp_path / "run" / "results.jsonl"
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
