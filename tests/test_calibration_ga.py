@@ -3,6 +3,7 @@ on cheap synthetic fitness functions: no model involved."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -95,11 +96,10 @@ def test_mutation_probability_is_per_coordinate():
 
 
 def test_crossover_takes_each_point_from_a_parent_and_keeps_eq9():
-    settings = GASettings(crossover_probability=0.5)
+    settings = GASettings(control_points=2, crossover_probability=0.5)
     grid = settings.grid(10)
     first = ((5, 1.0), (6, 1.0))
     second = ((2, 2.0), (3, 2.0))
-    grid = GASettings(control_points=2).grid(10)
     rng = random.Random(0)
     retries_seen = 0
     for _ in range(200):
@@ -166,7 +166,7 @@ def test_ga_finds_a_target_curve_better_than_random_search_at_the_same_budget():
     settings = GASettings(population_size=6, generations=8, top_k=2, mutation_size=3, crossover_size=1)
     ga_best, random_best = [], []
     for seed in range(8):
-        settings_seed = GASettings(**{**settings.__dict__, "seed": seed})
+        settings_seed = dataclasses.replace(settings, seed=seed)
         evaluated, _ = run(BezierGA(settings_seed, LAYERS), closeness)
         ga_best.append(max(evaluated.values()))
         baseline, _ = run(make_optimizer("random", settings_seed, LAYERS), closeness, budget=len(evaluated))

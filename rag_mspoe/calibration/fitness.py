@@ -261,7 +261,7 @@ def start_ray_workers(source: str | None, workers: int, threads: int = 1) -> lis
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}.")
     if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False)
+        ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False, include_dashboard=False)
     actor = ray.remote(num_cpus=threads)(_RayWorker)
     return [actor.remote(source, threads) for _ in range(workers)]  # type: ignore[attr-defined]
 

@@ -55,7 +55,7 @@ class CMAESSettings:
 
 
 class CMAESSearch:
-    """CMA-ES started at Eq. 8's individual, with the GA's population size per generation.
+    """CMA-ES started at Eq. 8's individual, with the GA's population size per generation (at least 4).
 
     Checkpoints hold the CMA-ES object pickled (base64 in the JSON): load them only from your own
     run folders.
@@ -74,7 +74,8 @@ class CMAESSearch:
             sigma=self.settings.sigma,
             bounds=np.array([[0.0, 1.0]] * dim),
             seed=ga.seed,
-            population_size=max(ga.population_size, 2),  # CMA-ES needs at least two samples to rank
+            # Fewer than 4 samples leave CMA-ES's covariance update degenerate (a zero weight sum).
+            population_size=max(ga.population_size, 4),
         )
         self.seed = ga.seed
         self._asked: list[np.ndarray] = []
