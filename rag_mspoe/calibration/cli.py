@@ -196,7 +196,12 @@ def _layers(args: argparse.Namespace) -> int:
     search = LayerSearch(args.out, settings, calibration, num_layers)
     results = search.run()
     rows = search.compare(results, heldout)
-    summary = write_report(Path(args.out), results, rows, num_layers)
+    weights = settings.weights
+    note = (
+        f"Fitness U = {weights.first}*A_first + {weights.middle}*A_middle + {weights.last}*A_last, "
+        f"A = {settings.metric} on the calibration split."
+    )
+    summary = write_report(Path(args.out), results, rows, num_layers, note)
     for result in results:
         print(
             f"{result.name}: control points {list(result.best)}, calibration fitness {result.fitness:.4f}, "

@@ -100,16 +100,22 @@ def optimizers_markdown(results: Sequence[OptimizerResult]) -> str:
 
 
 def write_report(
-    folder: Path, results: Sequence[OptimizerResult], rows: Sequence[dict[str, Any]], num_layers: int
+    folder: Path,
+    results: Sequence[OptimizerResult],
+    rows: Sequence[dict[str, Any]],
+    num_layers: int,
+    fitness_note: str = "",
 ) -> Path:
-    """fitness.png, factors.png, factors.md and summary.md in `folder`; returns summary.md."""
+    """fitness.png, factors.png, factors.md and summary.md in `folder`; returns summary.md.
+
+    fitness_note: how U was computed (metric, weights), printed above the tables."""
     folder.mkdir(parents=True, exist_ok=True)
     plot_fitness(results, folder / "fitness.png")
     plot_factors(results, num_layers, folder / "factors.png")
     (folder / "factors.md").write_text(factors_markdown(results, num_layers))
     summary = folder / "summary.md"
     summary.write_text(
-        "# Layer-factor calibration\n\n## Optimisers (same budget of evaluations)\n\n"
+        f"# Layer-factor calibration\n\n{fitness_note}\n\n## Optimisers (same budget of evaluations)\n\n"
         + optimizers_markdown(results)
         + "\n## Forced-choice accuracy (%) by gold position\n\n"
         + comparison_markdown(rows)
