@@ -1,0 +1,47 @@
+"""A sweep fanned out over a local Ray with two workers writes the records a local run writes."""
+
+from __future__ import annotations
+
+import pytest
+from eval_run_helpers import save_tiny_chat_model
+
+from rag_mspoe.eval.results import read_records
+from rag_mspoe.eval.runner import run_sweep
+from rag_mspoe.eval.sweep import SweepConfig
+
+pytest.importorskip("ray")
+
+
+def test_two_ray_workers_write_the_same_records_as_one_process(tmp_path):
+    model_dir = save_tiny_chat_model(tmp_path / "model")
+    config = SweepConfig(
+        num_documents=5,
+        positions=(0, 4),
+        methods=("none", "mspoe", "dynamic-ntk"),
+        samples=2,
+        batch_size=2,
+        model=str(model_dir),
+    )
+    on_ray = run_sweep(
+        config, tmp_path / "ray", ray_address="local", ray_workers=2, threads=1, progress=False
+    )
+    local = run_sweep(config, tmp_path / "local", threads=1, progress=False, report=False)
+    assert on_ray.complete and local.complete
+
+    def by_key(folder):
+        records = read_records(folder / "results.jsonl")
+        return {(r["method"], r["position"], r["example_id"]): r for r in records}
+
+    ray_records, local_records = by_key(tmp_path / "ray"), by_key(tmp_path / "local")
+    assert len(ray_records) == len(local_records) == 3 * 2 * 2
+    assert ray_records.keys() == local_records.keys()
+    for key, record in local_records.items():
+        assert ray_records[key]["choice"] == record["choice"]
+        assert ray_records[key]["gold_logprob"] == pytest.approx(record["gold_logprob"], abs=1e-4)
+    assert (tmp_path / "ray" / "table.md").is_file()
+
+
+def test_ray_needs_at_least_one_worker(tmp_path):
+    config = SweepConfig(num_documents=3, positions=(0,), samples=1, model=str(tmp_path))
+    with pytest.raises(ValueError, match="at least 1"):
+        run_sweep(config, tmp_path / "run", ray_address="local", ray_workers=0, progress=False)

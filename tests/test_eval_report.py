@@ -1,0 +1,102 @@
+"""Reports from results files: the summary's numbers, the Markdown table, the PNG, comparing runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rag_mspoe.eval.report import compare_runs, summarize, write_report
+from rag_mspoe.eval.results import RESULTS_FILE
+
+
+def write_results(folder, scores):
+    """scores: {(method, position): [0/1 per example]} written as sweep records."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / RESULTS_FILE, "w") as handle:
+        for (method, position), values in scores.items():
+            for index, value in enumerate(values):
+                record = {
+                    "method": method,
+                    "position": position,
+                    "example_id": f"ex-{index}",
+                    "choice_correct": float(value),
+                    "gold_logprob": -1.0 - index - (0 if value else 5),
+                }
+                handle.write(json.dumps(record) + "\n")
+    return folder
+
+
+def scores_of(accuracy, n=20):
+    """n 0/1 scores with the given accuracy, correct ones first."""
+    correct = round(accuracy * n)
+    return [1] * correct + [0] * (n - correct)
+
+
+SCORES = {
+    ("none", 0): scores_of(0.8),
+    ("none", 4): scores_of(0.2),
+    ("none", 9): scores_of(0.4),
+    ("mspoe", 0): scores_of(0.5),
+    ("mspoe", 4): scores_of(0.35),
+    ("mspoe", 9): scores_of(0.4),
+}
+
+
+def test_summary_has_per_position_accuracy_average_worst_gap_and_paired_tests(tmp_path):
+    write_results(tmp_path, SCORES)
+    summary = write_report(tmp_path)["metrics"]["choice_correct"]
+    none, mspoe = summary["methods"]["none"], summary["methods"]["mspoe"]
+    assert none["accuracy"] == {0: 0.8, 4: 0.2, 9: 0.4}
+    assert none["average"] == pytest.approx(1.4 / 3) and none["worst_position"] == 4
+    assert none["gap"] == pytest.approx(0.6) and mspoe["gap"] == pytest.approx(0.15)
+    low, high = none["ci"][0]
+    assert low < 0.8 < high
+    # mspoe loses 6 of none's correct answers at position 0 and wins none there.
+    assert mspoe["p_vs_baseline"][0] < 0.05 and mspoe["p_vs_baseline"][9] == 1.0
+    assert "p_vs_baseline" in none and not none["p_vs_baseline"]
+
+
+def test_markdown_table_and_plot_are_written(tmp_path):
+    write_results(tmp_path, SCORES)
+    write_report(tmp_path)
+    table = (tmp_path / "table.md").read_text()
+    assert "| method | pos 0 | pos 4 | pos 9 | average | worst | gap | p avg vs none |" in table
+    assert "| none | 80.0 [" in table and "| mspoe | 50.0* [" in table
+    assert "20 examples per position" in table and "gold answer log-likelihood" in table
+    png = (tmp_path / "accuracy_by_position.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved["main_metric"] == "choice_correct" and saved["records"] == 120
+
+
+def test_only_examples_every_method_has_count(tmp_path):
+    records = [
+        {"method": "none", "position": 0, "example_id": "a", "choice_correct": 1.0},
+        {"method": "none", "position": 0, "example_id": "b", "choice_correct": 1.0},
+        {"method": "pi", "position": 0, "example_id": "a", "choice_correct": 0.0},
+    ]
+    summary = summarize(records, "choice_correct")
+    assert summary["examples_per_position"] == {0: 1}
+    assert summary["methods"]["none"]["accuracy"] == {0: 1.0}
+
+
+def test_an_empty_run_and_a_missing_metric_are_explained(tmp_path):
+    with pytest.raises(ValueError, match="no results yet"):
+        write_report(tmp_path)
+    write_results(tmp_path, SCORES)
+    with pytest.raises(ValueError, match="no 'match' scores"):
+        write_report(tmp_path, metric="match")
+
+
+def test_compare_two_runs_per_method_and_position(tmp_path):
+    a = write_results(tmp_path / "a", SCORES)
+    b = write_results(tmp_path / "b", {**SCORES, ("mspoe", 4): scores_of(0.6)})
+    result = compare_runs(a, b, out=tmp_path / "cmp")
+    rows = {(r["method"], r["position"]): r for r in result["rows"]}
+    assert rows[("mspoe", 4)]["difference"] == pytest.approx(0.25)
+    assert rows[("none", 0)]["difference"] == 0 and rows[("none", 0)]["p"] == 1.0
+    assert "| mspoe | 4 | 20 | 35.0 | 60.0 | +25.0 |" in (tmp_path / "cmp" / "comparison.md").read_text()
+    other = write_results(tmp_path / "c", {("yarn", 0): [1]})
+    with pytest.raises(ValueError, match="nothing in common|no \\(method"):
+        compare_runs(a, other)
