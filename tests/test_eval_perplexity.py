@@ -21,7 +21,24 @@ def tiny():
 
 @pytest.fixture()
 def text_file(tmp_path):
-    words = "the harbour of vossel was dredged in 1787 by the engineer tilda marsk and her crew".split()
+    words = [
+        "the",
+        "harbour",
+        "of",
+        "vossel",
+        "was",
+        "dredged",
+        "in",
+        "1787",
+        "by",
+        "the",
+        "engineer",
+        "tilda",
+        "marsk",
+        "and",
+        "her",
+        "crew",
+    ]
     path = tmp_path / "text.txt"
     path.write_text(" ".join(words[(i * 7) % len(words)] for i in range(600)))
     return path
