@@ -336,38 +336,11 @@ class Engine:
     ) -> list[float]:
         """Log-probability of each continuation right after the prompt (and the answer prefix).
 
-        For picking among fixed options (multiple choice, enums, booleans). With Ms-PoE the heads
-        are ranked on the prompt once, as in generation, and that ranking scores every option.
+        For picking among fixed options (multiple choice, enums, booleans); the sums of
+        `score_continuations`.
         """
-        from rag_mspoe import frozen_head_order
-
-        if isinstance(continuations, str) or not continuations:
-            raise TypeError("continuations is a non-empty list of strings.")
-        context = self._render(prompt, raw, prefix)
-        candidates = [self._render(prompt, raw, prefix + text) for text in continuations]
-        if max(len(ids) for ids in candidates) > self.context_window:
-            raise PromptTooLongError(
-                f"Prompt and continuation need {max(len(ids) for ids in candidates)} tokens, more than the "
-                f"context window of {self.name} ({self.context_window}); shorten the prompt."
-            )
-        resolved = self._resolve_method(method)
-        device = self.model.device
-        scores = []
-        with self._lock, self._method_applied(resolved), torch.inference_mode():
-            self.model(torch.tensor([context], device=device))  # ranks Ms-PoE heads on the prompt
-            with frozen_head_order(self.model):
-                for ids in candidates:
-                    # Score from the first token where the option changes the tokenization.
-                    start = next(
-                        (i for i, (a, b) in enumerate(zip(context, ids, strict=False)) if a != b),
-                        len(context),
-                    )
-                    start = max(start, 1)
-                    logits = self.model(torch.tensor([ids], device=device)).logits[0, start - 1 : -1].float()
-                    targets = torch.tensor(ids[start:], device=device)
-                    logprobs = torch.log_softmax(logits, dim=-1).gather(1, targets[:, None])
-                    scores.append(float(logprobs.sum()))
-        return scores
+        scored = self.score_continuations(prompt, continuations, prefix=prefix, raw=raw, method=method)
+        return [total for total, _ in scored]
 
     def score_continuations(
         self,
