@@ -43,10 +43,10 @@ from langchain_core.outputs import (
 from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
 from langchain_core.utils.function_calling import convert_to_json_schema
 from langchain_core.utils.pydantic import is_basemodel_subclass
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field
 
-from rag_mspoe.connectors.settings import aretrying, engine_settings, retrying
-from rag_mspoe.engine import Engine, GenerationResult, shared_engine
+from rag_mspoe.connectors.settings import EngineFields, aretrying, engine_settings, retrying
+from rag_mspoe.engine import GenerationResult
 from rag_mspoe.json_output import check_schema, generate_json
 
 PROVIDER = "rag_mspoe"
@@ -87,47 +87,10 @@ def usage_metadata(result: GenerationResult) -> UsageMetadata:
     )
 
 
-class EngineParams(BaseModel):
-    """Fields shared by both adapters: which engine, which method, and the generation settings."""
+class EngineParams(EngineFields):
+    """The shared fields, with LangChain's `model` alias and its per-call helpers."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, arbitrary_types_allowed=True)
-
-    engine: Engine = Field(
-        default=None,  # type: ignore[assignment]  # filled from `source` by the validator
-        exclude=True,
-        description="The engine to generate with; by default the shared engine of `source`.",
-    )
-    source: str | None = Field(
-        default=None,
-        description="Model to load without an engine: None (the embedded model), a folder or a .gguf file.",
-    )
     model_name: str = Field(default="", alias="model", description="Display name; defaults to the engine's.")
-    method: Any = Field(
-        default=None,
-        description="Rescaling method for every call: a short name ('mspoe', 'pi', 'none'), a method config "
-        "or a saved JSON path. None uses the engine's default.",
-    )
-    temperature: float = Field(default=0.0, ge=0, description="0 is greedy decoding.")
-    max_tokens: int = Field(default=256, ge=1, description="Most tokens to generate per call.")
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    seed: int | None = Field(default=None, description="Seed for sampling, per call.")
-    stop: list[str] | None = Field(default=None, description="Stop strings of any length.")
-    truncate: Literal["error", "middle"] = Field(
-        default="error", description="Too-long prompts: raise, or cut their middle as LongBench does."
-    )
-    timeout: float | None = Field(default=None, gt=0, description="Seconds per attempt, waiting included.")
-    max_retries: int = Field(default=0, ge=0, description="Retries of a non-streaming call that timed out.")
-
-    @model_validator(mode="after")
-    def _attach_engine(self) -> EngineParams:
-        from rag_mspoe import parse_method
-
-        if self.engine is None:
-            self.engine = shared_engine(self.source)
-        if not self.model_name:
-            self.model_name = self.engine.name
-        parse_method(self.method)  # a bad method name fails here, not on the first call
-        return self
 
     def _settings(self, stop: list[str] | None, kwargs: dict[str, Any]) -> dict[str, Any]:
         """Engine settings for one call: per-call keyword arguments over the instance fields."""

@@ -14,7 +14,7 @@ model is a chat model, so query engines send chat messages through its chat temp
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any
 
 from llama_index.core.base.llms.types import (
     ChatMessage,
@@ -30,11 +30,11 @@ from llama_index.core.base.llms.types import (
 )
 from llama_index.core.llms import LLM
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field
 
 from rag_mspoe.chat_template import Prompt
-from rag_mspoe.connectors.settings import aretrying, engine_settings, retrying
-from rag_mspoe.engine import Engine, GenerationResult, shared_engine
+from rag_mspoe.connectors.settings import EngineFields, aretrying, engine_settings, retrying
+from rag_mspoe.engine import GenerationResult
 
 _ROLES = {MessageRole.SYSTEM: "system", MessageRole.USER: "user", MessageRole.ASSISTANT: "assistant"}
 
@@ -57,50 +57,14 @@ def to_chat_messages(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
     return converted
 
 
-class RagMsPoE(LLM):
+class RagMsPoE(EngineFields, LLM):
     """A LlamaIndex LLM over a local model with rescaled RoPE (Ms-PoE, per layer, ...)."""
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
-    engine: Engine = Field(
-        default=None,  # type: ignore[assignment]  # filled from `source` by the validator
-        exclude=True,
-        description="The engine to generate with; by default the shared engine of `source`.",
-    )
-    source: str | None = Field(
-        default=None,
-        description="Model to load without an engine: None (the embedded model), a folder or a .gguf file.",
-    )
-    model_name: str = Field(default="", description="Display name; defaults to the engine's.")
-    method: Any = Field(
-        default=None,
-        description="Rescaling method for every call: a short name ('mspoe', 'pi', 'none'), a method config "
-        "or a saved JSON path. None uses the engine's default.",
-    )
-    temperature: float = Field(default=0.0, ge=0, description="0 is greedy decoding.")
-    max_tokens: int = Field(default=256, ge=1, description="Most tokens to generate per call (num_output).")
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    seed: int | None = Field(default=None, description="Seed for sampling, per call.")
-    stop: list[str] | None = Field(default=None, description="Stop strings of any length.")
-    truncate: Literal["error", "middle"] = Field(
-        default="error", description="Too-long prompts: raise, or cut their middle as LongBench does."
-    )
-    timeout: float | None = Field(default=None, gt=0, description="Seconds per attempt, waiting included.")
-    max_retries: int = Field(default=0, ge=0, description="Retries of a non-streaming call that timed out.")
     use_chat_template: bool = Field(
         default=False, description="complete(): wrap the prompt as a user turn of the chat template."
     )
-
-    @model_validator(mode="after")
-    def _attach_engine(self) -> RagMsPoE:
-        from rag_mspoe import parse_method
-
-        if self.engine is None:
-            self.engine = shared_engine(self.source)
-        if not self.model_name:
-            self.model_name = self.engine.name
-        parse_method(self.method)  # a bad method name fails here, not on the first call
-        return self
 
     @classmethod
     def class_name(cls) -> str:

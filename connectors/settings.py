@@ -6,9 +6,11 @@ Kept free of LangChain and LlamaIndex imports, so each adapter needs only its ow
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
-from rag_mspoe.engine import GenerationTimeout
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rag_mspoe.engine import Engine, GenerationTimeout, shared_engine
 
 # Settings a single call may override, by the names the adapters use for their fields.
 PER_CALL_SETTINGS = ("temperature", "max_tokens", "top_p", "seed", "stop", "method", "truncate", "timeout")
@@ -47,3 +49,46 @@ async def aretrying(call: Callable[[], Awaitable[T]], max_retries: int) -> T:
         except GenerationTimeout:
             continue
     return await call()
+
+
+class EngineFields(BaseModel):
+    """Fields shared by both adapters: which engine, which method, and the generation settings."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    engine: Engine = Field(
+        default=None,  # type: ignore[assignment]  # filled from `source` by the validator
+        exclude=True,
+        description="The engine to generate with; by default the shared engine of `source`.",
+    )
+    source: str | None = Field(
+        default=None,
+        description="Model to load without an engine: None (the embedded model), a folder or a .gguf file.",
+    )
+    model_name: str = Field(default="", description="Display name; defaults to the engine's.")
+    method: Any = Field(
+        default=None,
+        description="Rescaling method for every call: a short name ('mspoe', 'pi', 'none'), a method config "
+        "or a saved JSON path. None uses the engine's default.",
+    )
+    temperature: float = Field(default=0.0, ge=0, description="0 is greedy decoding.")
+    max_tokens: int = Field(default=256, ge=1, description="Most tokens to generate per call.")
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    seed: int | None = Field(default=None, description="Seed for sampling, per call.")
+    stop: list[str] | None = Field(default=None, description="Stop strings of any length.")
+    truncate: Literal["error", "middle"] = Field(
+        default="error", description="Too-long prompts: raise, or cut their middle as LongBench does."
+    )
+    timeout: float | None = Field(default=None, gt=0, description="Seconds per attempt, waiting included.")
+    max_retries: int = Field(default=0, ge=0, description="Retries of a non-streaming call that timed out.")
+
+    @model_validator(mode="after")
+    def _attach_engine(self) -> EngineFields:
+        from rag_mspoe import parse_method
+
+        if self.engine is None:
+            self.engine = shared_engine(self.source)
+        if not self.model_name:
+            self.model_name = self.engine.name
+        parse_method(self.method)  # a bad method name fails here, not on the first call
+        return self
