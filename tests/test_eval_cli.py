@@ -1,0 +1,97 @@
+"""The evaluation commands as a user types them: sweep, report, compare, perplexity, e2e."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from eval_run_helpers import save_tiny_chat_model
+
+from rag_mspoe.cli import main
+from rag_mspoe.eval.cli import parse_positions
+from rag_mspoe.eval.generators import generate_invented_qa
+from rag_mspoe.eval.results import read_records
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_tiny_chat_model(tmp_path_factory.mktemp("tiny"), max_position_embeddings=4096)
+
+
+def test_positions_are_parsed_from_lists_and_keywords():
+    assert parse_positions("9,0,4", 10) == [0, 4, 9]
+    assert parse_positions("ends", 20) == [0, 9, 19]
+    assert parse_positions("all", 3) == [0, 1, 2]
+    with pytest.raises(ValueError, match="comma-separated"):
+        parse_positions("first", 10)
+
+
+def test_sweep_report_and_compare_commands(model_dir, tmp_path, capsys):
+    common = ["--model", str(model_dir), "--documents", "4", "--samples", "2", "--no-progress"]
+    assert main(["sweep", "--out", str(tmp_path / "a"), "--methods", "none", "random", *common]) == 0
+    out = capsys.readouterr().out
+    assert "12/12 records" in out  # ends of 4 documents: 0, 1, 3 and "| random |" in out
+    assert main(["sweep", "--out", str(tmp_path / "b"), "--methods", "none", "pi", *common]) == 0
+    capsys.readouterr()
+
+    assert main(["report", str(tmp_path / "a"), "--metric", "gold_logprob"]) == 0
+    assert "gold answer log-likelihood" in capsys.readouterr().out
+    assert json.loads((tmp_path / "a" / "summary.json").read_text())["main_metric"] == "gold_logprob"
+
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "cmp")]) == 0
+    assert "| none | 0 | 2 |" in capsys.readouterr().out
+    assert (tmp_path / "cmp" / "comparison.json").is_file()
+
+
+def test_bad_sweep_settings_fail_with_the_fix(tmp_path, capsys):
+    assert main(["sweep", "--out", str(tmp_path), "--documents", "10", "--positions", "12"]) == 1
+    assert "Gold positions [12]" in capsys.readouterr().err
+    assert main(["sweep", "--out", str(tmp_path), "--methods", "none", "teleport"]) == 1
+    assert "Unknown method 'teleport'" in capsys.readouterr().err
+
+
+def test_perplexity_command(model_dir, tmp_path, capsys):
+    text = tmp_path / "book.txt"
+    text.write_text(" ".join(f"line {i} of a long and dull book about harbours." for i in range(200)))
+    command = ["perplexity", str(text), "--out", str(tmp_path / "ppl"), "--model", str(model_dir)]
+    assert main([*command, "--lengths", "64", "128", "--methods", "none", "yarn:2", "--no-progress"]) == 0
+    assert "| yarn:2 |" in capsys.readouterr().out
+    assert len(read_records(tmp_path / "ppl" / "results.jsonl")) == 4
+
+
+def test_e2e_command_records_retrieval_rank_and_prompt_position(model_dir, tmp_path, capsys):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    questions = []
+    for example in generate_invented_qa(4, 3, seed=5):
+        for number, document in enumerate(example.documents):
+            name = f"{example.id}-{number}.md"
+            (corpus / name).write_text(f"# {document.title}\n\n{document.text}\n")
+            if document.is_gold:
+                gold = name
+        questions.append(
+            {
+                "id": example.id,
+                "question": example.question,
+                "answers": list(example.answers),
+                "gold_source": gold,
+            }
+        )
+    questions_file = tmp_path / "questions.jsonl"
+    questions_file.write_text("".join(json.dumps(q) + "\n" for q in questions))
+    run = tmp_path / "run"
+    command = ["e2e", str(questions_file), str(corpus), "--out", str(run), "--model", str(model_dir)]
+    assert main([*command, "-k", "5", "--methods", "none", "longcontextreorder", "--no-progress"]) == 0
+    records = read_records(run / "results.jsonl")
+    assert len(records) == 6
+    by_key = {(r["method"], r["example_id"]): r for r in records}
+    for question in questions:
+        plain = by_key[("none", question["id"])]
+        reordered = by_key[("longcontextreorder", question["id"])]
+        assert plain["gold_rank"] is not None and plain["gold_prompt_position"] == plain["gold_rank"] - 1
+        # LongContextReorder of 5 chunks puts ranks 1..5 at prompt slots 0, 4, 1, 3, 2.
+        slots = {1: 0, 2: 4, 3: 1, 4: 3, 5: 2}
+        assert reordered["gold_prompt_position"] == slots[reordered["gold_rank"]]
+    summary = json.loads((run / "summary.json").read_text())
+    assert set(summary["by_rank"]) == {"none", "longcontextreorder"}
+    assert (run / "table.md").read_text().startswith("Accuracy")
