@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_mspoe.eval.manifest import read_manifest
+from rag_mspoe.loading import EMBEDDED_NAME
 from rag_mspoe.eval.metrics import bootstrap_ci, paired_test, position_summary
 from rag_mspoe.eval.results import RESULTS_FILE, read_records
 
@@ -144,28 +145,30 @@ def line_plot(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(figsize=(7, 4.2), dpi=110)
-    xs_all: set[int] = set()
-    for name, values in series.items():
+    figure, axes = plt.subplots(figsize=(7.5, 4.5), dpi=110)
+    xs_all = sorted({x for values in series.values() for x in values})
+    # Error bars of several methods at one x would hide each other: shift each method a little.
+    step = min((b - a for a, b in zip(xs_all, xs_all[1:], strict=False)), default=1)
+    for number, (name, values) in enumerate(series.items()):
         xs = sorted(values)
-        xs_all.update(xs)
         ys = [values[x] for x in xs]
         if errors and name in errors:
+            shift = (number - (len(series) - 1) / 2) * 0.06 * step
             bars = [
                 [y - errors[name][x][0] for x, y in zip(xs, ys, strict=True)],
                 [errors[name][x][1] - y for x, y in zip(xs, ys, strict=True)],
             ]
-            axes.errorbar(xs, ys, yerr=bars, marker="o", capsize=3, label=name)
+            axes.errorbar([x + shift for x in xs], ys, yerr=bars, marker="o", capsize=3, label=name)
         else:
             axes.plot(xs, ys, marker="o", label=name)
     axes.set_xlabel(xlabel)
     axes.set_ylabel(ylabel)
     if len(xs_all) <= 12:
-        axes.set_xticks(sorted(xs_all))
+        axes.set_xticks(xs_all)
     if log_y:
         axes.set_yscale("log")
     axes.grid(alpha=0.3)
-    axes.legend(fontsize=8)
+    axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     if title:
         axes.set_title(title, fontsize=10)
     figure.tight_layout()
@@ -221,7 +224,8 @@ def write_report(folder: Path, metric: str | None = None, baseline: str = "none"
     (folder / SUMMARY_FILE).write_text(json.dumps(document, indent=2, default=str) + "\n")
     tables = [f"### {METRIC_LABELS.get(m, m)}\n\n{markdown_table(summaries[m])}" for m in [chosen, *metrics]]
     (folder / TABLE_FILE).write_text("\n".join(dict.fromkeys(tables)))
-    title = f"{document['model'] or ''} {sweep.get('task', '')}, {sweep.get('num_documents', '?')} documents"
+    model = document["model"] or sweep.get("model") or EMBEDDED_NAME
+    title = f"{model}: {sweep.get('task', '')}, {sweep.get('num_documents', '?')} documents"
     plot(summaries[chosen], folder / PLOT_FILE, title=title.strip())
     return document
 

@@ -126,6 +126,9 @@ def run_sweep(
                 stream, facts = score_on_ray(config, examples, batches, ray_address, ray_workers, threads)
             else:
                 stream, facts = _score_locally(config, examples, methods, batches, model, tokenizer, threads)
+            if facts:  # a report of a run still going can name its model
+                manifest["model"] = facts
+                write_manifest(out, manifest)
             for records in stream:
                 written += results.append(records)
                 bar.update(len(records))
