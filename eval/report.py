@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from rag_mspoe.eval.manifest import read_manifest
-from rag_mspoe.loading import EMBEDDED_NAME
 from rag_mspoe.eval.metrics import bootstrap_ci, paired_test, position_summary
 from rag_mspoe.eval.results import RESULTS_FILE, read_records
+from rag_mspoe.loading import EMBEDDED_NAME
 
 SUMMARY_FILE = "summary.json"
 TABLE_FILE = "table.md"
