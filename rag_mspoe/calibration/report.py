@@ -79,16 +79,18 @@ def factors_markdown(results: Sequence[OptimizerResult], num_layers: int) -> str
     return "\n".join([*points, "", *lines]) + "\n"
 
 
-def comparison_markdown(rows: Sequence[dict[str, Any]]) -> str:
-    """Forced-choice accuracy (%) per gold position, their average, and the fitness U."""
+def comparison_markdown(rows: Sequence[dict[str, Any]], measure: str = "accuracy") -> str:
+    """Per gold position, in %: forced-choice `accuracy` or the gold's choice `probability`; their
+    average, and the fitness U."""
     lines = [
         "| split | method | first | middle | last | average | U |",
         "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
-        accuracy = " | ".join(f"{100 * row['accuracy'][p]:.1f}" for p in POSITIONS)
-        average = f"{100 * row['average']:.1f}"
-        lines.append(f"| {row['split']} | {row['method']} | {accuracy} | {average} | {row['fitness']:.4f} |")
+        values = [100 * row["scores"][measure][p] for p in POSITIONS]
+        cells = " | ".join(f"{v:.1f}" for v in values)
+        average = f"{sum(values) / len(values):.1f}"
+        lines.append(f"| {row['split']} | {row['method']} | {cells} | {average} | {row['fitness']:.4f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -119,6 +121,8 @@ def write_report(
         + optimizers_markdown(results)
         + "\n## Forced-choice accuracy (%) by gold position\n\n"
         + comparison_markdown(rows)
+        + "\n## The gold's forced-choice probability (%) by gold position\n\n"
+        + comparison_markdown(rows, "probability")
         + "\n![fitness per generation](fitness.png)\n\n![factors per layer](factors.png)\n"
     )
     return summary
