@@ -66,8 +66,9 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * 4096
 
 
-def peak_prefill_memory(method: str, length: int) -> int:
-    """In this process: resident bytes above the loaded model at the peak of one prefill."""
+def peak_prefill_memory(method: str, length: int) -> tuple[int, int]:
+    """In this process: (resident bytes above the loaded model, whole-process resident bytes) at the
+    peak of one prefill."""
     model, tokenizer = load_model()
     ids = prompt(tokenizer, length)
     with rescaled(model, METHODS[method]), torch.no_grad():
@@ -84,7 +85,7 @@ def peak_prefill_memory(method: str, length: int) -> int:
         model(ids, use_cache=True)
         done.set()
         sampler.join()
-    return max(peak[0] - base, 0)
+    return max(peak[0] - base, 0), peak[0]
 
 
 def statistic_times(model, length: int) -> tuple[float, float, int]:
@@ -128,7 +129,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.memory_probe:
-        print(peak_prefill_memory(args.memory_probe[0], int(args.memory_probe[1])))
+        print(*peak_prefill_memory(args.memory_probe[0], int(args.memory_probe[1])))
         return
 
     model, tokenizer = load_model()
@@ -143,7 +144,7 @@ def main() -> None:
                     seconds, rate = prefill_and_decode(model, ids, args.decode_tokens)
                 prefill[method].append(seconds)
                 decode[method].append(rate)
-        memory = {}
+        memory, process = {}, {}
         for method in args.methods:
             probe = [
                 sys.executable,
@@ -154,13 +155,27 @@ def main() -> None:
                 method,
                 str(length),
             ]
-            memory[method] = int(
-                subprocess.run(probe, check=True, capture_output=True, text=True).stdout.split()[-1]
-            )
+            above, whole = subprocess.run(probe, check=True, capture_output=True, text=True).stdout.split()[
+                -2:
+            ]
+            memory[method], process[method] = int(above), int(whole)
         # Best of the repeats: other processes on the machine only ever make a run slower.
         base_prefill, base_decode = min(prefill["none"]), max(decode["none"])
-        print(f"\n{length} prompt tokens (best of {args.repeats}; memory: peak above the loaded model)")
-        header = ["method", "prefill s", "ratio", "decode tok/s", "ratio", "peak MiB", "ratio"]
+        print(
+            f"\n{length} prompt tokens (best of {args.repeats}; memory: peak resident set of the whole "
+            "process, and its part above the loaded model)"
+        )
+        header = [
+            "method",
+            "prefill s",
+            "ratio",
+            "decode tok/s",
+            "ratio",
+            "peak MiB",
+            "ratio",
+            "above MiB",
+            "ratio",
+        ]
         print(f"{header[0]:18} " + " ".join(f"{h:>{max(len(h), 6)}}" for h in header[1:]))
         rows = {}
         for method in args.methods:
@@ -168,11 +183,13 @@ def main() -> None:
             rows[method] = {
                 "prefill_ratio": p / base_prefill,
                 "decode_ratio": d / base_decode,
-                "memory_ratio": memory[method] / max(memory["none"], 1),
+                "memory_ratio": process[method] / process["none"],
+                "memory_above_model_ratio": memory[method] / max(memory["none"], 1),
             }
             print(
                 f"{method:18} {p:9.3f} {p / base_prefill:6.3f} {d:12.1f} {d / base_decode:6.3f} "
-                f"{memory[method] / 2**20:8.1f} {rows[method]['memory_ratio']:6.3f}"
+                f"{process[method] / 2**20:8.1f} {rows[method]['memory_ratio']:6.3f} "
+                f"{memory[method] / 2**20:9.1f} {rows[method]['memory_above_model_ratio']:6.3f}"
             )
         reference, ours, matrix_bytes = statistic_times(model, length)
         print(
