@@ -10,12 +10,12 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import secrets
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from rag_mspoe.eval.records import KVExample, QAExample
+from rag_mspoe.files import atomic_write
 
 T = TypeVar("T")
 
@@ -42,17 +42,7 @@ def save_jsonl(path: str | os.PathLike[str], examples: Iterable[QAExample | KVEx
     data = text.encode("utf-8")
     if _gzipped(target):
         data = gzip.compress(data, mtime=0)  # mtime=0: the same examples always give the same bytes
-    target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
-    try:
-        with open(temporary, "xb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, target)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
+    atomic_write(target, data)
 
 
 def _load(path: Path, parse: Callable[[dict[str, Any], str], T]) -> list[T]:

@@ -11,34 +11,22 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-try:
-    import fcntl
-except ImportError:  # Windows: runs are not guarded against a second writer
-    fcntl = None  # type: ignore[assignment]
+from rag_mspoe.files import folder_lock
 
 RESULTS_FILE = "results.jsonl"
-LOCK_FILE = ".lock"
 SWEEP_KEY = ("method", "position", "example_id")
 Key = tuple[Any, ...]
 
 
-@contextlib.contextmanager
-def run_lock(folder: Path) -> Iterator[None]:
+def run_lock(folder: Path) -> contextlib.AbstractContextManager[None]:
     """Hold the run folder; a second process writing the same folder would duplicate records."""
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / LOCK_FILE, "a") as handle:
-        if fcntl is not None:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise RuntimeError(
-                    f"Another process is running a sweep into {folder}; wait for it or use another folder."
-                ) from None
-        yield
+    return folder_lock(
+        folder, f"Another process is running a sweep into {folder}; wait for it or use another folder."
+    )
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:

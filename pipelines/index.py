@@ -16,44 +16,28 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
-import secrets
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-try:
-    import fcntl
-except ImportError:  # Windows
-    fcntl = None  # type: ignore[assignment]
+from rag_mspoe.files import atomic_write, folder_lock
 from rag_mspoe.pipelines.chunking import Chunk
 
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
-LOCK_FILE = ".lock"
 INDEX_KINDS = ("flat", "hnsw", "ivf")
 _GENERATION_FILE = re.compile(r"^(vectors|chunks)-(\d+)\.(faiss|jsonl)$")
 
 
-@contextlib.contextmanager
-def writer_lock(folder: str | Path) -> Iterator[None]:
+def writer_lock(folder: str | Path) -> contextlib.AbstractContextManager[None]:
     """Hold the index folder for one writer: two processes adding at once would each save only
     their own additions. A second writer fails at once rather than waiting unseen."""
-    path = Path(folder)
-    path.mkdir(parents=True, exist_ok=True)
-    with open(path / LOCK_FILE, "a") as handle:
-        if fcntl is not None:  # POSIX; elsewhere writers are not serialised
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise RuntimeError(
-                    f"Another process is writing the index at {path}; run again when it has finished"
-                ) from None
-        yield
+    message = f"Another process is writing the index at {folder}; run again when it has finished"
+    return folder_lock(folder, message)
 
 
 class IndexNotFoundError(FileNotFoundError):
@@ -213,9 +197,9 @@ class ChunkIndex:
         meta = self._meta
         meta.generation += 1
         if self._faiss is not None:
-            _atomic_write(self.path / self._file("vectors"), faiss.serialize_index(self._faiss).tobytes())
+            atomic_write(self.path / self._file("vectors"), faiss.serialize_index(self._faiss).tobytes())
             lines = "".join(json.dumps(asdict(c), ensure_ascii=False) + "\n" for c in self._chunks)
-            _atomic_write(self.path / self._file("chunks"), lines.encode("utf-8"))
+            atomic_write(self.path / self._file("chunks"), lines.encode("utf-8"))
         record = {
             "format": meta.format,
             "settings": asdict(meta.settings),
@@ -223,7 +207,7 @@ class ChunkIndex:
             "count": meta.count,
             "documents": meta.documents,
         }
-        _atomic_write(self.path / META_FILE, json.dumps(record, indent=1, ensure_ascii=False).encode("utf-8"))
+        atomic_write(self.path / META_FILE, json.dumps(record, indent=1, ensure_ascii=False).encode("utf-8"))
         self._remove_old_generations()
 
     def _file(self, kind: str) -> str:
@@ -265,18 +249,3 @@ class ChunkIndex:
             self._faiss.hnsw.efSearch = self.settings.hnsw_ef_search
         elif self.settings.kind == "ivf":
             self._faiss.nprobe = self.settings.ivf_probe
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write to a temporary file in the same folder, flush it to disk, then rename it into place."""
-    # A plain exclusive open (not mkstemp) so the file gets the usual permissions from the umask.
-    temporary = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    try:
-        with open(temporary, "xb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
