@@ -28,9 +28,9 @@ from typing import Any, Literal
 import torch
 
 from rag_mspoe.chat_template import Prompt, render
+from rag_mspoe.methods import MethodSpec
 from rag_mspoe.stopping import GenerationWatch, TextTracker
 
-MethodSpec = Any  # None, a short name ("none", "pi", "mspoe", ...), a method config, or a JSON path
 FinishReason = Literal["stop", "length"]
 
 # One lock per model object, shared by every engine that wraps it: rescaling hooks and the

@@ -286,7 +286,11 @@ NAMED_METHODS: dict[str, MethodConfig] = {
 UNMODIFIED_NAMES = {"none", "unmodified", "original", "baseline"}
 
 
-def parse_method(spec: MethodConfig | str | os.PathLike[str] | None) -> MethodConfig | None:
+# What every `method=` argument takes: a config, a short name, a saved config's path, or None.
+MethodSpec = MethodConfig | str | os.PathLike[str] | None
+
+
+def parse_method(spec: MethodSpec) -> MethodConfig | None:
     """A method from a config, a short name ("none", "pi", "mspoe", ...) or a saved JSON path."""
     if spec is None or isinstance(spec, MethodConfig):
         return spec

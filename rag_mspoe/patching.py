@@ -32,7 +32,16 @@ from rag_mspoe.architectures import Architecture, sliding_window
 from rag_mspoe.awareness import position_awareness, rank_heads, ranks_from_order
 from rag_mspoe.hidden_scaling import HiddenScaleState
 from rag_mspoe.hooks import ModelHooks, key_validity
-from rag_mspoe.methods import Compose, HiddenScale, LayerWise, MethodConfig, MsPoE, Uniform
+from rag_mspoe.methods import (
+    Compose,
+    HiddenScale,
+    LayerWise,
+    MethodConfig,
+    MethodSpec,
+    MsPoE,
+    Uniform,
+    parse_method,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -343,11 +352,13 @@ def _unwrap_apply_rotary(arch: Architecture) -> None:
 
 
 # -- public API ------------------------------------------------------------------------------------
-def rescale(model: nn.Module, method: MethodConfig | None) -> nn.Module:
+def rescale(model: nn.Module, method: MethodSpec) -> nn.Module:
     """Apply `method` to `model` in place and return the model. `None` leaves it unmodified.
 
+    `method` is a config, a short name ("pi", "mspoe", ...) or the path of a saved config.
     A model that already has a method gets a warning and the new method replaces the old one.
     """
+    method = parse_method(method)
     if getattr(model, STATE_ATTR, None) is not None:
         logger.warning("Model already rescaled with %s; replacing it.", current_method(model))
         unrescale(model)
@@ -376,8 +387,9 @@ def current_method(model: nn.Module) -> MethodConfig | None:
 
 
 @contextlib.contextmanager
-def rescaled(model: nn.Module, method: MethodConfig | None) -> Iterator[nn.Module]:
+def rescaled(model: nn.Module, method: MethodSpec) -> Iterator[nn.Module]:
     """Apply `method` (None: unmodified) for the duration of the block, then restore the previous one."""
+    method = parse_method(method)
     previous = current_method(model)
     if previous is method:
         yield model
