@@ -1,0 +1,295 @@
+"""Run long-context suites (LongBench, ZeroSCROLLS) and a knowledge check (MMLU) per method:
+does a position fix cost anything elsewhere?
+
+    config = SuiteConfig(files=(DataFile("longbench", "data/hotpotqa.jsonl"),
+                                DataFile("mmlu", "data/mmlu.jsonl")), methods=("none", "mspoe"))
+    run_suite(config, "runs/side-effects")
+
+Long-context examples are answered greedily and scored by their task's metric; knowledge
+questions are scored by log-likelihood. Records go to results.jsonl keyed by (method, task,
+example id), so a stopped run resumes where it stopped; a data file that changed since the run
+started is refused. The report (summary.json, table.md) follows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeAlias
+
+from rag_mspoe.eval.knowledge import ChoiceExample, Scoring, choice_scores, load_choices
+from rag_mspoe.eval.long_context import LongExample, load_long, truncate_middle
+from rag_mspoe.eval.manifest import git_state, model_facts, package_versions, read_manifest, write_manifest
+from rag_mspoe.eval.registry import EngineSet, EvalMethod, resolve_all
+from rag_mspoe.eval.results import ResultsFile, run_lock
+from rag_mspoe.eval.text_metrics import score_text
+
+Kind = Literal["longbench", "zeroscrolls", "mmlu"]
+KINDS: tuple[Kind, ...] = ("longbench", "zeroscrolls", "mmlu")
+KEY_FIELDS = ("method", "task", "example_id")
+TEMPLATE_ROOM = 64  # tokens kept free for the chat template around a prompt cut to the limit
+Example: TypeAlias = LongExample | ChoiceExample
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One task file: kind (longbench, zeroscrolls or mmlu), its path, optionally the task's name."""
+
+    kind: Kind
+    path: str
+    task: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"Unknown data kind {self.kind!r}; choose from {', '.join(KINDS)}.")
+
+    def load(self) -> list[Example]:
+        if self.kind == "mmlu":
+            return list(load_choices(self.path, subject=self.task))
+        return list(load_long(self.path, self.kind, task=self.task))
+
+    def label(self, example: Example) -> str:
+        """The task column of a record: "longbench/hotpotqa", "mmlu/<file name>"."""
+        if isinstance(example, LongExample):
+            return f"{example.suite}/{example.task}"
+        return f"mmlu/{self.task or Path(self.path).name.split('.')[0]}"
+
+
+@dataclass(frozen=True)
+class SuiteConfig:
+    """samples: the first N examples of each task (None: all). max_length: prompt tokens before
+    the middle is cut (None: the context window less the task's answer length)."""
+
+    files: tuple[DataFile, ...]
+    methods: tuple[str, ...] = ("none", "pi", "mspoe", "layerwise")
+    samples: int | None = None
+    max_length: int | None = None
+    choice_scoring: Scoring = "letter"
+    batch_size: int = 4
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "files", tuple(self.files))
+        object.__setattr__(self, "methods", tuple(self.methods))
+        if not self.files:
+            raise ValueError("Give at least one data file (--longbench, --zeroscrolls or --mmlu).")
+        if self.samples is not None and self.samples < 1:
+            raise ValueError(f"samples must be at least 1, got {self.samples}.")
+        if self.max_length is not None and self.max_length < 16:
+            raise ValueError(f"max_length must be at least 16 tokens, got {self.max_length}.")
+        if self.choice_scoring not in ("letter", "text"):
+            raise ValueError(f"choice_scoring must be 'letter' or 'text', got {self.choice_scoring!r}.")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {self.batch_size}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    method: EvalMethod
+    task: str
+    examples: tuple[Example, ...]
+
+
+def load_tasks(config: SuiteConfig) -> dict[str, list[Example]]:
+    """Examples per task label, in file order, the first `samples` of each."""
+    tasks: dict[str, list[Example]] = {}
+    for data in config.files:
+        for example in data.load():
+            tasks.setdefault(data.label(example), []).append(example)
+    if config.samples is not None:
+        tasks = {task: examples[: config.samples] for task, examples in tasks.items()}
+    return tasks
+
+
+def fingerprints(config: SuiteConfig) -> dict[str, str]:
+    return {data.path: hashlib.sha256(Path(data.path).read_bytes()).hexdigest() for data in config.files}
+
+
+def run_suite(
+    config: SuiteConfig,
+    folder: str | Path,
+    *,
+    model: Any = None,
+    tokenizer: Any = None,
+    threads: int | None = None,
+    progress: bool | None = None,
+    sweep: Path | None = None,
+) -> dict[str, Any]:
+    """Score every pending (method, task, example) into `folder`; returns the report's summary.
+
+    sweep: a gold-position sweep folder whose position-bias gains join the side-effect table."""
+    from tqdm.auto import tqdm
+
+    from rag_mspoe.eval.suite_report import position_gains, write_suite_report
+
+    out = Path(folder)
+    methods = resolve_all(config.methods)
+    reordering = [m.name for m in methods if m.order != "given"]
+    if reordering:
+        raise ValueError(
+            f"{reordering} reorder retrieved documents; these suites have no document list to reorder. "
+            "Drop them here (the side-effect table still shows their position-bias gain from a sweep)."
+        )
+    tasks = load_tasks(config)
+    if sweep is not None:
+        position_gains(sweep)  # a bad sweep folder fails now, not after the run
+    with run_lock(out):
+        _start(out, config, methods)
+        results = ResultsFile(out, KEY_FIELDS)
+        work = [
+            WorkItem(method, task, tuple(batch))
+            for method in methods
+            for task, examples in tasks.items()
+            for batch in _batches(
+                [e for e in examples if (method.name, task, e.id) not in results.done], config.batch_size
+            )
+        ]
+        if work:
+            if model is None:
+                from rag_mspoe import load_model
+
+                model, tokenizer = load_model(config.model, threads=threads)
+            _record_model(out, model)
+            engines = EngineSet(model, tokenizer)
+            bar = tqdm(
+                total=sum(len(item.examples) for item in work),
+                unit="ex",
+                desc=f"suite {out.name}",
+                disable=None if progress is None else not progress,
+                mininterval=1 if sys.stderr.isatty() else 30,
+            )
+            for item in work:
+                results.append(score_item(engines.engine_for(item.method), item, config))
+                bar.update(len(item.examples))
+            bar.close()
+    return write_suite_report(out, [m.name for m in methods], sweep=sweep)
+
+
+def score_item(engine: Any, item: WorkItem, config: SuiteConfig) -> list[dict[str, Any]]:
+    started = time.perf_counter()
+    long = [e for e in item.examples if isinstance(e, LongExample)]
+    choices = [e for e in item.examples if isinstance(e, ChoiceExample)]
+    records = [*_answer_long(engine, long, item, config), *_answer_choices(engine, choices, item, config)]
+    seconds = round((time.perf_counter() - started) / len(records), 4)
+    return [{**record, "seconds": seconds} for record in records]
+
+
+def prompt_within(engine: Any, example: LongExample, max_length: int | None) -> tuple[str, int]:
+    """The example's prompt cut in the middle to the limit, and how many tokens were cut."""
+    limit = engine.context_window - example.spec.max_new_tokens - TEMPLATE_ROOM
+    if max_length is not None:
+        limit = min(limit, max_length)
+    ids = engine.encode(example.prompt)
+    kept, removed = truncate_middle(ids, limit)
+    return (engine.tokenizer.decode(kept) if removed else example.prompt), removed
+
+
+def _answer_long(
+    engine: Any, examples: Sequence[LongExample], item: WorkItem, config: SuiteConfig
+) -> Iterator[dict[str, Any]]:
+    if not examples:
+        return
+    spec = examples[0].spec  # one batch holds one task, so one spec
+    prompts = [prompt_within(engine, example, config.max_length) for example in examples]
+    answers = engine.generate_batch(
+        [prompt for prompt, _ in prompts],
+        max_new_tokens=spec.max_new_tokens,
+        stop=["\n"] if spec.first_line else [],
+        raw=not spec.chat,
+        truncate="middle",  # a chat template longer than TEMPLATE_ROOM is cut too, and counted
+        method=item.method.method,
+    )
+    for example, (_, removed), answer in zip(examples, prompts, answers, strict=True):
+        prediction = answer.text.lstrip("\n").split("\n")[0] if spec.first_line else answer.text
+        extra_cut = answer.truncation.removed_tokens if answer.truncation else 0
+        yield {
+            "method": item.method.name,
+            "task": item.task,
+            "example_id": example.id,
+            "metric": spec.metric,
+            "score": score_text(spec.metric, prediction, example.answers, example.classes),
+            "prediction": prediction,
+            "prompt_tokens": answer.prompt_tokens,
+            "truncated_tokens": removed + extra_cut,
+        }
+
+
+def _answer_choices(
+    engine: Any, examples: Sequence[ChoiceExample], item: WorkItem, config: SuiteConfig
+) -> Iterator[dict[str, Any]]:
+    for example in examples:
+        scored = engine.score_continuations(
+            example.prompt(),
+            example.continuations(config.choice_scoring),
+            raw=True,
+            method=item.method.method,
+        )
+        scores = choice_scores(scored, config.choice_scoring)
+        choice = max(range(len(scores)), key=scores.__getitem__)  # ties: the earlier choice
+        yield {
+            "method": item.method.name,
+            "task": item.task,
+            "example_id": example.id,
+            "metric": f"accuracy ({config.choice_scoring})",
+            "score": float(choice == example.answer),
+            "choice": choice,
+            "answer": example.answer,
+        }
+
+
+def _batches(examples: list[Example], size: int) -> Iterator[list[Example]]:
+    for start in range(0, len(examples), size):
+        yield examples[start : start + size]
+
+
+def _start(folder: Path, config: SuiteConfig, methods: list[EvalMethod]) -> None:
+    """Refuse a folder holding another run, or data that changed since; record this session."""
+    manifest = read_manifest(folder) or {"suite": None, "data": None, "methods": {}, "sessions": []}
+    current = fingerprints(config)
+    previous = manifest.get("suite")
+    if previous is not None:
+        wanted = _jsonable(config.to_dict())
+        same = {key: previous.get(key) == value for key, value in wanted.items() if key != "methods"}
+        if not all(same.values()):
+            changed = ", ".join(key for key, ok in same.items() if not ok)
+            raise ValueError(
+                f"{folder} holds a suite run with other settings ({changed}); rerun with the same "
+                "settings to resume it, or use a new folder."
+            )
+        changed_files = [
+            path for path, digest in current.items() if (manifest["data"] or {}).get(path) != digest
+        ]
+        if changed_files:
+            raise ValueError(
+                f"{changed_files} changed since this run started in {folder}; scores would mix two "
+                "versions of the data. Restore the files or use a new folder."
+            )
+    merged = _jsonable(config.to_dict())
+    merged["methods"] = list(dict.fromkeys([*(previous or {}).get("methods", []), *config.methods]))
+    manifest["suite"] = merged
+    manifest["data"] = current
+    manifest["methods"].update({m.name: _jsonable(m.to_dict()) for m in methods})
+    manifest["sessions"].append(
+        {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": package_versions(), "git": git_state()}
+    )
+    write_manifest(folder, manifest)
+
+
+def _record_model(folder: Path, model: Any) -> None:
+    manifest = read_manifest(folder) or {}
+    manifest["model"] = model_facts(model)
+    write_manifest(folder, _jsonable(manifest))
+
+
+def _jsonable(data: Any) -> Any:
+    import json
+
+    return json.loads(json.dumps(data, default=str))
