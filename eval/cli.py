@@ -1,10 +1,11 @@
-"""The evaluation commands: `sweep`, `report`, `compare`, `perplexity` and `e2e`.
+"""The evaluation commands: `sweep`, `report`, `compare`, `perplexity`, `e2e` and `harness`.
 
     rag-mspoe sweep --documents 10 --positions 0,4,9 --methods none pi mspoe --samples 100 --out runs/qa10
     rag-mspoe report runs/qa10
     rag-mspoe compare runs/qa10 runs/qa10-calibrated --out runs/qa10-vs-calibrated
     rag-mspoe perplexity book.txt --lengths 2048 4096 --methods none pi dynamic-ntk --out runs/ppl
     rag-mspoe e2e questions.jsonl corpus/ --methods none mspoe longcontextreorder --out runs/e2e
+    rag-mspoe harness --tasks arc_easy --methods none mspoe --limit 200 --out runs/harness
 
 Every command writes into its --out folder and resumes from what it finds there.
 Heavy libraries are imported only when a command runs.
@@ -26,6 +27,7 @@ def register(subparsers: Any) -> None:
     _register_compare(subparsers)
     _register_perplexity(subparsers)
     _register_e2e(subparsers)
+    _register_harness(subparsers)
 
 
 def parse_positions(text: str, num_documents: int) -> list[int]:
@@ -220,6 +222,43 @@ def _perplexity(args: argparse.Namespace) -> int:
         model=args.model,
     )
     summary = run_perplexity(config, args.out, threads=args.threads, progress=not args.no_progress)
+    print(summary["markdown"])
+    return 0
+
+
+def _register_harness(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "harness",
+        help="lm-evaluation-harness tasks (its zoo or local YAML) on the rescaled model, per method",
+        description="Run lm-evaluation-harness tasks under each method into OUT (results.jsonl, "
+        "manifest.json, table.md, summary.json); rerun to resume. Needs the harness extra.",
+    )
+    parser.add_argument("--tasks", nargs="+", required=True, help="harness task names or glob patterns")
+    parser.add_argument("--include-path", default=None, help="folder of your own task YAML files")
+    parser.add_argument("--methods", nargs="+", default=["none", "mspoe"], help="method specs as for sweep")
+    parser.add_argument("--limit", type=int, default=None, help="documents per task (default: all)")
+    parser.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples (default: task's)")
+    parser.add_argument(
+        "--batch-size", type=int, default=8, help="requests per forward (1 for per-prompt Ms-PoE)"
+    )
+    parser.add_argument("--out", required=True, help="run folder (an existing run is resumed)")
+    _common_model_options(parser)
+    parser.set_defaults(func=_harness)
+
+
+def _harness(args: argparse.Namespace) -> int:
+    from rag_mspoe.eval.harness import HarnessConfig, run_harness
+
+    config = HarnessConfig(
+        tasks=tuple(args.tasks),
+        methods=tuple(args.methods),
+        include_path=str(Path(args.include_path).resolve()) if args.include_path else None,
+        limit=args.limit,
+        num_fewshot=args.num_fewshot,
+        batch_size=args.batch_size,
+        model=args.model,
+    )
+    summary = run_harness(config, args.out, threads=args.threads, progress=not args.no_progress)
     print(summary["markdown"])
     return 0
 
