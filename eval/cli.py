@@ -1,4 +1,4 @@
-"""The evaluation commands: `sweep`, `report`, `compare`, `perplexity`, `e2e` and `harness`.
+"""The evaluation commands: `sweep`, `report`, `compare`, `perplexity`, `e2e`, `harness` and `suite`.
 
     rag-mspoe sweep --documents 10 --positions 0,4,9 --methods none pi mspoe --samples 100 --out runs/qa10
     rag-mspoe report runs/qa10
@@ -6,6 +6,8 @@
     rag-mspoe perplexity book.txt --lengths 2048 4096 --methods none pi dynamic-ntk --out runs/ppl
     rag-mspoe e2e questions.jsonl corpus/ --methods none mspoe longcontextreorder --out runs/e2e
     rag-mspoe harness --tasks arc_easy --methods none mspoe --limit 200 --out runs/harness
+    rag-mspoe suite-data --out data/local
+    rag-mspoe suite --longbench hotpotqa.jsonl --mmlu mmlu.jsonl --sweep runs/qa10 --out runs/side
 
 Every command writes into its --out folder and resumes from what it finds there.
 Heavy libraries are imported only when a command runs.
@@ -28,6 +30,9 @@ def register(subparsers: Any) -> None:
     _register_perplexity(subparsers)
     _register_e2e(subparsers)
     _register_harness(subparsers)
+    _register_suite(subparsers)
+    _register_suite_data(subparsers)
+    _register_suite_report(subparsers)
 
 
 def parse_positions(text: str, num_documents: int) -> list[int]:
@@ -223,6 +228,115 @@ def _perplexity(args: argparse.Namespace) -> int:
     )
     summary = run_perplexity(config, args.out, threads=args.threads, progress=not args.no_progress)
     print(summary["markdown"])
+    return 0
+
+
+def _register_suite(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "suite",
+        help="side effects per method: LongBench / ZeroSCROLLS long-context tasks, MMLU-style knowledge",
+        description="Answer every example of the given task files with every method into OUT/results.jsonl, "
+        "then write table.md and side_effects.md. Rerun the same command to resume.",
+    )
+    parser.add_argument("--out", required=True, help="run folder (an existing run is resumed)")
+    for kind, what in (
+        ("longbench", "LongBench-format JSONL (one task per file, e.g. hotpotqa.jsonl)"),
+        ("zeroscrolls", "ZeroSCROLLS-format JSONL (validation split, e.g. qasper.jsonl)"),
+        ("mmlu", "MMLU-format JSONL or CSV (question, choices, answer)"),
+    ):
+        parser.add_argument(
+            f"--{kind}", nargs="+", default=[], metavar="FILE[:TASK]", help=f"{what}; :TASK names the task"
+        )
+    parser.add_argument("--methods", nargs="+", default=["none", "pi", "mspoe", "layerwise"])
+    parser.add_argument(
+        "--samples", type=int, default=None, help="first N examples of each task (default all)"
+    )
+    parser.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        help="prompt tokens before the middle is cut (default: the context window less the answer length)",
+    )
+    parser.add_argument(
+        "--choice-scoring",
+        choices=["letter", "text"],
+        default="letter",
+        help="MMLU: compare the answer letters (MMLU's way) or the choices' texts (kinder to small models)",
+    )
+    parser.add_argument("--batch-size", type=int, default=4, help="long-context prompts per generation batch")
+    parser.add_argument("--sweep", default=None, help="a sweep folder, for the position-bias gain column")
+    _common_model_options(parser)
+    parser.set_defaults(func=_suite)
+
+
+def data_files(args: argparse.Namespace) -> tuple[Any, ...]:
+    from rag_mspoe.eval.suite_run import DataFile
+
+    files = []
+    for kind in ("longbench", "zeroscrolls", "mmlu"):
+        for spec in getattr(args, kind):
+            path, _, task = spec.partition(":") if not Path(spec).exists() else (spec, "", "")
+            files.append(DataFile(kind, str(Path(path).resolve()), task or None))
+    return tuple(files)
+
+
+def _suite(args: argparse.Namespace) -> int:
+    from rag_mspoe.eval.suite_run import SuiteConfig, run_suite
+
+    config = SuiteConfig(
+        files=data_files(args),
+        methods=tuple(args.methods),
+        samples=args.samples,
+        max_length=args.max_length,
+        choice_scoring=args.choice_scoring,
+        batch_size=args.batch_size,
+        model=args.model,
+    )
+    sweep = Path(args.sweep) if args.sweep else None
+    summary = run_suite(config, args.out, threads=args.threads, progress=not args.no_progress, sweep=sweep)
+    print(summary["markdown"])
+    print(summary["side_effects"])
+    return 0
+
+
+def _register_suite_data(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "suite-data",
+        help="write local task files in the LongBench, ZeroSCROLLS and MMLU formats (invented facts)",
+    )
+    parser.add_argument("--out", required=True, help="folder for the task files")
+    parser.add_argument("--examples", type=int, default=20, help="examples per long-context task")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.set_defaults(func=_suite_data)
+
+
+def _suite_data(args: argparse.Namespace) -> int:
+    from rag_mspoe.eval.suite_data import write_suite_data
+
+    files = write_suite_data(args.out, examples=args.examples, seed=args.seed)
+    for path in files.values():
+        print(path)
+    longbench = " ".join(str(p) for kind, p in files.items() if kind.startswith("longbench"))
+    print(
+        f"\nrag-mspoe suite --longbench {longbench} --zeroscrolls {files['zeroscrolls']} "
+        f"--mmlu {files['mmlu']} --out runs/side-effects"
+    )
+    return 0
+
+
+def _register_suite_report(subparsers: Any) -> None:
+    parser = subparsers.add_parser("suite-report", help="rewrite the tables of a suite folder (also mid-run)")
+    parser.add_argument("run", help="suite folder")
+    parser.add_argument("--sweep", default=None, help="a sweep folder, for the position-bias gain column")
+    parser.set_defaults(func=_suite_report)
+
+
+def _suite_report(args: argparse.Namespace) -> int:
+    from rag_mspoe.eval.suite_report import write_suite_report
+
+    summary = write_suite_report(Path(args.run), sweep=Path(args.sweep) if args.sweep else None)
+    print(summary["markdown"])
+    print(summary["side_effects"])
     return 0
 
 

@@ -72,7 +72,7 @@ def write_suite_data(folder: str | Path, examples: int = 20, seed: int = 0) -> d
     _write(files["longbench"], [_passages_record(example) for example in passages])
     _write(files["longbench-kv"], _kv_records(examples, seed))
     _write(files["zeroscrolls"], [_story_record(example) for example in passages])
-    _write(files["mmlu"], _knowledge_records(rng, max(examples, 40)))
+    _write(files["mmlu"], _knowledge_records(rng, 3 * examples))
     return files
 
 
