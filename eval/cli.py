@@ -32,7 +32,6 @@ def register(subparsers: Any) -> None:
     _register_harness(subparsers)
     _register_suite(subparsers)
     _register_suite_data(subparsers)
-    _register_suite_report(subparsers)
 
 
 def parse_positions(text: str, num_documents: int) -> list[int]:
@@ -161,19 +160,28 @@ def _print_table(folder: Path) -> None:
 
 def _register_report(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "report", help="summary JSON, Markdown table and PNG plot of a sweep folder (also for a partial run)"
+        "report",
+        help="summary JSON, Markdown tables (and a plot) of a sweep or suite folder (also for a partial run)",
     )
-    parser.add_argument("run", help="sweep folder")
+    parser.add_argument("run", help="sweep or suite folder")
     parser.add_argument(
         "--metric", default=None, help="choice_correct, match or gold_logprob (default: first)"
     )
     parser.add_argument("--baseline", default="none", help="method the paired tests compare against")
+    parser.add_argument("--sweep", default=None, help="for a suite folder: a sweep folder, for the gains")
     parser.set_defaults(func=_report)
 
 
 def _report(args: argparse.Namespace) -> int:
+    from rag_mspoe.eval.manifest import read_manifest
     from rag_mspoe.eval.report import write_report
+    from rag_mspoe.eval.suite_report import write_suite_report
 
+    if "suite" in (read_manifest(Path(args.run)) or {}):
+        summary = write_suite_report(Path(args.run), sweep=Path(args.sweep) if args.sweep else None)
+        print(summary["markdown"])
+        print(summary["side_effects"])
+        return 0
     write_report(Path(args.run), metric=args.metric, baseline=args.baseline)
     _print_table(Path(args.run))
     return 0
@@ -321,22 +329,6 @@ def _suite_data(args: argparse.Namespace) -> int:
         f"\nrag-mspoe suite --longbench {longbench} --zeroscrolls {files['zeroscrolls']} "
         f"--mmlu {files['mmlu']} --out runs/side-effects"
     )
-    return 0
-
-
-def _register_suite_report(subparsers: Any) -> None:
-    parser = subparsers.add_parser("suite-report", help="rewrite the tables of a suite folder (also mid-run)")
-    parser.add_argument("run", help="suite folder")
-    parser.add_argument("--sweep", default=None, help="a sweep folder, for the position-bias gain column")
-    parser.set_defaults(func=_suite_report)
-
-
-def _suite_report(args: argparse.Namespace) -> int:
-    from rag_mspoe.eval.suite_report import write_suite_report
-
-    summary = write_suite_report(Path(args.run), sweep=Path(args.sweep) if args.sweep else None)
-    print(summary["markdown"])
-    print(summary["side_effects"])
     return 0
 
 

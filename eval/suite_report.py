@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rag_mspoe.eval.manifest import read_manifest
 from rag_mspoe.eval.metrics import paired_test
 from rag_mspoe.eval.report import available_metrics, summarize
 from rag_mspoe.eval.results import RESULTS_FILE, read_records
@@ -169,7 +170,11 @@ def write_suite_report(
     folder: Path, method_order: Sequence[str] = (), sweep: Path | None = None
 ) -> dict[str, Any]:
     """summary.json and table.md (and side_effects.md, with a sweep folder) from results.jsonl."""
-    summary = summarize_suite(read_records(folder / RESULTS_FILE), method_order)
+    records = read_records(folder / RESULTS_FILE)
+    if not records:
+        raise ValueError(f"{folder} has no results yet; run `rag-mspoe suite` into it first.")
+    order = method_order or ((read_manifest(folder) or {}).get("suite") or {}).get("methods", [])
+    summary = summarize_suite(records, order)
     gains = position_gains(sweep) if sweep is not None else None
     summary["markdown"] = suite_table(summary)
     summary["side_effects"] = side_effect_table(summary, gains)

@@ -235,3 +235,31 @@ def _kind(task: str) -> str:
 
 def _suite(task: str) -> str:
     return task.split("/")[0]
+
+
+def test_commands_write_data_run_the_suite_and_report_with_a_sweep(tmp_path, capsys):
+    from eval_run_helpers import save_tiny_chat_model
+
+    from rag_mspoe.cli import main
+
+    model = save_tiny_chat_model(tmp_path / "model")
+    assert main(["suite-data", "--out", str(tmp_path / "data"), "--examples", "2"]) == 0
+    data = tmp_path / "data"
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    write_jsonl(
+        sweep / "results.jsonl",
+        [
+            {"method": m, "position": 0, "example_id": "1", "choice_correct": s}
+            for m, s in [("none", 0.0), ("pi", 1.0)]
+        ],
+    )
+    run = tmp_path / "run"
+    args = ["suite", "--out", str(run), "--model", str(model), "--methods", "none", "pi", "--samples", "1"]
+    args += ["--longbench", str(data / "longbench" / "kv_retrieval.jsonl"), "--max-length", "128"]
+    args += ["--mmlu", f"{data / 'mmlu' / 'general_knowledge.jsonl'}:trivia", "--no-progress"]
+    assert main(args) == 0
+    assert main(["report", str(run), "--sweep", str(sweep)]) == 0
+    printed = capsys.readouterr().out
+    assert "| mmlu/trivia |" in printed and "| pi | +100.0 / +100.0 |" in printed
+    assert (run / "side_effects.md").read_text().count("\n| ") == 2
