@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rag_mspoe.eval.metrics import best_subspan_em, normalize_answer
+from rag_mspoe.eval.metrics import best_subspan_em, kv_match, normalize_answer
 
 Metric = Callable[[str, Sequence[str], Sequence[str]], float]
 _NUMBER = re.compile(r"\d+")
@@ -124,12 +124,18 @@ def _substring(prediction: str, references: Sequence[str], classes: Sequence[str
     return best_subspan_em(prediction, references)
 
 
+def _contains(prediction: str, references: Sequence[str], classes: Sequence[str] = ()) -> float:
+    """The lost-in-the-middle KV metric: a reference anywhere in the answer, ignoring case."""
+    return max(kv_match(prediction, reference) for reference in references)
+
+
 TEXT_METRICS: dict[str, Metric] = {
     "qa_f1": _best(token_f1),
     "rouge_l": _best(rouge_l),
     "rouge_geometric_mean": _best(rouge_geometric_mean),
     "exact_match": _best(exact_match),
     "substring_match": _substring,
+    "contains": _contains,
     "classification": _classification,
     "count": _best(count_score),
     "retrieval": _best(retrieval_score),

@@ -81,6 +81,8 @@ def test_classification_score_splits_credit_among_the_classes_named():
 def test_score_text_takes_the_best_reference_and_checks_its_input():
     assert score_text("qa_f1", "Paris", ["London", "Paris"]) == 1.0
     assert score_text("substring_match", "It is Paris, I think.", ["paris"]) == 1.0
+    assert score_text("substring_match", "Well.\nParis", ["paris"]) == 0.0
+    assert score_text("contains", "Well.\nIt is 4130", ["4130"]) == 1.0
     assert score_text("classification", "city", ["city"], ["city", "town"]) == 1.0
     with pytest.raises(ValueError, match="Unknown metric 'bleu'"):
         score_text("bleu", "x", ["x"])
