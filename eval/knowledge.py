@@ -4,10 +4,10 @@ Records are JSON lines {"question", "choices": [...], "answer": index or letter,
 (the Hugging Face MMLU layout), or MMLU's original CSV files (no header; question, the choices,
 then the answer letter; the subject is the file name less "_test"/"_dev"/"_val").
 
-The prompt is MMLU's zero-shot format. `scoring="letter"` (MMLU's own) compares the
-log-likelihoods of " A", " B", ...; `scoring="text"` compares each choice's text by its mean
-log-probability per token, which separates methods better on small models that have not learnt
-to answer with a letter.
+`scoring="letter"` (MMLU's own) shows the lettered options in MMLU's zero-shot prompt and
+compares the log-likelihoods of " A", " B", ...; `scoring="text"` (the cloze form) asks the
+question alone and compares each choice's text as its answer by mean log-probability per token,
+which tells more on small models that have not learnt to answer with a letter.
 """
 
 from __future__ import annotations
@@ -43,11 +43,14 @@ class ChoiceExample:
         if not 0 <= self.answer < len(self.choices):
             raise ValueError(f"question {self.id!r}: answer {self.answer} is not a choice index")
 
-    def prompt(self) -> str:
+    def prompt(self, scoring: Scoring = "letter") -> str:
+        """MMLU's zero-shot prompt with the lettered options ("letter"), or the question alone,
+        whose answer the choices' texts continue ("text", the cloze form)."""
         topic = self.subject.replace("_", " ").strip()
-        header = (
-            f"The following are multiple choice questions (with answers) about {topic}.\n\n" if topic else ""
-        )
+        kind = "multiple choice questions" if scoring == "letter" else "questions"
+        header = f"The following are {kind} (with answers) about {topic}.\n\n" if topic else ""
+        if scoring == "text":
+            return f"{header}{self.question.strip()}\nAnswer:"
         options = "".join(f"\n{LETTERS[i]}. {choice}" for i, choice in enumerate(self.choices))
         return f"{header}{self.question.strip()}{options}\nAnswer:"
 

@@ -227,7 +227,7 @@ def _answer_choices(
 ) -> Iterator[dict[str, Any]]:
     for example in examples:
         scored = engine.score_continuations(
-            example.prompt(),
+            example.prompt(config.choice_scoring),
             example.continuations(config.choice_scoring),
             raw=True,
             method=item.method.method,

@@ -33,7 +33,9 @@ metric_list:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", default="runs/harness-local", help="run folder (resumed if it exists)")
     parser.add_argument("--methods", nargs="+", default=["none", "pi", "mspoe", "layerwise"])
     parser.add_argument("--questions", type=int, default=60)

@@ -94,6 +94,9 @@ def test_mmlu_jsonl_and_original_csv(tmp_path):
         "Closest star?\nA. Sun\nB. Vega\nC. Sirius\nD. Rigel\nAnswer:"
     )
     assert first.continuations("letter") == [" A", " B", " C", " D"]
+    assert first.prompt("text") == (
+        "The following are questions (with answers) about astronomy.\n\nClosest star?\nAnswer:"
+    )
     assert second.continuations("text") == [" Venus", " Mars"]
     csv = tmp_path / "college_physics_test.csv"
     csv.write_text('"What is 1+1, roughly?",1,2,3,4,B\n')
