@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -26,6 +25,7 @@ from typing import Any
 from rag_mspoe.eval.loaders import read_jsonl
 from rag_mspoe.eval.manifest import git_state, model_facts, package_versions, read_manifest, write_manifest
 from rag_mspoe.eval.metrics import best_subspan_em, normalize_answer
+from rag_mspoe.eval.progress import progress_bar
 from rag_mspoe.eval.registry import EngineSet, EvalMethod, resolve_all, stable_seed
 from rag_mspoe.eval.report import line_plot
 from rag_mspoe.eval.results import ResultsFile, read_records, run_lock
@@ -101,8 +101,6 @@ def run_e2e(
     progress: bool | None = None,
 ) -> dict[str, Any]:
     """Index the corpus (incrementally), then answer every pending (method, question)."""
-    from tqdm.auto import tqdm
-
     from rag_mspoe.pipelines.indexing import index_documents
     from rag_mspoe.pipelines.retrieval import Retriever
 
@@ -129,12 +127,11 @@ def run_e2e(
                 model, tokenizer = load_model(config.model, threads=threads)
             engines = EngineSet(model, tokenizer)
             _write_manifest(out, config, methods, model)
-            bar = tqdm(
+            bar = progress_bar(
                 todo,
                 unit="answer",
                 desc=f"e2e {out.name}",
-                disable=None if progress is None else not progress,
-                mininterval=1 if sys.stderr.isatty() else 30,
+                progress=progress,
             )
             for method, question in bar:
                 record = answer_one(

@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -37,6 +36,7 @@ from typing import Any
 
 from rag_mspoe import Compose, HiddenScale, MethodConfig, MsPoE, method_name, rescaled
 from rag_mspoe.eval.manifest import git_state, model_facts, package_versions, read_manifest, write_manifest
+from rag_mspoe.eval.progress import progress_bar
 from rag_mspoe.eval.registry import EngineSet, EvalMethod, resolve, resolve_all, rope_variant
 from rag_mspoe.eval.results import ResultsFile, read_records, run_lock
 
@@ -176,8 +176,6 @@ def run_harness(
 
     progress: our bar over (method, task) pairs; the harness shows its own bars regardless.
     """
-    from tqdm.auto import tqdm
-
     lm_eval = import_lm_eval()
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
@@ -196,12 +194,11 @@ def run_harness(
             models = EngineSet(model, tokenizer)
             _write_manifest(out, config, methods, model)
             pending = [(m, task) for m in todo for task in config.tasks if (m.name, task) not in done]
-            bar = tqdm(
+            bar = progress_bar(
                 total=len(pending),
                 unit="task",
                 desc=f"harness {out.name}",
-                disable=None if progress is None else not progress,
-                mininterval=1 if sys.stderr.isatty() else 30,
+                progress=progress,
             )
             for method in todo:
                 target = models.model_for(method)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_mspoe.eval.manifest import git_state, model_facts, package_versions, read_manifest, write_manifest
+from rag_mspoe.eval.progress import progress_bar
 from rag_mspoe.eval.registry import EngineSet, EvalMethod, resolve_all
 from rag_mspoe.eval.report import line_plot
 from rag_mspoe.eval.results import ResultsFile, read_records, run_lock
@@ -89,8 +89,6 @@ def run_perplexity(
     progress: bool | None = None,
 ) -> dict[str, Any]:
     """Score every pending (method, length, window) into `folder`; returns the summary."""
-    from tqdm.auto import tqdm
-
     out = Path(folder)
     methods = resolve_all(config.methods)
     ordered = [m.name for m in methods if m.order != "given"]
@@ -114,12 +112,11 @@ def run_perplexity(
             models = EngineSet(model, tokenizer)
             ids = text_tokens(tokenizer, config.text, config.windows * max(config.lengths))
             _write_manifest(out, config, methods, model)
-            bar = tqdm(
+            bar = progress_bar(
                 todo,
                 unit="window",
                 desc=f"perplexity {out.name}",
-                disable=None if progress is None else not progress,
-                mininterval=1 if sys.stderr.isatty() else 30,
+                progress=progress,
             )
             for method, length, window in bar:
                 nll, tokens = window_nll(

@@ -11,13 +11,13 @@ Batches run in this process, or on Ray workers (one model replica each) with `ra
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rag_mspoe.eval.manifest import finish_session, model_facts, start_session, write_manifest
+from rag_mspoe.eval.progress import progress_bar
 from rag_mspoe.eval.registry import EngineSet, EvalMethod, resolve_all
 from rag_mspoe.eval.results import ResultsFile, run_lock
 from rag_mspoe.eval.scorer import BatchScorer
@@ -90,8 +90,6 @@ def run_sweep(
     whose workers load their own). ray_address: "local" for a Ray instance on this machine,
     or the address of a running cluster.
     """
-    from tqdm.auto import tqdm
-
     out = Path(folder)
     methods = resolve_all(config.methods)
     with run_lock(out):
@@ -108,13 +106,12 @@ def run_sweep(
             if (m.name, p, ex.id) in results.done
         )
         batches = pending_batches(config, examples, results.done)
-        bar = tqdm(
+        bar = progress_bar(
             total=expected,
             initial=done_here,
             unit="ex",
             desc=f"sweep {out.name}",
-            disable=_disabled(progress),
-            mininterval=1 if sys.stderr.isatty() else 30,  # a log file gets a line every 30 s
+            progress=progress,
         )
         written = 0
         facts: dict[str, Any] = {}
@@ -162,7 +159,3 @@ def _score_locally(
         model, tokenizer = load_model(config.model, threads=threads)
     scorer = BatchScorer(config, examples, methods, EngineSet(model, tokenizer))
     return (scorer.score(batch) for batch in batches), model_facts(model)
-
-
-def _disabled(progress: bool | None) -> bool | None:
-    return None if progress is None else not progress

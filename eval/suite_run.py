@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from typing import Any, Literal, TypeAlias
 from rag_mspoe.eval.knowledge import ChoiceExample, Scoring, choice_scores, load_choices
 from rag_mspoe.eval.long_context import LongExample, load_long, truncate_middle
 from rag_mspoe.eval.manifest import git_state, model_facts, package_versions, read_manifest, write_manifest
+from rag_mspoe.eval.progress import progress_bar
 from rag_mspoe.eval.registry import EngineSet, EvalMethod, resolve_all
 from rag_mspoe.eval.results import ResultsFile, run_lock
 from rag_mspoe.eval.text_metrics import score_text
@@ -126,8 +126,6 @@ def run_suite(
     """Score every pending (method, task, example) into `folder`; returns the report's summary.
 
     sweep: a gold-position sweep folder whose position-bias gains join the side-effect table."""
-    from tqdm.auto import tqdm
-
     from rag_mspoe.eval.suite_report import position_gains, write_suite_report
 
     out = Path(folder)
@@ -159,12 +157,11 @@ def run_suite(
                 model, tokenizer = load_model(config.model, threads=threads)
             _record_model(out, model)
             engines = EngineSet(model, tokenizer)
-            bar = tqdm(
+            bar = progress_bar(
                 total=sum(len(item.examples) for item in work),
                 unit="ex",
                 desc=f"suite {out.name}",
-                disable=None if progress is None else not progress,
-                mininterval=1 if sys.stderr.isatty() else 30,
+                progress=progress,
             )
             for item in work:
                 results.append(score_item(engines.engine_for(item.method), item, config))

@@ -1,0 +1,23 @@
+"""The progress bar of every long evaluation job."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+
+def progress_bar(
+    iterable: Iterable[Any] | None = None, *, desc: str, unit: str, progress: bool | None, **options: Any
+) -> Any:
+    """A tqdm bar. progress None shows it on a terminal only; a log file gets a line every 30 s."""
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        iterable,
+        desc=desc,
+        unit=unit,
+        disable=None if progress is None else not progress,
+        mininterval=1 if sys.stderr.isatty() else 30,
+        **options,
+    )
