@@ -2,6 +2,7 @@
 against the same requests sent one after another.
 
     python benchmarks/bench_server.py --requests 12 --concurrency 4 --max-tokens 24
+    python benchmarks/bench_server.py --requests 12 --concurrency 4 --max-tokens 24 --max-batch-size 4
 
 Starts `rag-mspoe serve` (embedded model) on a free loopback port, waits for it, measures, stops it.
 """
@@ -30,24 +31,26 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def one(client: httpx.AsyncClient, url: str, body: dict) -> float:
+async def one(client: httpx.AsyncClient, url: str, body: dict) -> tuple[float, str]:
+    """(latency, answer) of one request."""
     start = time.perf_counter()
     response = await client.post(url, json=body, timeout=600)
     response.raise_for_status()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, response.json()["choices"][0]["message"]["content"]
 
 
-async def burst(url: str, bodies: list[dict], concurrency: int) -> tuple[float, list[float]]:
+async def burst(url: str, bodies: list[dict], concurrency: int) -> tuple[float, list[float], list[str]]:
+    """(wall time, latencies, answers) of the requests sent `concurrency` at a time."""
     limit = asyncio.Semaphore(concurrency)
 
-    async def limited(client: httpx.AsyncClient, body: dict) -> float:
+    async def limited(client: httpx.AsyncClient, body: dict) -> tuple[float, str]:
         async with limit:
             return await one(client, url, body)
 
     async with httpx.AsyncClient() as client:
         start = time.perf_counter()
-        latencies = await asyncio.gather(*(limited(client, b) for b in bodies))
-        return time.perf_counter() - start, list(latencies)
+        done = await asyncio.gather(*(limited(client, b) for b in bodies))
+        return time.perf_counter() - start, [latency for latency, _ in done], [text for _, text in done]
 
 
 def report(label: str, wall: float, latencies: list[float]) -> None:
@@ -65,11 +68,15 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--method", default="mspoe")
+    parser.add_argument("--max-batch-size", type=int, default=1, help="the server's cross-request batching")
     args = parser.parse_args()
 
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "rag_mspoe.cli", "serve", "--port", str(port), "--method", args.method],
+        [
+            *(sys.executable, "-m", "rag_mspoe.cli", "serve", "--port", str(port), "--method", args.method),
+            *("--max-batch-size", str(args.max_batch_size)),
+        ],
         stdout=subprocess.DEVNULL,
     )
     base = f"http://127.0.0.1:{port}"
@@ -94,11 +101,17 @@ def main() -> None:
             for i in range(args.requests)
         ]
         asyncio.run(burst(url, bodies[:1], 1))  # warm up
-        print(f"{args.requests} chat requests, max_tokens {args.max_tokens}, method {args.method}")
+        print(
+            f"{args.requests} chat requests, max_tokens {args.max_tokens}, method {args.method}, "
+            f"max batch size {args.max_batch_size}"
+        )
         sequential = asyncio.run(burst(url, bodies, 1))
         concurrent = asyncio.run(burst(url, bodies, args.concurrency))
-        report("sequential", *sequential)
-        report(f"burst of {args.concurrency}", *concurrent)
+        report("sequential", *sequential[:2])
+        report(f"burst of {args.concurrency}", *concurrent[:2])
+        same = sum(a == b for a, b in zip(sequential[2], concurrent[2], strict=True))
+        print(f"burst answers equal to sequential ones: {same}/{args.requests}")
+        print(f"server batching: {httpx.get(f'{base}/health', timeout=5).json()['batching']}")
         ratio = (args.requests / concurrent[0]) / (args.requests / sequential[0])
         print(
             f"throughput ratio burst/sequential: {ratio:.2f}; median latency ratio: "

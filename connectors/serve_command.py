@@ -52,6 +52,23 @@ def register(subparsers: Any) -> None:
         "--max-tokens-limit", type=int, default=1024, help="largest max_tokens a request may ask"
     )
     parser.add_argument("--max-request-bytes", type=int, default=1 << 20)
+    parser.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=1,
+        help="run up to this many greedy requests with equal settings as one batch (default 1: off; "
+        "more throughput under load, but bf16 answers can then drift from a request alone)",
+    )
+    parser.add_argument(
+        "--batch-wait-ms", type=float, default=10.0, help="how long a request waits for others to batch with"
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=["bfloat16", "float16", "float32"],
+        default=None,
+        help="weights' dtype (default: bf16 where the CPU computes it natively, else fp32); "
+        "float32 makes batched answers equal answers alone",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: half the CPUs)")
     parser.set_defaults(func=_serve)
 
@@ -67,13 +84,15 @@ def _serve(args: argparse.Namespace) -> int:
         ) from exc
     from rag_mspoe.engine import Engine
 
-    engine = Engine.load(args.model, method=args.method, threads=args.threads)
+    engine = Engine.load(args.model, method=args.method, dtype=args.dtype, threads=args.threads)
     app = create_app(
         engine,
         api_key=args.api_key,
         extra_methods=dict(args.method_config),
         max_tokens_limit=args.max_tokens_limit,
         max_request_bytes=args.max_request_bytes,
+        max_batch_size=args.max_batch_size,
+        batch_wait_ms=args.batch_wait_ms,
     )
     print(f"Serving {engine.name} ({method_name(engine.method)}) on http://{args.host}:{args.port}/v1")
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

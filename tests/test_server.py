@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
-import threading
-import time
 
 import httpx
 import pytest
@@ -14,36 +10,13 @@ import pytest
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
+from server_helpers import running  # noqa: E402
+
 from rag_mspoe.connectors.server import create_app  # noqa: E402
 from rag_mspoe.engine import Engine  # noqa: E402
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 HI = b'{"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "hi"}]'
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@contextlib.contextmanager
-def running(app):
-    import uvicorn
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")
