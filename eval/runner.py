@@ -61,7 +61,8 @@ def pending_batches(
 ) -> list[Batch]:
     """The sweep's batches less the items already written (a resumed run skips them)."""
     pending = []
-    for batch in plan_batches(len(examples), config.methods, config.positions, config.batch_size):
+    names = [method.name for method in resolve_all(config.methods)]  # "cal=path.json" is named "cal"
+    for batch in plan_batches(len(examples), names, config.positions, config.batch_size):
         items = tuple(
             (position, index)
             for position, index in batch.items

@@ -54,6 +54,13 @@ def test_sweep_scores_every_method_position_and_example_once(tiny, tmp_path):
         assert (tmp_path / name).is_file()
 
 
+def test_a_labelled_method_is_recorded_under_its_label(tiny, tmp_path):
+    config = SweepConfig(num_documents=4, positions=(0, 3), methods=("none", "half=pi:2"), samples=2)
+    outcome = run_sweep(config, tmp_path, model=tiny[0], tokenizer=tiny[1], progress=False)
+    assert outcome.complete
+    assert {r["method"] for r in read_records(tmp_path / "results.jsonl")} == {"none", "half"}
+
+
 def test_manifest_records_model_methods_versions_and_commit(tiny, tmp_path):
     config = SweepConfig(num_documents=4, positions=(0, 3), methods=("none", "layerwise+pi"), samples=2)
     run_sweep(config, tmp_path, model=tiny[0], tokenizer=tiny[1], progress=False, report=False)
