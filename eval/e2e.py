@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_mspoe.eval.loaders import read_jsonl
-from rag_mspoe.eval.manifest import git_state, model_facts, package_versions, read_manifest, write_manifest
+from rag_mspoe.eval.manifest import model_facts, new_session, read_manifest, write_manifest
 from rag_mspoe.eval.metrics import best_subspan_em, normalize_answer
 from rag_mspoe.eval.progress import progress_bar
 from rag_mspoe.eval.registry import EngineSet, EvalMethod, resolve_all, stable_seed
@@ -188,8 +188,8 @@ def _write_manifest(folder: Path, config: E2EConfig, methods: list[EvalMethod], 
     manifest["e2e"] = dataclasses.asdict(config)
     manifest["methods"].update({m.name: m.to_dict() for m in methods})
     manifest["model"] = model_facts(model)
-    manifest["sessions"].append({"versions": package_versions(), "git": git_state()})
-    write_manifest(folder, json.loads(json.dumps(manifest, default=str)))
+    manifest["sessions"].append(new_session())
+    write_manifest(folder, manifest)
 
 
 def _bucket(rank: int | None) -> str:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
@@ -35,9 +34,24 @@ from pathlib import Path
 from typing import Any
 
 from rag_mspoe import Compose, HiddenScale, MethodConfig, MsPoE, method_name, rescaled
-from rag_mspoe.eval.manifest import git_state, model_facts, package_versions, read_manifest, write_manifest
+from rag_mspoe.eval.manifest import (
+    check_methods,
+    model_facts,
+    new_session,
+    package_versions,
+    read_manifest,
+    record_methods,
+    write_manifest,
+)
 from rag_mspoe.eval.progress import progress_bar
-from rag_mspoe.eval.registry import EngineSet, EvalMethod, resolve, resolve_all, rope_variant
+from rag_mspoe.eval.registry import (
+    EngineSet,
+    EvalMethod,
+    require_given_order,
+    resolve,
+    resolve_all,
+    rope_variant,
+)
 from rag_mspoe.eval.results import ResultsFile, read_records, run_lock
 
 logger = logging.getLogger(__name__)
@@ -90,8 +104,7 @@ def _as_eval_method(method: Any) -> EvalMethod:
     if isinstance(method, MethodConfig):
         return EvalMethod(name=method_name(method), method=method)
     found = resolve(method if isinstance(method, EvalMethod) else str(method))
-    if found.order != "given":
-        raise ValueError(f"{found.name!r} reorders documents, which means nothing to the harness; drop it.")
+    require_given_order([found], "to the harness")
     return found
 
 
@@ -263,13 +276,7 @@ def _check_manifest(folder: Path, config: HarnessConfig, methods: list[EvalMetho
                 f"{folder} holds a harness run with {key}={previous.get(key)!r}, not "
                 f"{getattr(config, key)!r}; use the same settings to resume, or a new folder."
             )
-    for method in methods:
-        known = manifest.get("methods", {}).get(method.name)
-        if known is not None and known != _jsonable(method.to_dict()):
-            raise ValueError(
-                f"Method name {method.name!r} meant another config in {folder}; "
-                "give this one another label (label=spec)."
-            )
+    check_methods(manifest, methods, folder)
 
 
 def _write_manifest(folder: Path, config: HarnessConfig, methods: list[EvalMethod], model: Any) -> None:
@@ -279,25 +286,16 @@ def _write_manifest(folder: Path, config: HarnessConfig, methods: list[EvalMetho
     harness["tasks"] = list(dict.fromkeys([*before.get("tasks", []), *config.tasks]))
     harness["methods"] = list(dict.fromkeys([*before.get("methods", []), *config.methods]))
     manifest["harness"] = harness
-    manifest["methods"].update({m.name: _jsonable(m.to_dict()) for m in methods})
+    record_methods(manifest, methods, folder)
     manifest["model"] = model_facts(model)
     try:
         harness_version = version("lm-eval")
     except PackageNotFoundError:
         harness_version = "unknown"
     manifest["sessions"].append(
-        {
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "versions": {**package_versions(), "lm-eval": harness_version},
-            "git": git_state(),
-            "batch_size": config.batch_size,
-        }
+        new_session(versions={**package_versions(), "lm-eval": harness_version}, batch_size=config.batch_size)
     )
-    write_manifest(folder, _jsonable(manifest))
-
-
-def _jsonable(data: Any) -> Any:
-    return json.loads(json.dumps(data, default=str))
+    write_manifest(folder, manifest)
 
 
 def _column(record: dict[str, Any]) -> str:

@@ -111,18 +111,31 @@ def start_session(folder: Path, config: SweepConfig, methods: list[EvalMethod]) 
         merged["methods"] = list(dict.fromkeys([*previous.methods, *config.methods]))
         merged["positions"] = sorted({*previous.positions, *config.positions})
         manifest["sweep"] = merged
+    record_methods(manifest, methods, folder)
+    manifest["sessions"].append(new_session(host_cpus=os.cpu_count()))
+    return manifest
+
+
+def check_methods(manifest: dict[str, Any], methods: list[EvalMethod], folder: Path) -> None:
+    """Refuse a method name that meant another config in this run folder: its records would mix."""
     for method in methods:
-        known = manifest["methods"].get(method.name)
-        if known is not None and known != _jsonable(method.to_dict()):
+        known = manifest.get("methods", {}).get(method.name)
+        if known is not None and known != jsonable(method.to_dict()):
             raise ValueError(
                 f"Method name {method.name!r} meant another config in {folder}; "
                 "give this one another label (label=spec)."
             )
-        manifest["methods"][method.name] = _jsonable(method.to_dict())
-    manifest["sessions"].append(
-        {"started": _now(), "versions": package_versions(), "git": git_state(), "host_cpus": os.cpu_count()}
-    )
-    return manifest
+
+
+def record_methods(manifest: dict[str, Any], methods: list[EvalMethod], folder: Path) -> None:
+    """Add the methods' full configs to the manifest, after `check_methods`."""
+    check_methods(manifest, methods, folder)
+    manifest.setdefault("methods", {}).update({m.name: jsonable(m.to_dict()) for m in methods})
+
+
+def new_session(**extra: Any) -> dict[str, Any]:
+    """A manifest's entry for one session of a run: when, with which packages and code."""
+    return {"started": _now(), "versions": package_versions(), "git": git_state(), **extra}
 
 
 def finish_session(manifest: dict[str, Any], model: dict[str, Any], records: int, complete: bool) -> None:
@@ -130,7 +143,8 @@ def finish_session(manifest: dict[str, Any], model: dict[str, Any], records: int
     manifest["sessions"][-1].update({"finished": _now(), "records": records, "complete": complete})
 
 
-def _jsonable(data: Any) -> Any:
+def jsonable(data: Any) -> Any:
+    """`data` as JSON would give it back (tuples as lists, other objects as strings), for comparing."""
     return json.loads(json.dumps(data, default=str))
 
 

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rag_mspoe.eval.manifest import git_state, model_facts, package_versions, read_manifest, write_manifest
+from rag_mspoe.eval.manifest import model_facts, new_session, read_manifest, write_manifest
 from rag_mspoe.eval.progress import progress_bar
-from rag_mspoe.eval.registry import EngineSet, EvalMethod, resolve_all
+from rag_mspoe.eval.registry import EngineSet, EvalMethod, require_given_order, resolve_all
 from rag_mspoe.eval.report import line_plot
 from rag_mspoe.eval.results import ResultsFile, read_records, run_lock
 
@@ -91,9 +91,7 @@ def run_perplexity(
     """Score every pending (method, length, window) into `folder`; returns the summary."""
     out = Path(folder)
     methods = resolve_all(config.methods)
-    ordered = [m.name for m in methods if m.order != "given"]
-    if ordered:
-        raise ValueError(f"{ordered} reorder documents, which means nothing for perplexity; drop them.")
+    require_given_order(methods, "for perplexity")
     with run_lock(out):
         _check_manifest(out, config)
         results = ResultsFile(out, KEY_FIELDS)
@@ -155,8 +153,8 @@ def _write_manifest(folder: Path, config: PerplexityConfig, methods: list[EvalMe
     manifest["perplexity"] = dataclasses.asdict(config)
     manifest["methods"].update({m.name: m.to_dict() for m in methods})
     manifest["model"] = model_facts(model)
-    manifest["sessions"].append({"versions": package_versions(), "git": git_state()})
-    write_manifest(folder, json.loads(json.dumps(manifest, default=str)))
+    manifest["sessions"].append(new_session())
+    write_manifest(folder, manifest)
 
 
 def write_perplexity_report(folder: Path, method_order: Sequence[str] = ()) -> dict[str, Any]:

@@ -187,6 +187,13 @@ def _display_name(body: str, method: MethodConfig | None, rope: dict[str, Any], 
     return "+".join(p.strip().lower() for p in body.split("+"))
 
 
+def require_given_order(methods: Sequence[EvalMethod], where: str) -> None:
+    """Refuse document-order methods where there is no list of retrieved documents to reorder."""
+    reordering = [m.name for m in methods if m.order != "given"]
+    if reordering:
+        raise ValueError(f"{reordering} reorder retrieved documents, which means nothing {where}; drop them.")
+
+
 def resolve_all(specs: Sequence[str]) -> list[EvalMethod]:
     """Resolve several specs; names must be unique, since records are keyed by them."""
     methods = [resolve(s) for s in specs]

@@ -23,9 +23,9 @@ from typing import Any, Literal, TypeAlias
 
 from rag_mspoe.eval.knowledge import ChoiceExample, Scoring, choice_scores, load_choices
 from rag_mspoe.eval.long_context import LongExample, load_long, truncate_middle
-from rag_mspoe.eval.manifest import git_state, model_facts, package_versions, read_manifest, write_manifest
+from rag_mspoe.eval.manifest import jsonable, model_facts, new_session, read_manifest, write_manifest
 from rag_mspoe.eval.progress import progress_bar
-from rag_mspoe.eval.registry import EngineSet, EvalMethod, resolve_all
+from rag_mspoe.eval.registry import EngineSet, EvalMethod, require_given_order, resolve_all
 from rag_mspoe.eval.results import ResultsFile, run_lock
 from rag_mspoe.eval.text_metrics import score_text
 
@@ -130,12 +130,8 @@ def run_suite(
 
     out = Path(folder)
     methods = resolve_all(config.methods)
-    reordering = [m.name for m in methods if m.order != "given"]
-    if reordering:
-        raise ValueError(
-            f"{reordering} reorder retrieved documents; these suites have no document list to reorder. "
-            "Drop them here (the side-effect table still shows their position-bias gain from a sweep)."
-        )
+    # The side-effect table still shows a reordering's position-bias gain, from a sweep.
+    require_given_order(methods, "in these suites")
     tasks = load_tasks(config)
     if sweep is not None:
         position_gains(sweep)  # a bad sweep folder fails now, not after the run
@@ -253,7 +249,7 @@ def _start(folder: Path, config: SuiteConfig, methods: list[EvalMethod]) -> None
     current = fingerprints(config)
     previous = manifest.get("suite")
     if previous is not None:
-        wanted = _jsonable(config.to_dict())
+        wanted = jsonable(config.to_dict())
         same = {key: previous.get(key) == value for key, value in wanted.items() if key != "methods"}
         if not all(same.values()):
             changed = ", ".join(key for key, ok in same.items() if not ok)
@@ -269,24 +265,16 @@ def _start(folder: Path, config: SuiteConfig, methods: list[EvalMethod]) -> None
                 f"{changed_files} changed since this run started in {folder}; scores would mix two "
                 "versions of the data. Restore the files or use a new folder."
             )
-    merged = _jsonable(config.to_dict())
+    merged = jsonable(config.to_dict())
     merged["methods"] = list(dict.fromkeys([*(previous or {}).get("methods", []), *config.methods]))
     manifest["suite"] = merged
     manifest["data"] = current
-    manifest["methods"].update({m.name: _jsonable(m.to_dict()) for m in methods})
-    manifest["sessions"].append(
-        {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": package_versions(), "git": git_state()}
-    )
+    manifest["methods"].update({m.name: jsonable(m.to_dict()) for m in methods})
+    manifest["sessions"].append(new_session())
     write_manifest(folder, manifest)
 
 
 def _record_model(folder: Path, model: Any) -> None:
     manifest = read_manifest(folder) or {}
     manifest["model"] = model_facts(model)
-    write_manifest(folder, _jsonable(manifest))
-
-
-def _jsonable(data: Any) -> Any:
-    import json
-
-    return json.loads(json.dumps(data, default=str))
+    write_manifest(folder, manifest)
