@@ -23,7 +23,14 @@ from typing import Any, Literal, TypeAlias
 
 from rag_mspoe.eval.knowledge import ChoiceExample, Scoring, choice_scores, load_choices
 from rag_mspoe.eval.long_context import LongExample, load_long, truncate_middle
-from rag_mspoe.eval.manifest import jsonable, model_facts, new_session, read_manifest, write_manifest
+from rag_mspoe.eval.manifest import (
+    jsonable,
+    model_facts,
+    new_session,
+    read_manifest,
+    record_methods,
+    write_manifest,
+)
 from rag_mspoe.eval.progress import progress_bar
 from rag_mspoe.eval.registry import EngineSet, EvalMethod, require_given_order, resolve_all
 from rag_mspoe.eval.results import ResultsFile, run_lock
@@ -269,7 +276,7 @@ def _start(folder: Path, config: SuiteConfig, methods: list[EvalMethod]) -> None
     merged["methods"] = list(dict.fromkeys([*(previous or {}).get("methods", []), *config.methods]))
     manifest["suite"] = merged
     manifest["data"] = current
-    manifest["methods"].update({m.name: jsonable(m.to_dict()) for m in methods})
+    record_methods(manifest, methods, folder)
     manifest["sessions"].append(new_session())
     write_manifest(folder, manifest)
 
