@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rag_mspoe.eval.loaders import read_jsonl
+from rag_mspoe.eval.records import string_field
 from rag_mspoe.eval.text_metrics import TEXT_METRICS
 
 Suite = Literal["longbench", "zeroscrolls"]
@@ -268,7 +269,7 @@ def load_long(path: str | Path, suite: Suite, task: str | None = None) -> list[L
                     id=str(record.get("_id", record.get("id", number))),
                     suite="longbench",
                     task=name,
-                    context=_string(record, "context"),
+                    context=string_field(record, "context"),
                     input=str(record.get("input") or ""),
                     answers=tuple(str(answer) for answer in answers),
                     spec=task_spec("longbench", name, record),
@@ -302,7 +303,7 @@ def _zeroscrolls(file: Path, records: Sequence[dict[str, Any]], task: str) -> li
                 suite="zeroscrolls",
                 task=task,
                 context="",
-                input=_string(record, "input"),
+                input=string_field(record, "input"),
                 answers=(reference,),
                 spec=spec,
             )
@@ -330,10 +331,3 @@ def truncate_middle(ids: Sequence[int], max_tokens: int) -> tuple[list[int], int
         return list(ids), 0
     head = max_tokens // 2
     return [*ids[:head], *ids[len(ids) - (max_tokens - head) :]], len(ids) - max_tokens
-
-
-def _string(record: dict[str, Any], key: str) -> str:
-    value = record.get(key)
-    if not isinstance(value, str):
-        raise ValueError(f"'{key}' must be a string, got {type(value).__name__}")
-    return value

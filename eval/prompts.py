@@ -29,8 +29,11 @@ def qa_prompt(example: QAExample) -> str:
     return f"{QA_INSTRUCTION}\n\n{search_results}\n\nQuestion: {example.question}\n{QA_ANSWER_CUE}"
 
 
+def kv_json(example: KVExample) -> str:
+    """The pairs as one JSON object, one pair per line."""
+    return "{" + ",\n ".join(f'"{key}": "{value}"' for key, value in example.pairs) + "}"
+
+
 def kv_prompt(example: KVExample) -> str:
-    """The key-value retrieval prompt: the pairs as one JSON object, one pair per line."""
-    lines = [f'"{key}": "{value}"' for key, value in example.pairs]
-    data = "{" + ",\n ".join(lines) + "}"
-    return f'{KV_INSTRUCTION}\n\nJSON data:\n{data}\n\nKey: "{example.key}"\n{KV_ANSWER_CUE}'
+    """The key-value retrieval prompt over `kv_json`."""
+    return f'{KV_INSTRUCTION}\n\nJSON data:\n{kv_json(example)}\n\nKey: "{example.key}"\n{KV_ANSWER_CUE}'

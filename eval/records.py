@@ -30,8 +30,8 @@ class Document:
     def from_dict(cls, data: dict[str, Any]) -> Document:
         # Published files may write null for the flags of distractors.
         return cls(
-            title=_text(data, "title"),
-            text=_text(data, "text"),
+            title=string_field(data, "title"),
+            text=string_field(data, "text"),
             is_gold=bool(data.get("isgold", data.get("is_gold")) or False),
             has_answer=bool(data.get("hasanswer", data.get("has_answer")) or False),
         )
@@ -84,7 +84,7 @@ class QAExample:
             raise ValueError("'ctxs' must be a list of {title, text, ...} objects")
         return cls(
             id=str(data.get("id", default_id)),
-            question=_text(data, "question"),
+            question=string_field(data, "question"),
             answers=tuple(answers),
             documents=tuple(Document.from_dict(context) for context in contexts),
             candidates=tuple(data.get("candidates") or ()),
@@ -127,8 +127,8 @@ class KVExample:
         return cls(
             id=str(data.get("id", default_id)),
             pairs=tuple((k, v) for k, v in records),
-            key=_text(data, "key"),
-            value=_text(data, "value"),
+            key=string_field(data, "key"),
+            value=string_field(data, "value"),
         )
 
 
@@ -159,7 +159,8 @@ def with_gold_at(example: Example, index: int) -> Example:
     return dataclasses.replace(example, documents=moved)
 
 
-def _text(data: dict[str, Any], key: str) -> str:
+def string_field(data: dict[str, Any], key: str) -> str:
+    """data[key], which must be a string."""
     value = data.get(key)
     if not isinstance(value, str):
         raise ValueError(f"'{key}' must be a string, got {value!r}")

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from rag_mspoe.eval.generators import generate_invented_qa, generate_kv
-from rag_mspoe.eval.prompts import KV_ANSWER_CUE, KV_INSTRUCTION
+from rag_mspoe.eval.long_context import LONGBENCH_TASKS
+from rag_mspoe.eval.prompts import KV_ANSWER_CUE, KV_INSTRUCTION, kv_json
 from rag_mspoe.eval.records import QAExample
 from rag_mspoe.files import atomic_write
 
@@ -35,12 +36,6 @@ KV_PAIRS = (10, 25, 50)
 FILLERS = 2
 SIMILARITY = 0.0  # distractors of other kinds: a needle to find, not a near-miss to reject
 
-_QA_PROMPT = (
-    "Answer the question based on the given passages. Only give me the answer and do not output any "
-    "other words.\n\nThe following are given passages.\n{context}\n\nAnswer the question based on the "
-    "given passages. Only give me the answer and do not output any other words.\n\nQuestion: {input}\n"
-    "Answer:"
-)
 _STORY_INSTRUCTION = (
     "You are given a text and a question. Answer the question as concisely as you can, using a single "
     "phrase if possible. Do not provide any explanation.\n\nText:\n"
@@ -107,7 +102,7 @@ def _passages_record(example: QAExample) -> dict[str, Any]:
         "input": example.question,
         "answers": list(example.answers),
         "length": len(context.split()),
-        "prompt": _QA_PROMPT,
+        "prompt": LONGBENCH_TASKS["hotpotqa"].prompt,  # LongBench's multi-document QA prompt
         "max_new_tokens": 32,
         "metric": "substring_match",
     }
@@ -137,12 +132,11 @@ def _kv_records(count: int, seed: int) -> list[dict[str, Any]]:
     records = []
     for i in range(count):
         (example,) = generate_kv(KV_PAIRS[i % len(KV_PAIRS)], 1, seed * 100_003 + i, short_keys=True)
-        data = "{" + ",\n ".join(f'"{key}": "{value}"' for key, value in example.pairs) + "}"
         records.append(
             {
                 "_id": example.id,
                 "dataset": "kv_retrieval",
-                "context": data,
+                "context": kv_json(example),
                 "input": example.key,
                 "answers": [example.value],
                 "prompt": f'{KV_INSTRUCTION}\n\nJSON data:\n{{context}}\n\nKey: "{{input}}"\n{KV_ANSWER_CUE}',
