@@ -20,6 +20,19 @@ def _pyplot() -> Any:
     return plt
 
 
+def _save(plt: Any, fig: Any, ax: Any, path: Path, xlabel: str, ylabel: str, title: str) -> Path:
+    """Label, grid and legend the axes, write the figure to `path` and free it."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def plot_fitness(results: Sequence[OptimizerResult], path: Path) -> Path:
     """Best-so-far (solid) and generation mean (dashed) fitness against evaluations spent."""
     plt = _pyplot()
@@ -36,15 +49,15 @@ def plot_fitness(results: Sequence[OptimizerResult], path: Path) -> Path:
             color=line.get_color(),
             label=f"{result.name} generation mean",
         )
-    ax.set_xlabel("distinct fitness evaluations")
-    ax.set_ylabel("fitness U (calibration split)")
-    ax.set_title("Layer-factor search")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(
+        plt,
+        fig,
+        ax,
+        path,
+        "distinct fitness evaluations",
+        "fitness U (calibration split)",
+        "Layer-factor search",
+    )
 
 
 def plot_factors(results: Sequence[OptimizerResult], num_layers: int, path: Path) -> Path:
@@ -58,15 +71,15 @@ def plot_factors(results: Sequence[OptimizerResult], num_layers: int, path: Path
             [x for x, _ in result.best], [y for _, y in result.best], color=line.get_color(), marker="x"
         )
     ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":", label="unmodified")
-    ax.set_xlabel("layer")
-    ax.set_ylabel("RoPE interpolation factor")
-    ax.set_title("Calibrated factors per layer (x: control points)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(
+        plt,
+        fig,
+        ax,
+        path,
+        "layer",
+        "RoPE interpolation factor",
+        "Calibrated factors per layer (x: control points)",
+    )
 
 
 def factors_markdown(results: Sequence[OptimizerResult], num_layers: int) -> str:
