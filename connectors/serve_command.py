@@ -6,6 +6,7 @@ import argparse
 import os
 from typing import Any
 
+from rag_mspoe.cli import add_model_options
 from rag_mspoe.methods import UNMODIFIED_NAMES, MethodConfig, method_name, parse_method
 
 API_KEY_ENV = "RAG_MSPOE_API_KEY"
@@ -26,9 +27,6 @@ def _method_option(text: str) -> tuple[str, MethodConfig]:
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "serve", help="serve the rescaled model over an OpenAI-compatible HTTP API"
-    )
-    parser.add_argument(
-        "--model", default=None, help="model folder, .gguf file or hub id (default: embedded)"
     )
     parser.add_argument(
         "--method", default="mspoe", help="default method: none, pi, mspoe, ... or a config path"
@@ -69,7 +67,7 @@ def register(subparsers: Any) -> None:
         help="weights' dtype (default: bf16 where the CPU computes it natively, else fp32); "
         "float32 makes batched answers equal answers alone",
     )
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: half the CPUs)")
+    add_model_options(parser)
     parser.set_defaults(func=_serve)
 
 

@@ -20,6 +20,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rag_mspoe.cli import add_model_options
+
 DEFAULT_METHODS = ["none", "pi", "mspoe", "layerwise", "longcontextreorder"]
 
 
@@ -49,10 +51,7 @@ def parse_positions(text: str, num_documents: int) -> list[int]:
 
 
 def _common_model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model", default=None, help="model folder, .gguf file or hub id (default: the embedded SmolLM2)"
-    )
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: half the CPUs)")
+    add_model_options(parser)
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 

@@ -19,6 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rag_mspoe.cli import add_model_options
 from rag_mspoe.pipelines.chunking import DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SIZE
 from rag_mspoe.pipelines.index import INDEX_KINDS
 
@@ -89,7 +90,7 @@ def _register_ask(subparsers: Any) -> None:
     parser.add_argument("question")
     _index_option(parser)
     _retrieval_options(parser, default_k=5)
-    _model_options(parser)
+    add_model_options(parser)
     parser.add_argument("--method", default="mspoe", help="none, pi, mspoe, layerwise or a saved config path")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument(
@@ -117,7 +118,7 @@ def _register_demo(subparsers: Any) -> None:
         "questions whose answer sits in the middle of the retrieved context, and prints each "
         "method's answer and time side by side.",
     )
-    _model_options(parser)
+    add_model_options(parser)
     parser.add_argument(
         "--methods",
         default=",".join(DEMO_METHODS),
@@ -149,15 +150,6 @@ def _retrieval_options(parser: argparse.ArgumentParser, default_k: int) -> None:
         "--embedding-model",
         default=None,
         help="check that the index was built with this embedding model (default: the index's own)",
-    )
-
-
-def _model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model", default=None, help="model folder, .gguf file or hub id (default: embedded)"
-    )
-    parser.add_argument(
-        "--threads", type=int, default=None, help="torch threads (default: the loader's choice)"
     )
 
 

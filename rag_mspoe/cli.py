@@ -18,6 +18,14 @@ COMMAND_MODULES: list[tuple[str, str]] = [
 ]
 
 
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """--model and --threads, as every command that loads a model takes them."""
+    parser.add_argument(
+        "--model", default=None, help="model folder, .gguf file or hub id (default: the embedded SmolLM2)"
+    )
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: half the CPUs)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rag-mspoe",

@@ -20,6 +20,7 @@ from typing import Any
 from rag_mspoe.calibration.bezier_ga import GASettings
 from rag_mspoe.calibration.fitness import METRICS, CalibrationSplit, FitnessWeights
 from rag_mspoe.calibration.optimizers import OPTIMIZERS, CMAESSettings
+from rag_mspoe.cli import add_model_options
 
 
 def register(subparsers: Any) -> None:
@@ -39,10 +40,7 @@ def _common_options(parser: argparse.ArgumentParser, task: str, examples: int, h
     parser.add_argument(
         "--out", required=True, help="folder for the config, the report and (layers) checkpoints"
     )
-    parser.add_argument(
-        "--model", default=None, help="model folder, .gguf file or hub id (default: embedded)"
-    )
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: half the CPUs)")
+    add_model_options(parser)
     split = parser.add_argument_group("data (generated; calibration and held-out differ by seed)")
     split.add_argument(
         "--task",
