@@ -76,7 +76,7 @@ MODELS: dict[str, EmbeddedModel] = {
     for model in [
         EmbeddedModel(
             name=DEFAULT_MODEL,
-            description="SmolLM2-135M-Instruct, Q4_1 (llama, 30 layers, 2k context)",
+            description="SmolLM2-135M-Instruct, Q4_1 (llama, 30 layers, 9 query / 3 KV heads, 8k context)",
             gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
             size=98_362_432,
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",

@@ -84,10 +84,24 @@ def convert_gguf(gguf_path: Path, target: Path | None = None) -> Path:
     return target
 
 
+def source_name(source: str | os.PathLike[str] | None) -> str:
+    """The name `load_model(source)` gives the model, known before loading it."""
+    from rag_mspoe import embedded_models
+
+    if source is None:
+        return embedded_models.DEFAULT_MODEL
+    if isinstance(source, str) and source in embedded_models.MODELS:
+        return source
+    path = Path(source).expanduser()
+    if path.suffix == ".gguf":
+        return path.stem
+    return path.name if path.is_dir() else str(source)
+
+
 def resolve_source(source: str | os.PathLike[str] | None) -> tuple[str, str]:
     """(folder or hub id to load from, display name) for a user-given model source.
 
-    A name from `rag-mspoe models` wins over a folder of the same name (write ./name for that).
+    The name of an embedded model wins over a folder of the same name (write ./name for that).
     """
     from rag_mspoe import embedded_models
 

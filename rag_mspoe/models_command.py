@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from rag_mspoe import embedded_models
+from rag_mspoe.calibrated import calibrated_config_path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,6 +33,7 @@ def _list(args: argparse.Namespace) -> int:
     for model in embedded_models.MODELS.values():
         default = " (default)" if model.name == embedded_models.DEFAULT_MODEL else ""
         print(f"{model.name}{default}: {model.size / 1e6:,.0f} MB, {status(model)}")
-        print(f"    {model.description}")
+        calibrated = "shipped" if calibrated_config_path(model.name) else "none shipped"
+        print(f"    {model.description}; calibrated method: {calibrated}")
         print(f"    install: {model.install_command()}")
     return 0
