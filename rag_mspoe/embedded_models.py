@@ -10,6 +10,7 @@ folder and skip all of that.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import logging
@@ -148,26 +149,25 @@ def join_parts(model: EmbeddedModel, paths: list[Path], out: Path | None) -> Non
     from tqdm.auto import tqdm
 
     digest = hashlib.sha256()
-    target = open(out, "xb") if out is not None else None  # noqa: SIM115  # closed below
-    try:
-        with tqdm(
-            total=model.size,
-            unit="B",
-            unit_scale=True,
-            desc=f"{'joining' if out else 'checking'} {model.name}",
-            disable=None,  # a bar on a terminal only
-            mininterval=1 if sys.stderr.isatty() else 30,
-        ) as bar:
-            for path in paths:
-                with open(path, "rb") as part:
-                    while block := part.read(_BLOCK):
-                        digest.update(block)
-                        if target is not None:
-                            target.write(block)
-                        bar.update(len(block))
-    finally:
-        if target is not None:
-            target.close()
+    with contextlib.ExitStack() as files:
+        target = files.enter_context(open(out, "xb")) if out is not None else None
+        bar = files.enter_context(
+            tqdm(
+                total=model.size,
+                unit="B",
+                unit_scale=True,
+                desc=f"{'joining' if out else 'checking'} {model.name}",
+                disable=None,  # a bar on a terminal only
+                mininterval=1 if sys.stderr.isatty() else 30,
+            )
+        )
+        for path in paths:
+            with open(path, "rb") as part:
+                while block := part.read(_BLOCK):
+                    digest.update(block)
+                    if target is not None:
+                        target.write(block)
+                    bar.update(len(block))
     if digest.hexdigest() != model.sha256:
         raise ModelLoadError(
             f"The installed files of {model.name!r} do not match its checksum (sha256 {digest.hexdigest()}, "
