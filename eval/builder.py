@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,6 +129,20 @@ def pool_from_examples(examples: Iterable[QAExample]) -> list[Document]:
             if not document.is_gold and not document.has_answer:
                 seen.setdefault((document.title, document.text), Document(document.title, document.text))
     return list(seen.values())
+
+
+def split_by_question(
+    examples: Sequence[QAExample], heldout_fraction: float, seed: int
+) -> tuple[list[QAExample], list[QAExample]]:
+    """(kept, held out): the questions drawn at random into two disjoint sets, so a question asked
+    twice (in any wording that normalises the same) never sits on both sides. Order is kept."""
+    if not 0 < heldout_fraction < 1:
+        raise ValueError(f"The held-out fraction must be between 0 and 1, got {heldout_fraction}.")
+    questions = sorted({normalize_answer(example.question) for example in examples})
+    random.Random(seed).shuffle(questions)
+    heldout = set(questions[: round(heldout_fraction * len(questions))])
+    kept = [e for e in examples if normalize_answer(e.question) not in heldout]
+    return kept, [e for e in examples if normalize_answer(e.question) in heldout]
 
 
 def pool_from_records(records: Iterable[dict[str, Any]]) -> list[Document]:

@@ -360,16 +360,24 @@ def _register_build_qa(subparsers: Any) -> None:
     parser.add_argument(
         "--embedding-model", default=None, help="sentence-transformers model (default: all-MiniLM-L6-v2)"
     )
+    split = parser.add_argument_group("held-out split (by question, never by position)")
+    split.add_argument("--heldout-out", default=None, help="also write held-out examples to this file")
+    split.add_argument(
+        "--heldout-fraction", type=float, default=0.5, help="share of the questions held out (default 0.5)"
+    )
+    split.add_argument("--split-seed", type=int, default=0, help="seed of the random split (default 0)")
     parser.set_defaults(func=_build_qa)
 
 
 def _build_qa(args: argparse.Namespace) -> int:
-    from rag_mspoe.eval.builder import SkippedRecord, build_from_oracle, pool_from_records
+    from rag_mspoe.eval.builder import SkippedRecord, build_from_oracle, pool_from_records, split_by_question
     from rag_mspoe.eval.loaders import read_jsonl, save_jsonl
     from rag_mspoe.pipelines.embedding import DEFAULT_EMBEDDING_MODEL
 
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be at least 1, got {args.limit}.")
+    if args.heldout_out and not 0 < args.heldout_fraction < 1:
+        raise ValueError(f"--heldout-fraction must be between 0 and 1, got {args.heldout_fraction}.")
     records = read_jsonl(args.oracle)[: args.limit]
     pool = pool_from_records(record for path in args.pool for record in read_jsonl(path))
     skipped: list[SkippedRecord] = []
@@ -382,11 +390,16 @@ def _build_qa(args: argparse.Namespace) -> int:
         index_path=args.index,
         skipped=skipped,
     )
-    save_jsonl(args.out, examples)
     print(
-        f"{len(examples)} of {len(records)} records built into {args.out} ({args.documents} documents, "
-        f"gold at {args.gold_at}, pool of {len(pool)} passages); {len(skipped)} skipped"
+        f"{len(examples)} of {len(records)} records built ({args.documents} documents, gold at "
+        f"{args.gold_at}, pool of {len(pool)} passages); {len(skipped)} skipped"
     )
+    if args.heldout_out:
+        examples, heldout = split_by_question(examples, args.heldout_fraction, args.split_seed)
+        save_jsonl(args.heldout_out, heldout)
+        print(f"{len(heldout)} held out into {args.heldout_out}")
+    save_jsonl(args.out, examples)
+    print(f"{len(examples)} into {args.out}")
     for record in skipped:
         print(f"  skipped {record.id}: {record.reason}")
     return 0

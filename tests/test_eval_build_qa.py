@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from rag_mspoe.cli import main
-from rag_mspoe.eval.builder import pool_from_records
+from rag_mspoe.eval.builder import pool_from_records, split_by_question
 from rag_mspoe.eval.loaders import load_qa, read_jsonl
 from rag_mspoe.eval.metrics import normalize_answer
-from rag_mspoe.eval.records import Document, gold_index
+from rag_mspoe.eval.records import Document, QAExample, gold_index
 
 DATA = Path(__file__).parent / "data"
 ORACLE = DATA / "nq-open-sample-oracle.jsonl"
@@ -25,8 +25,8 @@ def test_build_qa_writes_examples_and_skips_the_record_answered_everywhere(tmp_p
     assert main(["build-qa", str(ORACLE), "--pool", str(PASSAGES), "--documents", "5", "--gold-at", "2",
                  "--out", str(out), "--index", str(tmp_path / "index")]) == 0  # fmt: skip
     printed = capsys.readouterr().out
-    assert printed.startswith(f"4 of 5 records built into {out} (5 documents, gold at 2, pool of 24 passages")
-    assert "1 skipped" in printed
+    assert printed.startswith("4 of 5 records built (5 documents, gold at 2, pool of 24 passages); 1 skipped")
+    assert f"4 into {out}" in printed
     assert "skipped entropy-symbol: only 0 passages of the pool are free of its answers ['S']" in printed
 
     examples = load_qa(out)  # what `sweep --data` reads
@@ -47,6 +47,29 @@ def test_build_qa_writes_examples_and_skips_the_record_answered_everywhere(tmp_p
     assert physics.documents[2].title == "Nobel Prize in Physics"
     # The retriever puts the passages about Nobel prizes first.
     assert all("Nobel" in d.title or "Nobel" in d.text for d in physics.documents)
+
+
+def test_build_qa_holds_out_whole_questions(tmp_path, capsys):
+    out, heldout = tmp_path / "calibration.jsonl", tmp_path / "heldout.jsonl"
+    assert main(["build-qa", str(ORACLE), "--pool", str(PASSAGES), "--documents", "4", "--out", str(out),
+                 "--heldout-out", str(heldout), "--split-seed", "3"]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    assert f"2 held out into {heldout}" in printed and f"2 into {out}" in printed
+    kept, held = load_qa(out), load_qa(heldout)
+    assert sorted(e.id for e in kept + held) == ["0", "1", "2", "4"]
+    assert not {e.question for e in kept} & {e.question for e in held}
+
+
+def test_split_by_question_keeps_a_question_asked_twice_on_one_side():
+    gold = (Document("t", "x", is_gold=True, has_answer=True),)
+    examples = [QAExample(str(i), q, ("x",), gold) for i, q in enumerate(["Who?", "who", "What?", "Where?"])]
+    for seed in range(8):
+        kept, held = split_by_question(examples, 0.5, seed)
+        assert {e.id for e in kept} | {e.id for e in held} == {"0", "1", "2", "3"}
+        assert ({"0", "1"} <= {e.id for e in kept}) or ({"0", "1"} <= {e.id for e in held})
+        assert len({e.question.lower().strip("?") for e in held}) == 2  # half of the 3 questions, rounded
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        split_by_question(examples, 1.0, 0)
 
 
 def test_build_qa_with_too_small_a_pool_says_so(tmp_path, capsys):
