@@ -153,3 +153,34 @@ def _replace_line(path: Path, number: int, text: str) -> None:
     lines = path.read_text().splitlines(keepends=True)
     lines[number - 1] = text + "\n"
     path.write_text("".join(lines))
+
+
+def test_one_bad_file_never_stops_the_run_and_every_skip_is_listed(tmp_path):
+    docs = write_corpus(tmp_path / "docs", {"good.txt": "The windmill of Tarsk grinds rye."})
+    from fpdf import FPDF
+
+    pdf = FPDF()
+    pdf.add_page()
+    pdf.set_font("Helvetica", size=12)
+    pdf.multi_cell(0, 10, "The spring tide at Pell rises 5.2 metres.")
+    (docs / "filter.pdf").write_bytes(bytes(pdf.output()).replace(b"/FlateDecode", b"/FlateDecodX"))
+    (docs / "nul.txt").write_bytes(b"\x00" * 64)
+    (docs / "replaced.txt").write_text("\ufffd\ufffd\ufffd", encoding="utf-8")  # no token survives
+    (docs / "loop.txt").symlink_to("loop.txt")
+    before = _checksums(docs)
+
+    result = _cli("index", docs, "--index", tmp_path / "index")
+
+    assert result.returncode == 0, result.stderr
+    assert "Indexed 1 documents as 1 chunks" in result.stdout and "4 skipped" in result.stdout
+    skipped = sorted(line.strip() for line in result.stdout.splitlines() if "skipped " in line)
+    assert [line.split(":")[0].rsplit("/", 1)[-1] for line in skipped] == [
+        "filter.pdf",
+        "loop.txt",
+        "nul.txt",
+        "replaced.txt",
+    ]
+    assert "NotImplementedError: Unsupported filter /FlateDecodX" in result.stdout
+    assert "replaced.txt: no text the embedding model can read" in result.stdout
+    assert list(ChunkIndex.load(tmp_path / "index").documents) == [str((docs / "good.txt").resolve())]
+    assert _checksums(docs) == before
