@@ -157,12 +157,12 @@ def _read_file(
     else:
         text = _decode(path)
         title = ""
-    if not has_text(text):
+    if not _has_text(text):
         raise UnreadableFile("no text in the file")
     return [Document(source=str(path), title=title or _title_from_name(path), text=text)]
 
 
-def has_text(text: str) -> bool:
+def _has_text(text: str) -> bool:
     """Whether `text` has a visible character: whitespace, NUL bytes and other controls are not text."""
     return any(char.isprintable() and not char.isspace() for char in text)
 
@@ -223,7 +223,7 @@ def _read_jsonl(path: Path, text_field: str, title_field: str, result: IngestRes
             _skip(result, path, f"{location}: invalid JSON ({exc.msg})")
             continue
         text = record.get(text_field) if isinstance(record, dict) else None
-        if not isinstance(text, str) or not has_text(text):
+        if not isinstance(text, str) or not _has_text(text):
             _skip(result, path, f"{location}: no text in field '{text_field}'")
             continue
         title = record.get(title_field)
