@@ -210,14 +210,20 @@ class ChunkIndex:
             index._faiss = faiss.read_index(str(folder / index._file("vectors")))
             index._configure_search()
             index._chunks = _read_chunks(folder / index._file("chunks"))
-        found = {"meta.json": index._meta.count, "chunks": len(index._chunks)}
+        found = {META_FILE: index._meta.count}
         if index._faiss is not None:
-            found["vectors"] = index._faiss.ntotal
-        if len(set(found.values())) != 1 or (
-            index._faiss is not None and index._faiss.d != index.settings.dimension
-        ):
+            found[index._file("chunks")] = len(index._chunks)
+            found[index._file("vectors")] = index._faiss.ntotal
+        if len(set(found.values())) != 1:
+            counts = ", ".join(f"{name} {count}" for name, count in found.items())
             raise IndexFolderError(
-                f"The index at {folder} is inconsistent ({found}); rebuild it into a new folder"
+                f"The index at {folder} is inconsistent: its files hold different numbers of chunks "
+                f"({counts}). Restore the files, or rebuild the index into a new folder."
+            )
+        if index._faiss is not None and index._faiss.d != index.settings.dimension:
+            raise IndexFolderError(
+                f"{folder / index._file('vectors')} holds vectors of dimension {index._faiss.d}, {meta_path} "
+                f"says {index.settings.dimension}. Restore the files, or rebuild the index into a new folder."
             )
         return index
 

@@ -132,8 +132,12 @@ def test_a_failed_first_run_leaves_no_folder_behind(tmp_path):
             lambda d: _replace_line(d / "chunks-000001.jsonl", 4, "{not json"),
             "chunks-000001.jsonl, line 4: not a chunk record",
         ),
+        (
+            lambda d: _drop_last_line(d / "chunks-000001.jsonl"),
+            "inconsistent: its files hold different numbers of chunks (meta.json 5, chunks-000001.jsonl 4",
+        ),
     ],
-    ids=["torn-meta", "foreign-meta", "missing-chunk-store", "bad-chunk-line"],
+    ids=["torn-meta", "foreign-meta", "missing-chunk-store", "bad-chunk-line", "short-chunk-store"],
 )
 def test_a_damaged_index_names_the_file_and_the_fix(tmp_path, damage, message):
     _, index_dir = _built_index(tmp_path)
@@ -184,3 +188,7 @@ def test_one_bad_file_never_stops_the_run_and_every_skip_is_listed(tmp_path):
     assert "replaced.txt: no text the embedding model can read" in result.stdout
     assert list(ChunkIndex.load(tmp_path / "index").documents) == [str((docs / "good.txt").resolve())]
     assert _checksums(docs) == before
+
+
+def _drop_last_line(path: Path) -> None:
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:-1]))
