@@ -122,6 +122,17 @@ def test_a_failed_first_run_leaves_no_folder_behind(tmp_path):
     assert not index_dir.exists()
 
 
+def test_a_folder_a_killed_run_left_holding_only_its_lock_is_used(tmp_path):
+    docs = write_corpus(tmp_path / "docs")
+    index_dir = tmp_path / "index"
+    index_dir.mkdir()
+    (index_dir / ".lock").touch()  # what a first run killed before its first save leaves
+
+    report = index_documents(docs, index_dir, embedder=embedder(), progress=False)
+
+    assert report.total_chunks == 5 and len(ChunkIndex.load(index_dir)) == 5
+
+
 @pytest.mark.parametrize(
     ("damage", "message"),
     [
