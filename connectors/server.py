@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from rag_mspoe.connectors import openai_schema as schema
 from rag_mspoe.connectors.batching import RequestBatcher
+from rag_mspoe.connectors.request_guard import GuardSettings, RequestGuard
 from rag_mspoe.engine import Engine, GenerationResult, GenerationTimeout, PromptTooLongError
 from rag_mspoe.methods import NAMED_METHODS, MethodConfig, method_name, parse_method
 
@@ -78,41 +79,33 @@ def create_app(
     extra_methods: dict[str, MethodConfig] | None = None,
     max_tokens_limit: int = 1024,
     max_request_bytes: int = 1 << 20,
+    body_timeout_s: float = 30.0,
     max_batch_size: int = 1,
     batch_wait_ms: float = 10.0,
 ) -> Any:
     """The FastAPI application serving `engine`.
 
+    max_request_bytes, body_timeout_s: a request body over this size gets a 413 as soon as it
+    passes it, one that takes longer than this to arrive a 408 (`request_guard`).
     max_batch_size: greedy non-streaming requests run together in batches of up to this many
     (1: one at a time); batch_wait_ms: how long the first waits for others to join it."""
     routes = ModelRoutes(engine, extra_methods)
     batcher = RequestBatcher(engine, max_batch_size, batch_wait_ms / 1000)
     app = FastAPI(title="rag-mspoe", version="1")
+    app.add_middleware(
+        RequestGuard,
+        settings=GuardSettings(
+            api_key=api_key, max_request_bytes=max_request_bytes, body_timeout_s=body_timeout_s
+        ),
+    )
     started = int(time.time())
 
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(exc.body, status_code=exc.status)
 
-    @app.exception_handler(Exception)
-    async def unexpected(_request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(schema.error_body(f"Internal error: {exc}", "server_error"), status_code=500)
-
     async def read_body(request: Request, model_cls: type[schema._CompletionParams]) -> Any:
-        if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
-            raise ApiError(
-                401, "Missing or wrong API key; send 'Authorization: Bearer <key>'.", code="invalid_api_key"
-            )
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > max_request_bytes:
-            raise ApiError(
-                413, f"The request body is over {max_request_bytes} bytes.", code="request_too_large"
-            )
-        raw = await request.body()
-        if len(raw) > max_request_bytes:
-            raise ApiError(
-                413, f"The request body is over {max_request_bytes} bytes.", code="request_too_large"
-            )
+        raw = await request.body()  # size and deadline already checked by the guard
         try:
             data = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -184,11 +177,7 @@ def create_app(
         }
 
     @app.get("/v1/models")
-    async def models(request: Request) -> dict[str, Any]:
-        if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
-            raise ApiError(
-                401, "Missing or wrong API key; send 'Authorization: Bearer <key>'.", code="invalid_api_key"
-            )
+    async def models() -> dict[str, Any]:
         data = [
             {"id": n, "object": "model", "created": started, "owned_by": "rag-mspoe"} for n in routes.names()
         ]

@@ -1,0 +1,110 @@
+"""The server against careless and hostile clients: oversized, slow, malformed, foreign and vanishing
+requests, each answered with a clear error while the server stays healthy. A real uvicorn server on
+loopback, a tiny random model, real sockets."""
+
+from __future__ import annotations
+
+import json
+import logging
+import resource
+import select
+import socket
+import time
+
+import httpx
+import pytest
+
+pytest.importorskip("fastapi")
+
+from eval_run_helpers import tiny_chat_model  # noqa: E402
+from server_helpers import connect, read_response, request_bytes, running  # noqa: E402
+
+from rag_mspoe.connectors.server import create_app  # noqa: E402
+from rag_mspoe.engine import Engine  # noqa: E402
+
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return Engine(*tiny_chat_model(max_position_embeddings=4096), method="none")
+
+
+def chat(engine: Engine, text: str = "hi", **extra) -> dict:
+    return {"model": engine.name, "messages": [{"role": "user", "content": text}], "max_tokens": 4, **extra}
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def test_an_oversized_chunked_body_is_refused_as_it_arrives_and_memory_stays_flat(engine):
+    sent: list[int] = []
+
+    def huge_body():  # 64 MiB as a generator: httpx sends it chunked, without Content-Length
+        chunk = b"x" * (64 << 10)
+        for _ in range(1024):
+            sent.append(len(chunk))
+            yield chunk
+
+    with running(create_app(engine, max_request_bytes=64 << 10)) as url:
+        before = peak_rss_bytes()
+        for _ in range(5):
+            sent.clear()
+            response = httpx.post(f"{url}/v1/chat/completions", content=huge_body(), timeout=30)
+            assert response.status_code == 413
+            assert response.json()["error"]["code"] == "request_too_large"
+            assert sum(sent) < 16 * MiB  # refused long before the client was done sending
+        assert peak_rss_bytes() - before < 32 * MiB
+        assert httpx.post(f"{url}/v1/chat/completions", json=chat(engine)).status_code == 200
+
+
+def trickle(sock: socket.socket, piece: bytes, seconds: float) -> float:
+    """Send `piece` every 0.05 s until the server answers; seconds until it did."""
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        try:
+            sock.sendall(piece)
+        except OSError:  # the server closed its side: its answer is waiting
+            break
+        if select.select([sock], [], [], 0.05)[0]:
+            break
+    return time.monotonic() - start
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_slow_body_gets_a_408_within_the_body_deadline(engine, chunked):
+    with running(create_app(engine, body_timeout_s=0.5)) as url, connect(url) as sock:
+        if chunked:
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+            )
+            piece = b"1\r\n \r\n"
+        else:
+            sock.sendall(request_bytes("/v1/chat/completions", b" " * 10_000)[:-9_990])
+            piece = b" "
+        waited = trickle(sock, piece, seconds=5)  # a byte at a time keeps the connection busy
+        status, headers, body = read_response(sock)
+        assert status == 408 and json.loads(body)["error"]["code"] == "request_timeout"
+        assert headers["connection"] == "close"
+        assert 0.4 < waited < 2
+
+
+def test_unexpected_errors_are_a_generic_500_logged_in_full_and_the_connection_stays_usable(
+    engine, monkeypatch, caplog
+):
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("tensor shape mismatch at internal/secret.py:42")
+
+    with running(create_app(engine)) as url, connect(url) as sock:
+        body = json.dumps(chat(engine)).encode()
+        with monkeypatch.context() as patch, caplog.at_level(logging.ERROR):
+            patch.setattr(engine, "generate", broken)
+            sock.sendall(request_bytes("/v1/chat/completions", body))
+            status, _, reply = read_response(sock)
+        assert status == 500
+        assert "secret" not in reply.decode() and json.loads(reply)["error"]["type"] == "server_error"
+        assert "internal/secret.py:42" in caplog.text  # the detail is in the server's log
+        sock.sendall(request_bytes("/v1/chat/completions", body))  # same keep-alive connection
+        status, _, reply = read_response(sock)
+        assert status == 200 and json.loads(reply)["choices"][0]["message"]["content"] is not None
