@@ -32,6 +32,7 @@ logger = logging.getLogger("rag_mspoe.connectors.server")
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 ANY = "*"
+UNEXPECTED = "The server failed on this request; the details are in its log."
 
 
 class Refused(Exception):
@@ -125,8 +126,7 @@ class RequestGuard:
         except Exception:
             logger.exception("Unexpected error on %s %s", scope["method"], scope["path"])
             if not started:
-                message = "The server failed on this request; the details are in its log."
-                await _respond(send, 500, error_body(message, "server_error"), [])
+                await _respond(send, 500, error_body(UNEXPECTED, "server_error"), [])
 
     def _check_origin(self, headers: Headers) -> str | None:
         """The request's Origin when it is an allowed cross-origin one; refuses a foreign Host or Origin."""

@@ -15,21 +15,24 @@ throughput under load, at the price of bf16 answers that can drift from a reques
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from jinja2 import TemplateError
 from pydantic import ValidationError
 
 from rag_mspoe.connectors import openai_schema as schema
 from rag_mspoe.connectors.batching import RequestBatcher
-from rag_mspoe.connectors.request_guard import GuardSettings, RequestGuard
+from rag_mspoe.connectors.request_guard import UNEXPECTED, GuardSettings, RequestGuard
 from rag_mspoe.engine import Engine, GenerationResult, GenerationTimeout, PromptTooLongError
 from rag_mspoe.methods import NAMED_METHODS, MethodConfig, method_name, parse_method
 
 DEFAULT_MAX_TOKENS = 256
+logger = logging.getLogger(__name__)
 
 
 class ApiError(Exception):
@@ -45,6 +48,24 @@ class ApiError(Exception):
     ) -> None:
         super().__init__(message)
         self.status, self.body = status, schema.error_body(message, kind, code, param)
+
+
+_UNION_TAGS = {"str", "int", "float", "bool"}
+
+
+def invalid_request(exc: ValidationError) -> ApiError:
+    """A 400 naming the first field that is wrong, in words a client can act on."""
+    first = exc.errors()[0]
+    # Drop the tags pydantic adds for each member of a union ("prompt.str" -> "prompt").
+    where = ".".join(str(p) for p in first["loc"] if not (str(p) in _UNION_TAGS or "[" in str(p)))
+    if first["type"] == "json_invalid":
+        return ApiError(400, f"The request body is not valid JSON: {first['msg']}.")
+    if first["type"] == "model_type" and not where:
+        return ApiError(400, "The request body must be a JSON object.")
+    if first["type"] == "extra_forbidden":
+        return ApiError(400, f"Unknown field {where!r}; this server does not support it.", param=where)
+    message = str(first["msg"]).removeprefix("Value error, ")
+    return ApiError(400, f"Invalid request: {where}: {message}.", param=where or None)
 
 
 class ModelRoutes:
@@ -107,15 +128,9 @@ def create_app(
     async def read_body(request: Request, model_cls: type[schema._CompletionParams]) -> Any:
         raw = await request.body()  # size and deadline already checked by the guard
         try:
-            data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ApiError(400, f"The request body is not valid JSON: {exc}.") from exc
-        try:
-            return model_cls.model_validate(data)
+            return model_cls.model_validate_json(raw, strict=True)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise ApiError(400, f"Invalid request: {where}: {first['msg']}.", param=where or None) from exc
+            raise invalid_request(exc) from exc
 
     def settings(body: schema._CompletionParams, raw: bool) -> dict[str, Any]:
         requested = body.requested_tokens()
@@ -138,23 +153,36 @@ def create_app(
             out["method"] = method if method is not None else "none"
         return out
 
-    async def run(prompt: Any, options: dict[str, Any]) -> GenerationResult:
+    def too_long(prompt_field: str) -> ApiError:
+        return ApiError(
+            400,
+            f"The {prompt_field} and max_tokens do not fit in the context window of {engine.context_window} "
+            f"tokens; shorten the {prompt_field} or lower max_tokens.",
+            code="context_length_exceeded",
+            param=prompt_field,
+        )
+
+    async def run(prompt: Any, options: dict[str, Any], prompt_field: str) -> GenerationResult:
         try:
             return await batcher.generate(prompt, options)
         except PromptTooLongError as exc:
-            raise ApiError(400, str(exc), code="context_length_exceeded", param="messages") from exc
+            raise too_long(prompt_field) from exc
+        except TemplateError as exc:  # e.g. a template that wants user and assistant turns to alternate
+            raise ApiError(
+                400, f"The model's chat template refused these messages: {exc}", param=prompt_field
+            ) from exc
         except GenerationTimeout as exc:
             raise ApiError(503, str(exc), kind="server_error", code="timeout") from exc
-        except (ValueError, TypeError) as exc:
-            raise ApiError(400, str(exc)) from exc
 
-    def open_stream(prompt: Any, options: dict[str, Any]) -> Any:
+    def open_stream(prompt: Any, options: dict[str, Any], prompt_field: str) -> Any:
         try:
             return engine.astream(prompt, **options)
         except PromptTooLongError as exc:
-            raise ApiError(400, str(exc), code="context_length_exceeded", param="messages") from exc
-        except (ValueError, TypeError) as exc:
-            raise ApiError(400, str(exc)) from exc
+            raise too_long(prompt_field) from exc
+        except TemplateError as exc:  # e.g. a template that wants user and assistant turns to alternate
+            raise ApiError(
+                400, f"The model's chat template refused these messages: {exc}", param=prompt_field
+            ) from exc
 
     def sse(events: Callable[[], AsyncIterator[dict[str, Any]]]) -> StreamingResponse:
         async def body() -> AsyncIterator[str]:
@@ -162,7 +190,12 @@ def create_app(
                 async for event in events():
                     yield f"data: {json.dumps(event)}\n\n"
             except Exception as exc:  # the status line is sent already: report in the stream
-                yield f"data: {json.dumps(schema.error_body(str(exc), 'server_error'))}\n\n"
+                if isinstance(exc, GenerationTimeout):
+                    error = schema.error_body(str(exc), "server_error", code="timeout")
+                else:
+                    logger.exception("Generation failed inside a stream")
+                    error = schema.error_body(UNEXPECTED, "server_error")
+                yield f"data: {json.dumps(error)}\n\n"
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(body(), media_type="text/event-stream")
@@ -188,8 +221,8 @@ def create_app(
         body = await read_body(request, schema.ChatCompletionRequest)
         options = settings(body, raw=False)
         if not body.stream:
-            return schema.chat_completion(await run(body.prompt(), options), body.model)
-        stream = open_stream(body.prompt(), options)
+            return schema.chat_completion(await run(body.prompt(), options, "messages"), body.model)
+        stream = open_stream(body.prompt(), options, "messages")
         chunk_id = schema.new_id("chatcmpl")
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
@@ -210,8 +243,8 @@ def create_app(
         options = settings(body, raw=True)
         prefix = body.text() if body.echo else ""
         if not body.stream:
-            return schema.text_completion(await run(body.text(), options), body.model, prefix)
-        stream = open_stream(body.text(), options)
+            return schema.text_completion(await run(body.text(), options, "prompt"), body.model, prefix)
+        stream = open_stream(body.text(), options, "prompt")
         chunk_id = schema.new_id("cmpl")
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 

@@ -108,3 +108,47 @@ def test_unexpected_errors_are_a_generic_500_logged_in_full_and_the_connection_s
         sock.sendall(request_bytes("/v1/chat/completions", body))  # same keep-alive connection
         status, _, reply = read_response(sock)
         assert status == 200 and json.loads(reply)["choices"][0]["message"]["content"] is not None
+
+
+CHAT, TEXT = "/v1/chat/completions", "/v1/completions"
+HI = [{"role": "user", "content": "hi"}]
+CLIENT_ERRORS = [
+    # path, body, the field the error names, a word the message holds
+    (TEXT, {"prompt": ""}, "prompt", "empty"),
+    (TEXT, {"prompt": [""]}, "prompt", "empty"),
+    (TEXT, {"prompt": 5}, "prompt", "string"),
+    (TEXT, {"prompt": [1, 2, 3]}, "prompt", "string"),
+    (TEXT, {"prompt": "word " * 5000}, "prompt", "4096"),
+    (CHAT, {"messages": [{"role": "user", "content": "word " * 5000}]}, "messages", "4096"),
+    (CHAT, {"messages": "hi"}, "messages", "array"),
+    (CHAT, {"messages": []}, "messages", "at least 1"),
+    (CHAT, {"messages": [{"role": "user", "content": 5}]}, "messages.0.content", "string"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi", "mood": "x"}]}, "messages.0.mood", "Unknown"),
+    (CHAT, {"messages": HI, "frequency_penalty": 0.5}, "frequency_penalty", "Unknown"),
+    (CHAT, {"messages": HI, "max_tokens": "ten"}, "max_tokens", "integer"),
+    (CHAT, {"messages": HI, "max_tokens": 65}, "max_tokens", "64"),
+    (CHAT, {"messages": HI, "temperature": "hot"}, "temperature", "number"),
+    (CHAT, {"messages": HI, "stream": "yes"}, "stream", "boolean"),
+    (CHAT, {"messages": HI, "seed": -1}, "seed", "greater"),
+    (CHAT, {"messages": HI, "seed": 1 << 70}, "seed", "less"),
+    (CHAT, {"messages": HI, "stop": [""]}, "stop", "non-empty"),
+    (CHAT, {"messages": HI, "model": 5}, "model", "string"),
+]
+
+
+def test_client_errors_are_400s_naming_the_field_on_a_connection_that_stays_usable(engine):
+    with running(create_app(engine, max_tokens_limit=64)) as url, connect(url) as sock:
+        for path, fields, field, word in CLIENT_ERRORS:
+            sock.sendall(request_bytes(path, json.dumps({"model": engine.name, **fields}).encode()))
+            status, _, reply = read_response(sock)
+            error = json.loads(reply)["error"]
+            assert (status, error["param"]) == (400, field), (fields, error)
+            assert word in error["message"] and field.split(".")[-1] in error["message"], error
+        for body, words in [(b"{not json", "not valid JSON"), (b"[1]", "JSON object"), (b"[" * 5000, "JSON")]:
+            sock.sendall(request_bytes(CHAT, body))
+            status, _, reply = read_response(sock)
+            assert status == 400 and words in json.loads(reply)["error"]["message"]
+        sock.sendall(
+            request_bytes(TEXT, json.dumps({"model": engine.name, "prompt": "hi", "max_tokens": 2}).encode())
+        )
+        assert read_response(sock)[0] == 200  # the same keep-alive connection, after 22 errors
