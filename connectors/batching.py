@@ -14,6 +14,7 @@ tokens (rounding differs with the padding); that is why batching is off unless a
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 from rag_mspoe.engine import Engine, GenerationResult
@@ -37,10 +38,16 @@ class RequestBatcher:
         self._waiting: dict[str, tuple[dict[str, Any], list[Item]]] = {}
         self._worker: asyncio.Task[None] | None = None
 
-    async def generate(self, prompt: Any, options: dict[str, Any]) -> GenerationResult:
-        """The answer to one request, batched with others when that is allowed."""
+    async def generate(
+        self, prompt: Any, options: dict[str, Any], cancel: threading.Event | None = None
+    ) -> GenerationResult:
+        """The answer to one request, batched with others when that is allowed.
+
+        Setting `cancel` gives up on a request that runs alone; cancelling the awaiting task takes
+        a request out of a batch that has not started (a batch that has runs on for the others).
+        """
         if self.max_batch_size == 1 or options.get("temperature", 0.0) > 0:
-            return await self.engine.agenerate(prompt, **options)
+            return await self.engine.agenerate(prompt, cancel=cancel, **options)
         future: asyncio.Future[GenerationResult] = asyncio.get_running_loop().create_future()
         key = repr(sorted(options.items()))  # configs are dataclasses, lists included: not hashable
         self._waiting.setdefault(key, (options, []))[1].append((prompt, future))

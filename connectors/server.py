@@ -14,8 +14,10 @@ throughput under load, at the price of bf16 answers that can drift from a reques
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -48,6 +50,12 @@ class ApiError(Exception):
     ) -> None:
         super().__init__(message)
         self.status, self.body = status, schema.error_body(message, kind, code, param)
+
+
+async def disconnected(request: Request) -> None:
+    """Returns once the client has gone away (the body has been read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 _UNION_TAGS = {"str", "int", "float", "bool"}
@@ -101,6 +109,7 @@ def create_app(
     max_tokens_limit: int = 1024,
     max_request_bytes: int = 1 << 20,
     body_timeout_s: float = 30.0,
+    request_timeout_s: float | None = 600.0,
     max_batch_size: int = 1,
     batch_wait_ms: float = 10.0,
 ) -> Any:
@@ -108,6 +117,9 @@ def create_app(
 
     max_request_bytes, body_timeout_s: a request body over this size gets a 413 as soon as it
     passes it, one that takes longer than this to arrive a 408 (`request_guard`).
+    request_timeout_s: the deadline of one generation, waiting for the model included (None:
+    none); past it a request gets a 503. A client that disconnects has its generation stopped
+    at the next token, or never started if it was still waiting.
     max_batch_size: greedy non-streaming requests run together in batches of up to this many
     (1: one at a time); batch_wait_ms: how long the first waits for others to join it."""
     routes = ModelRoutes(engine, extra_methods)
@@ -148,6 +160,7 @@ def create_app(
             "stop": body.stop,
             "seed": body.seed,
             "raw": raw,
+            "timeout": request_timeout_s,
         }
         if method != "default":
             out["method"] = method if method is not None else "none"
@@ -162,9 +175,20 @@ def create_app(
             param=prompt_field,
         )
 
-    async def run(prompt: Any, options: dict[str, Any], prompt_field: str) -> GenerationResult:
+    def timed_out() -> ApiError:
+        return ApiError(
+            503,
+            f"The request did not finish within this server's deadline of {request_timeout_s} s; "
+            "lower max_tokens or retry later.",
+            kind="server_error",
+            code="timeout",
+        )
+
+    async def run(
+        prompt: Any, options: dict[str, Any], prompt_field: str, cancel: threading.Event
+    ) -> GenerationResult:
         try:
-            return await batcher.generate(prompt, options)
+            return await batcher.generate(prompt, options, cancel)
         except PromptTooLongError as exc:
             raise too_long(prompt_field) from exc
         except TemplateError as exc:  # e.g. a template that wants user and assistant turns to alternate
@@ -172,7 +196,27 @@ def create_app(
                 400, f"The model's chat template refused these messages: {exc}", param=prompt_field
             ) from exc
         except GenerationTimeout as exc:
-            raise ApiError(503, str(exc), kind="server_error", code="timeout") from exc
+            raise timed_out() from exc
+
+    async def answer(
+        request: Request, prompt: Any, options: dict[str, Any], prompt_field: str
+    ) -> GenerationResult:
+        """One non-streamed answer, given up (its generation cancelled) if the client disconnects first."""
+        cancel = threading.Event()
+        work = asyncio.ensure_future(run(prompt, options, prompt_field, cancel))
+        gone = asyncio.ensure_future(disconnected(request))
+        try:
+            done, _ = await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not work.done():
+                cancel.set()
+                work.cancel()
+        if work not in done:
+            raise ApiError(
+                499, "The client closed the connection before the answer was ready.", code="client_closed"
+            )
+        return work.result()
 
     def open_stream(prompt: Any, options: dict[str, Any], prompt_field: str) -> Any:
         try:
@@ -191,7 +235,7 @@ def create_app(
                     yield f"data: {json.dumps(event)}\n\n"
             except Exception as exc:  # the status line is sent already: report in the stream
                 if isinstance(exc, GenerationTimeout):
-                    error = schema.error_body(str(exc), "server_error", code="timeout")
+                    error = timed_out().body
                 else:
                     logger.exception("Generation failed inside a stream")
                     error = schema.error_body(UNEXPECTED, "server_error")
@@ -221,7 +265,9 @@ def create_app(
         body = await read_body(request, schema.ChatCompletionRequest)
         options = settings(body, raw=False)
         if not body.stream:
-            return schema.chat_completion(await run(body.prompt(), options, "messages"), body.model)
+            return schema.chat_completion(
+                await answer(request, body.prompt(), options, "messages"), body.model
+            )
         stream = open_stream(body.prompt(), options, "messages")
         chunk_id = schema.new_id("chatcmpl")
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -243,7 +289,9 @@ def create_app(
         options = settings(body, raw=True)
         prefix = body.text() if body.echo else ""
         if not body.stream:
-            return schema.text_completion(await run(body.text(), options, "prompt"), body.model, prefix)
+            return schema.text_completion(
+                await answer(request, body.text(), options, "prompt"), body.model, prefix
+            )
         stream = open_stream(body.text(), options, "prompt")
         chunk_id = schema.new_id("cmpl")
         include_usage = bool(body.stream_options and body.stream_options.include_usage)

@@ -4,12 +4,14 @@ loopback, a tiny random model, real sockets."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import resource
 import select
 import socket
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -31,7 +33,13 @@ def engine():
 
 
 def chat(engine: Engine, text: str = "hi", **extra) -> dict:
-    return {"model": engine.name, "messages": [{"role": "user", "content": text}], "max_tokens": 4, **extra}
+    return {
+        "model": engine.name,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": 4,
+        "temperature": 0,  # greedy: the tiny model writes the same 1000 tokens every time
+        **extra,
+    }
 
 
 def peak_rss_bytes() -> int:
@@ -152,3 +160,93 @@ def test_client_errors_are_400s_naming_the_field_on_a_connection_that_stays_usab
             request_bytes(TEXT, json.dumps({"model": engine.name, "prompt": "hi", "max_tokens": 2}).encode())
         )
         assert read_response(sock)[0] == 200  # the same keep-alive connection, after 22 errors
+
+
+LONG = 1000  # tokens the tiny model takes about ten seconds to write on a CI machine
+
+
+@contextlib.contextmanager
+def forward_lengths(model) -> Iterator[list[int]]:
+    """The input length of every forward the model runs: a prefill's is its prompt's length, a token's 1."""
+    lengths: list[int] = []
+
+    def record(_module, args, kwargs, _output):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        lengths.append(int(ids.shape[1]))
+
+    handle = model.register_forward_hook(record, with_kwargs=True)
+    try:
+        yield lengths
+    finally:
+        handle.remove()
+
+
+def settles(lengths: list[int], within: float = 3.0) -> bool:
+    """Whether the model stops running forwards (for 0.3 s) within `within` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        seen = len(lengths)
+        time.sleep(0.3)
+        if len(lengths) == seen:
+            return True
+    return False
+
+
+def answered_quickly(url: str, engine: Engine) -> bool:
+    start = time.monotonic()
+    response = httpx.post(f"{url}/v1/chat/completions", json=chat(engine, max_tokens=2), timeout=30)
+    return response.status_code == 200 and time.monotonic() - start < 2
+
+
+def test_a_stream_whose_client_disconnects_stops_between_tokens(engine):
+    with running(create_app(engine, max_tokens_limit=LONG)) as url, forward_lengths(engine.model) as lengths:
+        body = chat(engine, max_tokens=LONG, stream=True)
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+            for n, _ in enumerate(response.iter_lines()):
+                if n == 6:
+                    break  # leaves mid-stream: the connection closes
+        assert settles(lengths) and len(lengths) < LONG / 2
+        assert answered_quickly(url, engine)
+
+
+def test_a_non_streamed_request_whose_client_gave_up_is_cancelled(engine):
+    with running(create_app(engine, max_tokens_limit=LONG)) as url, forward_lengths(engine.model) as lengths:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/v1/chat/completions", json=chat(engine, max_tokens=LONG), timeout=0.5)
+        assert settles(lengths) and len(lengths) < LONG / 2
+        assert answered_quickly(url, engine)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_queued_request_whose_client_left_never_starts_its_prefill(engine, stream):
+    queued_text = "word " * 300
+    queued_tokens = engine.count_tokens(queued_text)
+    with running(create_app(engine, max_tokens_limit=LONG)) as url, forward_lengths(engine.model) as lengths:
+        busy = chat(engine, "keep the model busy", max_tokens=LONG, stream=True)
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=busy) as first:
+            lines = first.iter_lines()
+            next(lines), next(lines)  # the first request is generating
+            with connect(url) as sock:
+                queued = chat(engine, queued_text, max_tokens=8, stream=stream)
+                sock.sendall(request_bytes("/v1/chat/completions", json.dumps(queued).encode()))
+                time.sleep(0.3)  # waits behind the first
+            time.sleep(0.3)  # its client has gone; then the first one leaves too
+        assert settles(lengths)
+        assert queued_tokens not in lengths
+        assert answered_quickly(url, engine)
+        httpx.post(f"{url}/v1/chat/completions", json=chat(engine, queued_text, max_tokens=1))
+        assert queued_tokens in lengths  # the probe does see such a prefill when it runs
+
+
+def test_generation_past_the_request_deadline_is_a_503_or_an_error_event(engine):
+    app = create_app(engine, max_tokens_limit=LONG, request_timeout_s=0.5)
+    with running(app) as url, forward_lengths(engine.model) as lengths:
+        start = time.monotonic()
+        response = httpx.post(f"{url}/v1/chat/completions", json=chat(engine, max_tokens=LONG), timeout=30)
+        assert response.status_code == 503 and time.monotonic() - start < 3
+        error = response.json()["error"]
+        assert error["code"] == "timeout" and "0.5 s" in error["message"]
+        streamed = httpx.post(f"{url}/v1/chat/completions", json=chat(engine, max_tokens=LONG, stream=True))
+        events = [line for line in streamed.text.splitlines() if line.startswith("data: {")]
+        assert json.loads(events[-1][6:])["error"]["code"] == "timeout"
+        assert settles(lengths) and len(lengths) < LONG
