@@ -19,7 +19,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -29,7 +29,7 @@ from pydantic import ValidationError
 
 from rag_mspoe.connectors import openai_schema as schema
 from rag_mspoe.connectors.batching import RequestBatcher
-from rag_mspoe.connectors.request_guard import UNEXPECTED, GuardSettings, RequestGuard
+from rag_mspoe.connectors.request_guard import LOOPBACK_HOSTS, UNEXPECTED, GuardSettings, RequestGuard
 from rag_mspoe.engine import Engine, GenerationResult, GenerationTimeout, PromptTooLongError
 from rag_mspoe.methods import NAMED_METHODS, MethodConfig, method_name, parse_method
 
@@ -105,6 +105,8 @@ def create_app(
     engine: Engine,
     *,
     api_key: str | None = None,
+    allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
+    cors_origins: Sequence[str] = (),
     extra_methods: dict[str, MethodConfig] | None = None,
     max_tokens_limit: int = 1024,
     max_request_bytes: int = 1 << 20,
@@ -114,6 +116,11 @@ def create_app(
     batch_wait_ms: float = 10.0,
 ) -> Any:
     """The FastAPI application serving `engine`.
+
+    api_key: bearer token every /v1 request must carry (None: no key). allowed_hosts: the names
+    clients reach the server by (the Host header; loopback names by default, "*" any), which
+    blocks DNS rebinding; cors_origins: web pages (origins such as "https://app.example", "*"
+    any) allowed to call it from a browser, besides the server's own origin.
 
     max_request_bytes, body_timeout_s: a request body over this size gets a 413 as soon as it
     passes it, one that takes longer than this to arrive a 408 (`request_guard`).
@@ -128,7 +135,11 @@ def create_app(
     app.add_middleware(
         RequestGuard,
         settings=GuardSettings(
-            api_key=api_key, max_request_bytes=max_request_bytes, body_timeout_s=body_timeout_s
+            api_key=api_key,
+            allowed_hosts=tuple(allowed_hosts),
+            cors_origins=tuple(cors_origins),
+            max_request_bytes=max_request_bytes,
+            body_timeout_s=body_timeout_s,
         ),
     )
     started = int(time.time())

@@ -250,3 +250,78 @@ def test_generation_past_the_request_deadline_is_a_503_or_an_error_event(engine)
         events = [line for line in streamed.text.splitlines() if line.startswith("data: {")]
         assert json.loads(events[-1][6:])["error"]["code"] == "timeout"
         assert settles(lengths) and len(lengths) < LONG
+
+
+def raw_exchange(url: str, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    with connect(url) as sock:
+        sock.sendall(request)
+        return read_response(sock)
+
+
+def get(path: str, headers: dict[str, str]) -> bytes:
+    lines = [f"GET {path} HTTP/1.1", *(f"{k}: {v}" for k, v in headers.items())]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def test_only_loopback_host_names_are_answered_by_default(engine):
+    with running(create_app(engine)) as url:
+        port = url.rsplit(":", 1)[1]
+        for host in ("localhost", f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "LOCALHOST"):
+            assert raw_exchange(url, get("/v1/models", {"Host": host}))[0] == 200, host
+        for host in ("evil.example", f"evil.example:{port}", "localhost.evil.example", "127.0.0.2", ""):
+            status, _, body = raw_exchange(url, get("/v1/models", {"Host": host}))
+            error = json.loads(body)["error"]
+            assert (status, error["code"]) == (403, "host_not_allowed"), host
+            assert "--allowed-host" in error["message"]
+
+
+def test_a_cross_origin_post_is_refused_before_it_reaches_the_model(engine):
+    body = json.dumps(chat(engine)).encode()
+    with running(create_app(engine)) as url, forward_lengths(engine.model) as lengths:
+        for origin in ("https://evil.example", "null", "http://localhost:1"):
+            # text/plain: what a web page may send without a CORS preflight
+            request = request_bytes("/v1/chat/completions", body, {"Origin": origin})
+            status, headers, reply = raw_exchange(url, request.replace(b"application/json", b"text/plain"))
+            error = json.loads(reply)["error"]
+            assert (status, error["code"]) == (403, "origin_not_allowed") and "--cors-origin" in error[
+                "message"
+            ]
+            assert "access-control-allow-origin" not in headers
+        assert lengths == []
+        same_origin = request_bytes("/v1/chat/completions", body, {"Origin": url})
+        host = url.removeprefix("http://").encode()
+        assert raw_exchange(url, same_origin.replace(b"127.0.0.1", host, 1))[0] == 200  # a page it served
+
+
+def test_allowed_hosts_and_cors_origins_widen_the_defaults(engine):
+    app = create_app(engine, allowed_hosts=["api.example"], cors_origins=["https://app.example/"])
+    with running(app) as url:
+        assert raw_exchange(url, get("/v1/models", {"Host": "api.example:443"}))[0] == 200
+        assert raw_exchange(url, get("/v1/models", {"Host": "localhost"}))[0] == 403  # replaced, not added
+        preflight = get("/v1/chat/completions", {"Host": "api.example", "Origin": "https://app.example"})
+        preflight = preflight.replace(b"GET", b"OPTIONS") + b""
+        preflight = preflight.replace(b"\r\n\r\n", b"\r\nAccess-Control-Request-Method: POST\r\n\r\n")
+        status, headers, _ = raw_exchange(url, preflight)
+        assert status == 204 and headers["access-control-allow-origin"] == "https://app.example"
+        assert "authorization" in headers["access-control-allow-headers"]
+        body = json.dumps(chat(engine)).encode()
+        post = request_bytes("/v1/chat/completions", body, {"Origin": "https://app.example"})
+        status, headers, _ = raw_exchange(url, post.replace(b"Host: 127.0.0.1", b"Host: api.example"))
+        assert status == 200 and headers["access-control-allow-origin"] == "https://app.example"
+        post = request_bytes("/v1/chat/completions", body, {"Origin": "https://other.example"})
+        assert raw_exchange(url, post.replace(b"Host: 127.0.0.1", b"Host: api.example"))[0] == 403
+
+
+def test_the_bearer_token_scheme_is_case_insensitive_and_a_wrong_token_is_refused(engine):
+    with running(create_app(engine, api_key="s3cret")) as url:
+        for value in ("Bearer s3cret", "bearer s3cret", "BEARER  s3cret"):
+            assert (
+                raw_exchange(url, get("/v1/models", {"Host": "localhost", "Authorization": value}))[0] == 200
+            )
+        for value in ("Bearer wrong", "Bearer s3cret2", "Basic s3cret", "s3cret", "Bearer ", "Bearer \xfc"):
+            status, _, body = raw_exchange(
+                url, get("/v1/models", {"Host": "localhost", "Authorization": value})
+            )
+            assert (status, json.loads(body)["error"]["code"]) == (401, "invalid_api_key"), value
+        assert raw_exchange(url, get("/v1/models", {"Host": "localhost"}))[0] == 401
+        assert raw_exchange(url, get("/health", {"Host": "localhost"}))[0] == 200  # health needs no key
