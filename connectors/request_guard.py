@@ -16,6 +16,7 @@ An ASGI middleware in front of the FastAPI app:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -88,6 +89,7 @@ class RequestGuard:
             return
         headers = Headers(scope=scope)
         started = body_read = False
+        deadline = asyncio.get_running_loop().time() + self.settings.body_timeout_s
         try:
             cross_origin = self._check_origin(headers)
             if scope["method"] == "OPTIONS" and "access-control-request-method" in headers:
@@ -95,7 +97,7 @@ class RequestGuard:
                 return
             if scope["path"].startswith("/v1"):
                 self._check_key(headers)
-            body = await self._read_body(headers, receive)
+            body = await self._read_body(headers, receive, deadline)
             body_read = True
             if body is None:  # the client went away while sending
                 return
@@ -120,9 +122,18 @@ class RequestGuard:
         except Refused as refusal:
             if started:
                 raise
-            # A body left unread would be taken for the next request: close the connection.
-            headers_out = [] if body_read else [("connection", "close")]
-            await _respond(send, refusal.status, error_body(refusal.message, code=refusal.code), headers_out)
+            body = error_body(refusal.message, code=refusal.code)
+            if body_read:
+                await _respond(send, refusal.status, body, [])
+                return
+            # A body left unread would be taken for the next request: close the connection, but
+            # first read and drop what the client is still sending, within the body deadline (a
+            # socket closed on unread data sends a reset, which can destroy the answer before a
+            # client that writes its whole body first gets to read it).
+            await _respond(send, refusal.status, body, [("connection", "close")], more_body=True)
+            if refusal.status != 408:  # a client too slow to send is not waited for
+                await _discard(receive, deadline)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
         except Exception:
             logger.exception("Unexpected error on %s %s", scope["method"], scope["path"])
             if not started:
@@ -173,7 +184,7 @@ class RequestGuard:
                 401, "Missing or wrong API key; send 'Authorization: Bearer <key>'.", "invalid_api_key"
             )
 
-    async def _read_body(self, headers: Headers, receive: Any) -> bytes | None:
+    async def _read_body(self, headers: Headers, receive: Any, deadline: float) -> bytes | None:
         """The whole body, read within the deadline and the size limit; None if the client left."""
         limit = self.settings.max_request_bytes
         too_large = Refused(413, f"The request body is over {limit} bytes.", "request_too_large")
@@ -182,7 +193,7 @@ class RequestGuard:
             raise too_large
         chunks, size = [], 0
         try:
-            async with asyncio.timeout(self.settings.body_timeout_s):
+            async with asyncio.timeout_at(deadline):
                 while True:
                     message = await receive()
                     if message["type"] == "http.disconnect":
@@ -202,8 +213,22 @@ class RequestGuard:
             ) from None
 
 
+async def _discard(receive: Any, deadline: float) -> None:
+    """Read and drop the rest of a refused body until it ends or the deadline passes; holds none of it."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout_at(deadline):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect" or not message.get("more_body", False):
+                    return
+
+
 async def _respond(
-    send: Any, status: int, body: dict[str, Any] | None, headers: Iterable[tuple[str, str]]
+    send: Any,
+    status: int,
+    body: dict[str, Any] | None,
+    headers: Iterable[tuple[str, str]],
+    more_body: bool = False,
 ) -> None:
     payload = b"" if body is None else json.dumps(body).encode()
     raw_headers = [(k.encode(), v.encode()) for k, v in headers]
@@ -213,4 +238,4 @@ async def _respond(
             (b"content-length", str(len(payload)).encode()),
         ]
     await send({"type": "http.response.start", "status": status, "headers": raw_headers})
-    await send({"type": "http.response.body", "body": payload, "more_body": False})
+    await send({"type": "http.response.body", "body": payload, "more_body": more_body})
