@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from rag_mspoe.cli import main
@@ -42,11 +46,12 @@ def test_a_bad_method_config_value_names_the_field_and_the_value(tmp_path, capsy
     assert "mine.json" in last and all(word in last for word in words), last
 
 
-def test_a_non_loopback_address_without_an_api_key_is_refused_naming_the_fix(capsys, monkeypatch):
-    monkeypatch.delenv("RAG_MSPOE_API_KEY", raising=False)
-    code, err = run_cli(capsys, "serve", "--host", "0.0.0.0")
-    assert code == 1 and err.count("\n") == 1
-    assert "--api-key" in err and "--allow-unauthenticated" in err
+def test_a_non_loopback_address_without_an_api_key_is_refused_naming_the_fix():
+    env = {k: v for k, v in os.environ.items() if k != "RAG_MSPOE_API_KEY"}
+    command = [sys.executable, "-m", "rag_mspoe.cli", "serve", "--host", "0.0.0.0", "--port", "9"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)  # not served
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "--api-key" in done.stderr and "--allow-unauthenticated" in done.stderr
 
 
 def test_exposure_is_allowed_on_loopback_with_a_key_or_when_asked():
