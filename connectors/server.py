@@ -10,6 +10,9 @@ Every request goes through the one engine, whose lock queues concurrent requests
 under concurrency equal answers one at a time. With max_batch_size > 1, greedy requests with
 equal settings that wait together run as one batch (`rag_mspoe.connectors.batching`): more
 throughput under load, at the price of bf16 answers that can drift from a request alone.
+
+Every request first passes `request_guard` (Host, Origin, API key, body size and deadline).
+A client that goes away has its generation stopped at the next token, or never started.
 """
 
 from __future__ import annotations
@@ -67,7 +70,8 @@ def invalid_request(exc: ValidationError) -> ApiError:
     # Drop the tags pydantic adds for each member of a union ("prompt.str" -> "prompt").
     where = ".".join(str(p) for p in first["loc"] if not (str(p) in _UNION_TAGS or "[" in str(p)))
     if first["type"] == "json_invalid":
-        return ApiError(400, f"The request body is not valid JSON: {first['msg']}.")
+        detail = str(first["msg"]).removeprefix("Invalid JSON: ")
+        return ApiError(400, f"The request body is not valid JSON: {detail}.")
     if first["type"] == "model_type" and not where:
         return ApiError(400, "The request body must be a JSON object.")
     if first["type"] == "extra_forbidden":
