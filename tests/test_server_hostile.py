@@ -216,8 +216,10 @@ def test_a_stream_whose_client_disconnects_stops_between_tokens(engine):
         assert answered_quickly(url, engine)
 
 
-def test_a_non_streamed_request_whose_client_gave_up_is_cancelled(engine):
-    with running(create_app(engine, max_tokens_limit=LONG)) as url, forward_lengths(engine.model) as lengths:
+@pytest.mark.parametrize("max_batch_size", [1, 4])
+def test_a_non_streamed_request_whose_client_gave_up_is_cancelled(engine, max_batch_size):
+    app = create_app(engine, max_tokens_limit=LONG, max_batch_size=max_batch_size)
+    with running(app) as url, forward_lengths(engine.model) as lengths:
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(f"{url}/v1/chat/completions", json=chat(engine, max_tokens=LONG), timeout=0.5)
         assert settles(lengths) and len(lengths) < LONG / 2
