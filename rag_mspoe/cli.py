@@ -11,6 +11,7 @@ from collections.abc import Sequence
 # (module, function) pairs; each function takes the subparsers object and adds its commands.
 # Modules are imported lazily so `rag-mspoe --help` stays fast and optional extras stay optional.
 COMMAND_MODULES: list[tuple[str, str]] = [
+    ("rag_mspoe.models_command", "register"),
     ("rag_mspoe.pipelines.cli", "register"),
     ("rag_mspoe.connectors.serve_command", "register"),
     ("rag_mspoe.calibration.cli", "register"),
@@ -21,7 +22,10 @@ COMMAND_MODULES: list[tuple[str, str]] = [
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     """--model and --threads, as every command that loads a model takes them."""
     parser.add_argument(
-        "--model", default=None, help="model folder, .gguf file or hub id (default: the embedded SmolLM2)"
+        "--model",
+        default=None,
+        help="an embedded model's name (see `rag-mspoe models`), a model folder, a .gguf file or a hub id "
+        "(default: the embedded smollm2-135m-instruct)",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: half the CPUs)")
 
