@@ -39,8 +39,7 @@ def running(app: Any) -> Iterator[str]:
 def connect(url: str) -> socket.socket:
     """A raw TCP connection to the server at `url`, for what HTTP clients will not send."""
     host, port = url.removeprefix("http://").split(":")
-    sock = socket.create_connection((host, int(port)), timeout=10)
-    return sock
+    return socket.create_connection((host, int(port)), timeout=10)
 
 
 def request_bytes(path: str, body: bytes, headers: dict[str, str] | None = None) -> bytes:
