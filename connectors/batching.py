@@ -14,11 +14,12 @@ tokens (rounding differs with the padding); that is why batching is off unless a
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 from rag_mspoe.engine import Engine, GenerationResult
 
-Item = tuple[Any, "asyncio.Future[GenerationResult]"]
+Item = tuple[Any, "asyncio.Future[GenerationResult]", threading.Event | None]  # prompt, answer, cancel
 
 
 class RequestBatcher:
@@ -37,13 +38,19 @@ class RequestBatcher:
         self._waiting: dict[str, tuple[dict[str, Any], list[Item]]] = {}
         self._worker: asyncio.Task[None] | None = None
 
-    async def generate(self, prompt: Any, options: dict[str, Any]) -> GenerationResult:
-        """The answer to one request, batched with others when that is allowed."""
+    async def generate(
+        self, prompt: Any, options: dict[str, Any], cancel: threading.Event | None = None
+    ) -> GenerationResult:
+        """The answer to one request, batched with others when that is allowed.
+
+        Setting `cancel` gives up on a request that runs alone; cancelling the awaiting task takes
+        a request out of a batch that has not started (one that has runs to its end, for the others).
+        """
         if self.max_batch_size == 1 or options.get("temperature", 0.0) > 0:
-            return await self.engine.agenerate(prompt, **options)
+            return await self.engine.agenerate(prompt, cancel=cancel, **options)
         future: asyncio.Future[GenerationResult] = asyncio.get_running_loop().create_future()
         key = repr(sorted(options.items()))  # configs are dataclasses, lists included: not hashable
-        self._waiting.setdefault(key, (options, []))[1].append((prompt, future))
+        self._waiting.setdefault(key, (options, []))[1].append((prompt, future, cancel))
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._drain())
         return await future
@@ -64,7 +71,7 @@ class RequestBatcher:
                 self._waiting[key] = (options, rest)
             else:
                 del self._waiting[key]
-            live = [(prompt, future) for prompt, future in batch if not future.done()]  # not cancelled
+            live = [item for item in batch if not item[1].done()]  # not cancelled
             if live:
                 await self._run(options, live)
 
@@ -73,21 +80,21 @@ class RequestBatcher:
             await self._answer_alone(options, items[0])
             return
         try:
-            results = await self.engine.agenerate_batch([prompt for prompt, _ in items], **options)
+            results = await self.engine.agenerate_batch([prompt for prompt, _, _ in items], **options)
         except Exception:
             for item in items:
                 await self._answer_alone(options, item)
             return
         self.batches += 1
         self.batched_requests += len(items)
-        for (_, future), result in zip(items, results, strict=True):
+        for (_, future, _), result in zip(items, results, strict=True):
             if not future.done():
                 future.set_result(result)
 
     async def _answer_alone(self, options: dict[str, Any], item: Item) -> None:
-        prompt, future = item
+        prompt, future, cancel = item
         try:
-            result = await self.engine.agenerate(prompt, **options)
+            result = await self.engine.agenerate(prompt, cancel=cancel, **options)
         except Exception as exc:
             if not future.done():
                 future.set_exception(exc)

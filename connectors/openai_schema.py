@@ -11,12 +11,18 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from rag_mspoe.engine import GenerationResult
 
 
-class ContentPart(BaseModel):
+class _Request(BaseModel):
+    """Request parts refuse fields they do not know: a field silently dropped is a setting ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ContentPart(_Request):
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(BaseModel):
+class ChatMessage(_Request):
     role: Literal["system", "user", "assistant", "developer"]
     content: str | list[ContentPart]
     name: str | None = None
@@ -27,24 +33,23 @@ class ChatMessage(BaseModel):
         return "".join(part.text for part in self.content)
 
 
-class StreamOptions(BaseModel):
+class StreamOptions(_Request):
     include_usage: bool = False
 
 
-class _CompletionParams(BaseModel):
-    """Settings shared by both endpoints. Unknown fields are ignored, as OpenAI clients send many."""
-
-    model_config = ConfigDict(extra="ignore")
+class _CompletionParams(_Request):
+    """Settings shared by both endpoints."""
 
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, lt=1 << 63)
     n: int = Field(default=1, ge=1, le=1, description="one choice per request")
     stream: bool = False
     stream_options: StreamOptions | None = None
+    user: str | None = None  # an end-user id for the caller's logs; changes nothing here
 
     @field_validator("stop")
     @classmethod
@@ -84,6 +89,8 @@ class CompletionRequest(_CompletionParams):
     def _one_prompt(cls, value: str | list[str]) -> str | list[str]:
         if isinstance(value, list) and len(value) != 1:
             raise ValueError("send one prompt per request")
+        if not (value if isinstance(value, str) else value[0]):
+            raise ValueError("the prompt is empty; send some text to continue")
         return value
 
     def text(self) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 from typing import Any
 
@@ -16,7 +17,10 @@ def _method_option(text: str) -> tuple[str, MethodConfig]:
     name, sep, path = text.partition("=")
     if not sep or not name or "+" in name or name.lower() in UNMODIFIED_NAMES:
         raise argparse.ArgumentTypeError(f"expected NAME=PATH (a new name without '+'), got {text!r}")
-    config = parse_method(path)
+    try:
+        config = parse_method(path)
+    except (OSError, ValueError, TypeError) as exc:  # argparse would print only "invalid value"
+        raise argparse.ArgumentTypeError(f"{name}: {exc}") from exc
     if config is None:
         raise argparse.ArgumentTypeError(
             f"{path!r} names the unmodified model; it is always served as '+none'"
@@ -50,9 +54,42 @@ def register(subparsers: Any) -> None:
         help=f"require this bearer token (default: ${API_KEY_ENV}, unset: no key)",
     )
     parser.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help="serve a non-loopback --host without an API key (refused otherwise)",
+    )
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name clients may reach the server by, besides the loopback names and the bound "
+        "address (repeatable; '*' for any); other Host headers are refused, against DNS rebinding",
+    )
+    parser.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a web page origin (e.g. https://app.example) allowed to call the server from a browser "
+        "(repeatable; '*' for any); other cross-origin requests are refused",
+    )
+    parser.add_argument(
         "--max-tokens-limit", type=int, default=1024, help="largest max_tokens a request may ask"
     )
     parser.add_argument("--max-request-bytes", type=int, default=1 << 20)
+    parser.add_argument(
+        "--body-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a request body may take to arrive (408 past it)",
+    )
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=600.0,
+        help="seconds one generation may take, waiting for the model included (503 past it; 0: no deadline)",
+    )
     parser.add_argument(
         "--max-batch-size",
         type=int,
@@ -74,7 +111,36 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=_serve)
 
 
+def is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        return False
+
+
+def check_exposure(host: str, api_key: str | None, allow_unauthenticated: bool) -> None:
+    """Refuse to serve a non-loopback address to anyone on the network unless asked to."""
+    if api_key is None and not allow_unauthenticated and not is_loopback(host):
+        raise ValueError(
+            f"--host {host} lets other machines use the model, and no API key is set; pass --api-key KEY "
+            f"(or set ${API_KEY_ENV}), or --allow-unauthenticated if the network is trusted."
+        )
+
+
+def allowed_hosts(host: str, extra: list[str]) -> list[str]:
+    """Loopback names, the bound address when it is one clients can use, and the names given."""
+    from rag_mspoe.connectors.request_guard import LOOPBACK_HOSTS
+
+    bound = [] if host in ("0.0.0.0", "::", "") else [host]
+    return [*LOOPBACK_HOSTS, *bound, *extra]
+
+
 def _serve(args: argparse.Namespace) -> int:
+    api_key = args.api_key or None  # an empty key (an unset variable's value) is no key
+    check_exposure(args.host, api_key, args.allow_unauthenticated)
+    parse_method(args.method)  # a bad default method fails before the model loads
     try:
         import uvicorn
 
@@ -88,10 +154,14 @@ def _serve(args: argparse.Namespace) -> int:
     engine = Engine.load(args.model, method=args.method, dtype=args.dtype, threads=args.threads)
     app = create_app(
         engine,
-        api_key=args.api_key,
+        api_key=api_key,
+        allowed_hosts=allowed_hosts(args.host, args.allowed_host),
+        cors_origins=args.cors_origin,
         extra_methods=dict(args.method_config),
         max_tokens_limit=args.max_tokens_limit,
         max_request_bytes=args.max_request_bytes,
+        body_timeout_s=args.body_timeout,
+        request_timeout_s=args.request_timeout or None,
         max_batch_size=args.max_batch_size,
         batch_wait_ms=args.batch_wait_ms,
     )

@@ -11,27 +11,36 @@ Every request goes through the one engine, whose lock queues concurrent requests
 under concurrency equal answers one at a time. With max_batch_size > 1, greedy requests with
 equal settings that wait together run as one batch (`rag_mspoe.connectors.batching`): more
 throughput under load, at the price of bf16 answers that can drift from a request alone.
+
+Every request first passes `request_guard` (Host, Origin, API key, body size and deadline).
+A client that goes away has its generation stopped at the next token, or never started.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from jinja2 import TemplateError
 from pydantic import ValidationError
 
 from rag_mspoe.calibrated import calibrated_config_path
 from rag_mspoe.connectors import openai_schema as schema
 from rag_mspoe.connectors.batching import RequestBatcher
+from rag_mspoe.connectors.request_guard import LOOPBACK_HOSTS, UNEXPECTED, GuardSettings, RequestGuard
 from rag_mspoe.engine import Engine, GenerationResult, GenerationTimeout, PromptTooLongError
 from rag_mspoe.loading import model_display_name
 from rag_mspoe.methods import CALIBRATED, NAMED_METHODS, MethodConfig, method_name, parse_method
 
 DEFAULT_MAX_TOKENS = 256
+logger = logging.getLogger(__name__)
 
 
 class ApiError(Exception):
@@ -47,6 +56,31 @@ class ApiError(Exception):
     ) -> None:
         super().__init__(message)
         self.status, self.body = status, schema.error_body(message, kind, code, param)
+
+
+async def disconnected(request: Request) -> None:
+    """Returns once the client has gone away (the body has been read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+_UNION_TAGS = {"str", "int", "float", "bool"}
+
+
+def invalid_request(exc: ValidationError) -> ApiError:
+    """A 400 naming the first field that is wrong, in words a client can act on."""
+    first = exc.errors()[0]
+    # Drop the tags pydantic adds for each member of a union ("prompt.str" -> "prompt").
+    where = ".".join(str(p) for p in first["loc"] if not (str(p) in _UNION_TAGS or "[" in str(p)))
+    if first["type"] == "json_invalid":
+        detail = str(first["msg"]).removeprefix("Invalid JSON: ")
+        return ApiError(400, f"The request body is not valid JSON: {detail}.")
+    if first["type"] == "model_type" and not where:
+        return ApiError(400, "The request body must be a JSON object.")
+    if first["type"] == "extra_forbidden":
+        return ApiError(400, f"Unknown field {where!r}; this server does not support it.", param=where)
+    message = str(first["msg"]).removeprefix("Value error, ")
+    return ApiError(400, f"Invalid request: {where}: {message}.", param=where or None)
 
 
 class ModelRoutes:
@@ -80,54 +114,55 @@ def create_app(
     engine: Engine,
     *,
     api_key: str | None = None,
+    allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
+    cors_origins: Sequence[str] = (),
     extra_methods: dict[str, MethodConfig] | None = None,
     max_tokens_limit: int = 1024,
     max_request_bytes: int = 1 << 20,
+    body_timeout_s: float = 30.0,
+    request_timeout_s: float | None = 600.0,
     max_batch_size: int = 1,
     batch_wait_ms: float = 10.0,
 ) -> Any:
     """The FastAPI application serving `engine`.
 
+    api_key: bearer token every /v1 request must carry (None: no key). allowed_hosts: the names
+    clients reach the server by (the Host header; loopback names by default, "*" any), which
+    blocks DNS rebinding; cors_origins: web pages (origins such as "https://app.example", "*"
+    any) allowed to call it from a browser, besides the server's own origin.
+
+    max_request_bytes, body_timeout_s: a request body over this size gets a 413 as soon as it
+    passes it, one that takes longer than this to arrive a 408 (`request_guard`).
+    request_timeout_s: the deadline of one generation, waiting for the model included (None:
+    none); past it a request gets a 503. A client that disconnects has its generation stopped
+    at the next token, or never started if it was still waiting.
     max_batch_size: greedy non-streaming requests run together in batches of up to this many
     (1: one at a time); batch_wait_ms: how long the first waits for others to join it."""
     routes = ModelRoutes(engine, extra_methods)
     batcher = RequestBatcher(engine, max_batch_size, batch_wait_ms / 1000)
     app = FastAPI(title="rag-mspoe", version="1")
+    app.add_middleware(
+        RequestGuard,
+        settings=GuardSettings(
+            api_key=api_key,
+            allowed_hosts=tuple(allowed_hosts),
+            cors_origins=tuple(cors_origins),
+            max_request_bytes=max_request_bytes,
+            body_timeout_s=body_timeout_s,
+        ),
+    )
     started = int(time.time())
 
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(exc.body, status_code=exc.status)
 
-    @app.exception_handler(Exception)
-    async def unexpected(_request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(schema.error_body(f"Internal error: {exc}", "server_error"), status_code=500)
-
     async def read_body(request: Request, model_cls: type[schema._CompletionParams]) -> Any:
-        if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
-            raise ApiError(
-                401, "Missing or wrong API key; send 'Authorization: Bearer <key>'.", code="invalid_api_key"
-            )
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > max_request_bytes:
-            raise ApiError(
-                413, f"The request body is over {max_request_bytes} bytes.", code="request_too_large"
-            )
-        raw = await request.body()
-        if len(raw) > max_request_bytes:
-            raise ApiError(
-                413, f"The request body is over {max_request_bytes} bytes.", code="request_too_large"
-            )
+        raw = await request.body()  # size and deadline already checked by the guard
         try:
-            data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ApiError(400, f"The request body is not valid JSON: {exc}.") from exc
-        try:
-            return model_cls.model_validate(data)
+            return model_cls.model_validate_json(raw, strict=True)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise ApiError(400, f"Invalid request: {where}: {first['msg']}.", param=where or None) from exc
+            raise invalid_request(exc) from exc
 
     def settings(body: schema._CompletionParams, raw: bool) -> dict[str, Any]:
         requested = body.requested_tokens()
@@ -145,28 +180,73 @@ def create_app(
             "stop": body.stop,
             "seed": body.seed,
             "raw": raw,
+            "timeout": request_timeout_s,
         }
         if method != "default":
             out["method"] = method if method is not None else "none"
         return out
 
-    async def run(prompt: Any, options: dict[str, Any]) -> GenerationResult:
-        try:
-            return await batcher.generate(prompt, options)
-        except PromptTooLongError as exc:
-            raise ApiError(400, str(exc), code="context_length_exceeded", param="messages") from exc
-        except GenerationTimeout as exc:
-            raise ApiError(503, str(exc), kind="server_error", code="timeout") from exc
-        except (ValueError, TypeError) as exc:
-            raise ApiError(400, str(exc)) from exc
+    def too_long(prompt_field: str) -> ApiError:
+        return ApiError(
+            400,
+            f"The {prompt_field} and max_tokens do not fit in the context window of {engine.context_window} "
+            f"tokens; shorten the {prompt_field} or lower max_tokens.",
+            code="context_length_exceeded",
+            param=prompt_field,
+        )
 
-    def open_stream(prompt: Any, options: dict[str, Any]) -> Any:
+    def timed_out() -> ApiError:
+        return ApiError(
+            503,
+            f"The request did not finish within this server's deadline of {request_timeout_s} s; "
+            "lower max_tokens or retry later.",
+            kind="server_error",
+            code="timeout",
+        )
+
+    async def run(
+        prompt: Any, options: dict[str, Any], prompt_field: str, cancel: threading.Event
+    ) -> GenerationResult:
+        try:
+            return await batcher.generate(prompt, options, cancel)
+        except PromptTooLongError as exc:
+            raise too_long(prompt_field) from exc
+        except TemplateError as exc:  # e.g. a template that wants user and assistant turns to alternate
+            raise ApiError(
+                400, f"The model's chat template refused these messages: {exc}", param=prompt_field
+            ) from exc
+        except GenerationTimeout as exc:
+            raise timed_out() from exc
+
+    async def answer(
+        request: Request, prompt: Any, options: dict[str, Any], prompt_field: str
+    ) -> GenerationResult:
+        """One non-streamed answer, given up (its generation cancelled) if the client disconnects first."""
+        cancel = threading.Event()
+        work = asyncio.ensure_future(run(prompt, options, prompt_field, cancel))
+        gone = asyncio.ensure_future(disconnected(request))
+        try:
+            done, _ = await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not work.done():
+                cancel.set()
+                work.cancel()
+        if work not in done:
+            raise ApiError(
+                499, "The client closed the connection before the answer was ready.", code="client_closed"
+            )
+        return work.result()
+
+    def open_stream(prompt: Any, options: dict[str, Any], prompt_field: str) -> Any:
         try:
             return engine.astream(prompt, **options)
         except PromptTooLongError as exc:
-            raise ApiError(400, str(exc), code="context_length_exceeded", param="messages") from exc
-        except (ValueError, TypeError) as exc:
-            raise ApiError(400, str(exc)) from exc
+            raise too_long(prompt_field) from exc
+        except TemplateError as exc:  # e.g. a template that wants user and assistant turns to alternate
+            raise ApiError(
+                400, f"The model's chat template refused these messages: {exc}", param=prompt_field
+            ) from exc
 
     def sse(events: Callable[[], AsyncIterator[dict[str, Any]]]) -> StreamingResponse:
         async def body() -> AsyncIterator[str]:
@@ -174,7 +254,12 @@ def create_app(
                 async for event in events():
                     yield f"data: {json.dumps(event)}\n\n"
             except Exception as exc:  # the status line is sent already: report in the stream
-                yield f"data: {json.dumps(schema.error_body(str(exc), 'server_error'))}\n\n"
+                if isinstance(exc, GenerationTimeout):
+                    error = timed_out().body
+                else:
+                    logger.exception("Generation failed inside a stream")
+                    error = schema.error_body(UNEXPECTED, "server_error")
+                yield f"data: {json.dumps(error)}\n\n"
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(body(), media_type="text/event-stream")
@@ -189,11 +274,7 @@ def create_app(
         }
 
     @app.get("/v1/models")
-    async def models(request: Request) -> dict[str, Any]:
-        if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
-            raise ApiError(
-                401, "Missing or wrong API key; send 'Authorization: Bearer <key>'.", code="invalid_api_key"
-            )
+    async def models() -> dict[str, Any]:
         data = [
             {"id": n, "object": "model", "created": started, "owned_by": "rag-mspoe"} for n in routes.names()
         ]
@@ -204,8 +285,10 @@ def create_app(
         body = await read_body(request, schema.ChatCompletionRequest)
         options = settings(body, raw=False)
         if not body.stream:
-            return schema.chat_completion(await run(body.prompt(), options), body.model)
-        stream = open_stream(body.prompt(), options)
+            return schema.chat_completion(
+                await answer(request, body.prompt(), options, "messages"), body.model
+            )
+        stream = open_stream(body.prompt(), options, "messages")
         chunk_id = schema.new_id("chatcmpl")
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
@@ -226,8 +309,10 @@ def create_app(
         options = settings(body, raw=True)
         prefix = body.text() if body.echo else ""
         if not body.stream:
-            return schema.text_completion(await run(body.text(), options), body.model, prefix)
-        stream = open_stream(body.text(), options)
+            return schema.text_completion(
+                await answer(request, body.text(), options, "prompt"), body.model, prefix
+            )
+        stream = open_stream(body.text(), options, "prompt")
         chunk_id = schema.new_id("cmpl")
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 

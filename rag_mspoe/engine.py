@@ -68,6 +68,10 @@ class GenerationTimeout(TimeoutError):
     """A call did not finish within its timeout (waiting for the model included)."""
 
 
+class GenerationCancelled(Exception):
+    """The caller set the call's `cancel` event: it stopped waiting for the model, or between tokens."""
+
+
 @dataclass(frozen=True)
 class Truncation:
     """What middle truncation removed from one prompt."""
@@ -307,12 +311,20 @@ class Engine:
             return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     # -- generation --------------------------------------------------------------------------------
-    def generate(self, prompt: Prompt, **settings: Any) -> GenerationResult:
-        """Generate an answer. Settings: see `GenerationSettings`."""
-        return self.generate_batch([prompt], **settings)[0]
+    def generate(
+        self, prompt: Prompt, *, cancel: threading.Event | None = None, **settings: Any
+    ) -> GenerationResult:
+        """Generate an answer. Settings: see `GenerationSettings`.
 
-    def generate_batch(self, prompts: Sequence[Prompt], **settings: Any) -> list[GenerationResult]:
-        """Generate answers for several prompts in one left-padded batch."""
+        cancel: set it (from another thread) to give up on the call: one still waiting for the
+        model never starts, one generating stops at the next token; both raise GenerationCancelled.
+        """
+        return self.generate_batch([prompt], cancel=cancel, **settings)[0]
+
+    def generate_batch(
+        self, prompts: Sequence[Prompt], *, cancel: threading.Event | None = None, **settings: Any
+    ) -> list[GenerationResult]:
+        """Generate answers for several prompts in one left-padded batch (`cancel`: see `generate`)."""
         if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not prompts:
             raise TypeError(
                 "generate_batch takes a non-empty list of prompts; use generate() for a single one."
@@ -320,7 +332,7 @@ class Engine:
         config = GenerationSettings.of(settings)
         method = self._resolve_method(config.method)
         prepared = [self._prepare(prompt, config) for prompt in prompts]
-        return self._run(prepared, config, method)
+        return self._run(prepared, config, method, cancel=cancel)
 
     def stream(self, prompt: Prompt, **settings: Any) -> TextStream:
         """Iterate over text pieces as they are generated; `.result` holds the counts at the end."""
@@ -437,11 +449,15 @@ class Engine:
                 head_scores={layer: scores[0] for layer, scores in head_scores(self.model).items()},
             )
 
-    async def agenerate(self, prompt: Prompt, **settings: Any) -> GenerationResult:
-        return await asyncio.to_thread(self.generate, prompt, **settings)
+    async def agenerate(
+        self, prompt: Prompt, *, cancel: threading.Event | None = None, **settings: Any
+    ) -> GenerationResult:
+        return await asyncio.to_thread(self.generate, prompt, cancel=cancel, **settings)
 
-    async def agenerate_batch(self, prompts: Sequence[Prompt], **settings: Any) -> list[GenerationResult]:
-        return await asyncio.to_thread(self.generate_batch, prompts, **settings)
+    async def agenerate_batch(
+        self, prompts: Sequence[Prompt], *, cancel: threading.Event | None = None, **settings: Any
+    ) -> list[GenerationResult]:
+        return await asyncio.to_thread(self.generate_batch, prompts, cancel=cancel, **settings)
 
     def astream(self, prompt: Prompt, **settings: Any) -> AsyncTextStream:
         """`async for piece in engine.astream(...)`; must be called inside a running event loop."""
@@ -518,7 +534,7 @@ class Engine:
         from rag_mspoe import method_name
 
         deadline = None if config.timeout is None else time.monotonic() + config.timeout
-        if not self._lock.acquire(timeout=-1 if config.timeout is None else config.timeout):
+        if not self._wait_for_model(deadline, cancel):
             raise GenerationTimeout(
                 f"Waited {config.timeout} s for the model, busy with other requests; raise timeout or retry."
             )
@@ -535,6 +551,8 @@ class Engine:
                 )
         finally:
             self._lock.release()
+        if cancel is not None and cancel.is_set() and not all(tracker.done for tracker in trackers):
+            raise GenerationCancelled(f"Cancelled after {trackers[0].n_tokens} tokens.")
         if watch.timed_out:
             raise GenerationTimeout(
                 f"Generation passed timeout={config.timeout} s after {trackers[0].n_tokens} tokens; "
@@ -558,6 +576,22 @@ class Engine:
                 )
             )
         return results
+
+    def _wait_for_model(self, deadline: float | None, cancel: threading.Event | None) -> bool:
+        """Take the model's lock; False once the deadline passes. A cancelled caller stops waiting
+        (within 50 ms) and never starts its prefill."""
+        while True:
+            if cancel is not None and cancel.is_set():
+                raise GenerationCancelled("Cancelled while waiting for the model.")
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            wait = min((t for t in (left, 0.05 if cancel is not None else None) if t is not None), default=-1)
+            if self._lock.acquire(timeout=wait):
+                if cancel is not None and cancel.is_set():
+                    self._lock.release()
+                    raise GenerationCancelled("Cancelled while waiting for the model.")
+                return True
+            if left == 0:
+                return False
 
     def _batch(self, prepared: list[_Prepared]) -> dict[str, torch.Tensor]:
         """Left-padded input ids and attention mask, so every row ends where generation begins."""

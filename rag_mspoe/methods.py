@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
+import numbers
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,12 +92,22 @@ def load_method(path: str | os.PathLike[str]) -> MethodConfig:
         data = json.loads(target.read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{target} is not valid JSON ({exc}); re-save the method config.") from exc
-    return MethodConfig.from_dict(data)
+    try:
+        return MethodConfig.from_dict(data)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{target}: {exc}; fix the value or re-save the method config.") from exc
 
 
 def _check_factor(name: str, value: float) -> None:
+    _check_finite(name, value)
     if not value > 0:
-        raise ValueError(f"{name} must be a positive number, got {value}")
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+
+
+def _check_finite(name: str, value: float) -> None:
+    # JSON reads 1e309 as inf: a factor like that rescales every position to nothing.
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
 
 
 @dataclass
@@ -138,6 +150,7 @@ class MsPoE(MethodConfig):
 
     def __post_init__(self) -> None:
         _check_factor("min_ratio", self.min_ratio)
+        _check_factor("max_ratio", self.max_ratio)
         if self.max_ratio < self.min_ratio:
             raise ValueError(f"max_ratio ({self.max_ratio}) must be at least min_ratio ({self.min_ratio})")
         if self.skip_layers < 0:
@@ -224,6 +237,7 @@ class HiddenScale(MethodConfig):
     last_rows: int = 1
 
     def __post_init__(self) -> None:
+        _check_finite("factor", self.factor)
         if self.dimension < 0:
             raise ValueError(
                 "HiddenScale needs the hidden `dimension` to scale; find it with the calibration search."

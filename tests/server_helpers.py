@@ -34,3 +34,37 @@ def running(app: Any) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def connect(url: str) -> socket.socket:
+    """A raw TCP connection to the server at `url`, for what HTTP clients will not send."""
+    host, port = url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def request_bytes(path: str, body: bytes, headers: dict[str, str] | None = None) -> bytes:
+    """A POST request with a JSON body and a Content-Length, as raw bytes."""
+    lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json"]
+    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """Status, headers (lowercased names) and body of one response with a Content-Length."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        received = sock.recv(65536)
+        if not received:
+            raise ConnectionError(f"connection closed after {data!r}")
+        data += received
+    head, _, body = data.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode().split("\r\n")
+    headers = {name.lower(): value.strip() for name, _, value in (line.partition(":") for line in lines)}
+    length = int(headers.get("content-length", "0"))
+    while len(body) < length:
+        received = sock.recv(65536)
+        if not received:
+            raise ConnectionError("connection closed inside the body")
+        body += received
+    return int(status_line.split()[1]), headers, body[:length]

@@ -13,7 +13,7 @@ import torch
 from tiny_models import tiny_model
 
 from rag_mspoe import current_method, parse_method, rescale, unrescale
-from rag_mspoe.engine import Engine, GenerationTimeout, PromptTooLongError
+from rag_mspoe.engine import Engine, GenerationCancelled, GenerationTimeout, PromptTooLongError
 from rag_mspoe.stopping import TextTracker
 
 PROMPTS = [
@@ -219,6 +219,23 @@ def test_leaving_an_async_stream_early_frees_the_model_at_once(engine):
         return await engine.agenerate(PROMPTS[1], max_new_tokens=2, timeout=0.1)
 
     assert asyncio.run(main()).completion_tokens == 2
+
+
+def test_a_cancelled_call_stops_waiting_for_the_model_or_generating(engine):
+    busy = engine.stream(PROMPTS[0], max_new_tokens=200)  # holds the model for a while
+    next(iter(busy))
+    cancel = threading.Event()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        waiting = pool.submit(engine.generate, PROMPTS[1], max_new_tokens=4, cancel=cancel)
+        cancel.set()
+        with pytest.raises(GenerationCancelled, match="waiting"):
+            waiting.result(timeout=1)  # long before the first call would free the model
+    busy.close()
+    cancel = threading.Event()
+    threading.Timer(0.05, cancel.set).start()  # 200 tokens take about half a second
+    with pytest.raises(GenerationCancelled):
+        engine.generate(PROMPTS[0], max_new_tokens=200, cancel=cancel)
+    assert engine.generate(PROMPTS[1], max_new_tokens=2, timeout=0.5).completion_tokens == 2
 
 
 def test_threads_get_the_answers_of_sequential_calls(engine):

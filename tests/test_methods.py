@@ -93,3 +93,30 @@ def test_bezier_factors_follow_the_curve():
     assert factors == pytest.approx([1 + i / 9 for i in range(10)], abs=2e-3)
     stretched = LayerWise(control_points=[(0, 1.0), (1, 2.0)], x_is_fraction=True).layer_factors(5)
     assert stretched == pytest.approx([1.0, 1.25, 1.5, 1.75, 2.0], abs=2e-3)
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), 0, -1.5, "big", True])
+@pytest.mark.parametrize(
+    "build, field",
+    [
+        (lambda v: Uniform(factor=v), "factor"),
+        (lambda v: MsPoE(min_ratio=1.0, max_ratio=v), "max_ratio"),
+        (lambda v: LayerWise(factors=[1.0, v]), r"factors\[1\]"),
+        (lambda v: LayerWise(control_points=[(0, 1.0), (1, v)]), "control point y"),
+    ],
+)
+def test_non_finite_non_positive_or_non_numeric_factors_are_refused_naming_the_field(build, field, value):
+    if field == "control point y" and isinstance(value, str | bool):
+        pytest.skip("control points are converted with float() first")
+    with pytest.raises(ValueError, match=field):
+        build(value)
+
+
+def test_a_saved_config_with_an_absurd_factor_names_the_file_and_the_value(tmp_path):
+    path = tmp_path / "huge.json"
+    path.write_text('{"method": "uniform", "factor": 1e309}')  # JSON reads it as inf
+    with pytest.raises(ValueError, match=r"huge\.json: factor must be a finite number, got inf"):
+        load_method(path)
+    path.write_text('{"method": "hidden", "dimension": 3, "factor": NaN}')
+    with pytest.raises(ValueError, match="factor must be a finite number, got nan"):
+        load_method(path)

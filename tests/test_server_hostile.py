@@ -1,0 +1,336 @@
+"""The server against careless and hostile clients: oversized, slow, malformed, foreign and vanishing
+requests, each answered with a clear error while the server stays healthy. A real uvicorn server on
+loopback, a tiny random model, real sockets."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import resource
+import select
+import socket
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+pytest.importorskip("fastapi")
+
+from eval_run_helpers import tiny_chat_model  # noqa: E402
+from server_helpers import connect, read_response, request_bytes, running  # noqa: E402
+
+from rag_mspoe.connectors.server import create_app  # noqa: E402
+from rag_mspoe.engine import Engine  # noqa: E402
+
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return Engine(*tiny_chat_model(max_position_embeddings=4096), method="none")
+
+
+def chat(engine: Engine, text: str = "hi", **extra) -> dict:
+    return {
+        "model": engine.name,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": 4,
+        "temperature": 0,  # greedy: the tiny model writes the same 1000 tokens every time
+        **extra,
+    }
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def test_an_oversized_chunked_body_is_refused_as_soon_as_it_passes_the_limit(engine):
+    with running(create_app(engine, max_request_bytes=64 << 10)) as url, connect(url) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
+        for _ in range(4):  # four times the limit, and the body goes on: no last chunk is sent
+            sock.sendall(b"10000\r\n" + b"x" * (64 << 10) + b"\r\n")
+        status, headers, body = read_response(sock)
+        assert status == 413 and json.loads(body)["error"]["code"] == "request_too_large"
+        assert headers["connection"] == "close"
+
+
+def test_memory_stays_flat_under_a_stream_of_oversized_chunked_bodies(engine):
+    def huge_body():  # 64 MiB as a generator: httpx sends it chunked, without Content-Length
+        chunk = b"x" * (64 << 10)
+        for _ in range(1024):
+            yield chunk
+
+    with running(create_app(engine, max_request_bytes=64 << 10)) as url:
+        before = peak_rss_bytes()
+        with httpx.Client(timeout=30) as client:
+            for _ in range(5):
+                response = client.post(f"{url}/v1/chat/completions", content=huge_body())
+                assert response.status_code == 413  # read by a client that sends its whole body first
+        assert peak_rss_bytes() - before < 32 * MiB
+        assert httpx.post(f"{url}/v1/chat/completions", json=chat(engine)).status_code == 200
+
+
+def trickle(sock: socket.socket, piece: bytes, seconds: float) -> float:
+    """Send `piece` every 0.05 s until the server answers; seconds until it did."""
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        try:
+            sock.sendall(piece)
+        except OSError:  # the server closed its side: its answer is waiting
+            break
+        if select.select([sock], [], [], 0.05)[0]:
+            break
+    return time.monotonic() - start
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_slow_body_gets_a_408_within_the_body_deadline(engine, chunked):
+    with running(create_app(engine, body_timeout_s=0.5)) as url, connect(url) as sock:
+        if chunked:
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+            )
+            piece = b"1\r\n \r\n"
+        else:
+            sock.sendall(request_bytes("/v1/chat/completions", b" " * 10_000)[:-9_990])
+            piece = b" "
+        waited = trickle(sock, piece, seconds=5)  # a byte at a time keeps the connection busy
+        status, headers, body = read_response(sock)
+        assert status == 408 and json.loads(body)["error"]["code"] == "request_timeout"
+        assert headers["connection"] == "close"
+        assert 0.4 < waited < 2
+
+
+def test_unexpected_errors_are_a_generic_500_logged_in_full_and_the_connection_stays_usable(
+    engine, monkeypatch, caplog
+):
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("tensor shape mismatch at internal/secret.py:42")
+
+    with running(create_app(engine)) as url, connect(url) as sock:
+        body = json.dumps(chat(engine)).encode()
+        with monkeypatch.context() as patch, caplog.at_level(logging.ERROR):
+            patch.setattr(engine, "generate", broken)
+            sock.sendall(request_bytes("/v1/chat/completions", body))
+            status, _, reply = read_response(sock)
+        assert status == 500
+        assert "secret" not in reply.decode() and json.loads(reply)["error"]["type"] == "server_error"
+        assert "internal/secret.py:42" in caplog.text  # the detail is in the server's log
+        sock.sendall(request_bytes("/v1/chat/completions", body))  # same keep-alive connection
+        status, _, reply = read_response(sock)
+        assert status == 200 and json.loads(reply)["choices"][0]["message"]["content"] is not None
+
+
+CHAT, TEXT = "/v1/chat/completions", "/v1/completions"
+HI = [{"role": "user", "content": "hi"}]
+CLIENT_ERRORS = [
+    # path, body, the field the error names, a word the message holds
+    (TEXT, {"prompt": ""}, "prompt", "empty"),
+    (TEXT, {"prompt": [""]}, "prompt", "empty"),
+    (TEXT, {"prompt": 5}, "prompt", "string"),
+    (TEXT, {"prompt": [1, 2, 3]}, "prompt", "string"),
+    (TEXT, {"prompt": "word " * 5000}, "prompt", "4096"),
+    (CHAT, {"messages": [{"role": "user", "content": "word " * 5000}]}, "messages", "4096"),
+    (CHAT, {"messages": "hi"}, "messages", "array"),
+    (CHAT, {"messages": []}, "messages", "at least 1"),
+    (CHAT, {"messages": [{"role": "user", "content": 5}]}, "messages.0.content", "string"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi", "mood": "x"}]}, "messages.0.mood", "Unknown"),
+    (CHAT, {"messages": HI, "frequency_penalty": 0.5}, "frequency_penalty", "Unknown"),
+    (CHAT, {"messages": HI, "max_tokens": "ten"}, "max_tokens", "integer"),
+    (CHAT, {"messages": HI, "max_tokens": 65}, "max_tokens", "64"),
+    (CHAT, {"messages": HI, "temperature": "hot"}, "temperature", "number"),
+    (CHAT, {"messages": HI, "stream": "yes"}, "stream", "boolean"),
+    (CHAT, {"messages": HI, "seed": -1}, "seed", "greater"),
+    (CHAT, {"messages": HI, "seed": 1 << 70}, "seed", "less"),
+    (CHAT, {"messages": HI, "stop": [""]}, "stop", "non-empty"),
+    (CHAT, {"messages": HI, "model": 5}, "model", "string"),
+]
+
+
+def test_client_errors_are_400s_naming_the_field_on_a_connection_that_stays_usable(engine):
+    with running(create_app(engine, max_tokens_limit=64)) as url, connect(url) as sock:
+        for path, fields, field, word in CLIENT_ERRORS:
+            sock.sendall(request_bytes(path, json.dumps({"model": engine.name, **fields}).encode()))
+            status, _, reply = read_response(sock)
+            error = json.loads(reply)["error"]
+            assert (status, error["param"]) == (400, field), (fields, error)
+            assert word in error["message"] and field.split(".")[-1] in error["message"], error
+        for body, words in [(b"{not json", "not valid JSON"), (b"[1]", "JSON object"), (b"[" * 5000, "JSON")]:
+            sock.sendall(request_bytes(CHAT, body))
+            status, _, reply = read_response(sock)
+            assert status == 400 and words in json.loads(reply)["error"]["message"]
+        sock.sendall(
+            request_bytes(TEXT, json.dumps({"model": engine.name, "prompt": "hi", "max_tokens": 2}).encode())
+        )
+        assert read_response(sock)[0] == 200  # the same keep-alive connection, after 22 errors
+
+
+LONG = 1000  # tokens the tiny model takes about ten seconds to write on a CI machine
+
+
+@contextlib.contextmanager
+def forward_lengths(model) -> Iterator[list[int]]:
+    """The input length of every forward the model runs: a prefill's is its prompt's length, a token's 1."""
+    lengths: list[int] = []
+
+    def record(_module, args, kwargs, _output):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        lengths.append(int(ids.shape[1]))
+
+    handle = model.register_forward_hook(record, with_kwargs=True)
+    try:
+        yield lengths
+    finally:
+        handle.remove()
+
+
+def settles(lengths: list[int], within: float = 3.0) -> bool:
+    """Whether the model stops running forwards (for 0.3 s) within `within` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        seen = len(lengths)
+        time.sleep(0.3)
+        if len(lengths) == seen:
+            return True
+    return False
+
+
+def answered_quickly(url: str, engine: Engine) -> bool:
+    start = time.monotonic()
+    response = httpx.post(f"{url}/v1/chat/completions", json=chat(engine, max_tokens=2), timeout=30)
+    return response.status_code == 200 and time.monotonic() - start < 2
+
+
+def test_a_stream_whose_client_disconnects_stops_between_tokens(engine):
+    with running(create_app(engine, max_tokens_limit=LONG)) as url, forward_lengths(engine.model) as lengths:
+        body = chat(engine, max_tokens=LONG, stream=True)
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+            for n, _ in enumerate(response.iter_lines()):
+                if n == 6:
+                    break  # leaves mid-stream: the connection closes
+        assert settles(lengths) and len(lengths) < LONG / 2
+        assert answered_quickly(url, engine)
+
+
+@pytest.mark.parametrize("max_batch_size", [1, 4])
+def test_a_non_streamed_request_whose_client_gave_up_is_cancelled(engine, max_batch_size):
+    app = create_app(engine, max_tokens_limit=LONG, max_batch_size=max_batch_size)
+    with running(app) as url, forward_lengths(engine.model) as lengths:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/v1/chat/completions", json=chat(engine, max_tokens=LONG), timeout=0.5)
+        assert settles(lengths) and len(lengths) < LONG / 2
+        assert answered_quickly(url, engine)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_queued_request_whose_client_left_never_starts_its_prefill(engine, stream):
+    queued_text = "word " * 300
+    queued_tokens = engine.count_tokens(queued_text)
+    with running(create_app(engine, max_tokens_limit=LONG)) as url, forward_lengths(engine.model) as lengths:
+        busy = chat(engine, "keep the model busy", max_tokens=LONG, stream=True)
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=busy) as first:
+            lines = first.iter_lines()
+            next(lines), next(lines)  # the first request is generating
+            with connect(url) as sock:
+                queued = chat(engine, queued_text, max_tokens=8, stream=stream)
+                sock.sendall(request_bytes("/v1/chat/completions", json.dumps(queued).encode()))
+                time.sleep(0.3)  # waits behind the first
+            time.sleep(0.3)  # its client has gone; then the first one leaves too
+        assert settles(lengths)
+        assert queued_tokens not in lengths
+        assert answered_quickly(url, engine)
+        httpx.post(f"{url}/v1/chat/completions", json=chat(engine, queued_text, max_tokens=1))
+        assert queued_tokens in lengths  # the probe does see such a prefill when it runs
+
+
+def test_generation_past_the_request_deadline_is_a_503_or_an_error_event(engine):
+    app = create_app(engine, max_tokens_limit=LONG, request_timeout_s=0.5)
+    with running(app) as url, forward_lengths(engine.model) as lengths:
+        start = time.monotonic()
+        response = httpx.post(f"{url}/v1/chat/completions", json=chat(engine, max_tokens=LONG), timeout=30)
+        assert response.status_code == 503 and time.monotonic() - start < 3
+        error = response.json()["error"]
+        assert error["code"] == "timeout" and "0.5 s" in error["message"]
+        streamed = httpx.post(f"{url}/v1/chat/completions", json=chat(engine, max_tokens=LONG, stream=True))
+        events = [line for line in streamed.text.splitlines() if line.startswith("data: {")]
+        assert json.loads(events[-1][6:])["error"]["code"] == "timeout"
+        assert settles(lengths) and len(lengths) < LONG
+
+
+def raw_exchange(url: str, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    with connect(url) as sock:
+        sock.sendall(request)
+        return read_response(sock)
+
+
+def get(path: str, headers: dict[str, str]) -> bytes:
+    lines = [f"GET {path} HTTP/1.1", *(f"{k}: {v}" for k, v in headers.items())]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def test_only_loopback_host_names_are_answered_by_default(engine):
+    with running(create_app(engine)) as url:
+        port = url.rsplit(":", 1)[1]
+        for host in ("localhost", f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "LOCALHOST"):
+            assert raw_exchange(url, get("/v1/models", {"Host": host}))[0] == 200, host
+        for host in ("evil.example", f"evil.example:{port}", "localhost.evil.example", "127.0.0.2", ""):
+            status, _, body = raw_exchange(url, get("/v1/models", {"Host": host}))
+            error = json.loads(body)["error"]
+            assert (status, error["code"]) == (403, "host_not_allowed"), host
+            assert "--allowed-host" in error["message"]
+
+
+def test_a_cross_origin_post_is_refused_before_it_reaches_the_model(engine):
+    body = json.dumps(chat(engine)).encode()
+    with running(create_app(engine)) as url, forward_lengths(engine.model) as lengths:
+        for origin in ("https://evil.example", "null", "http://localhost:1"):
+            # text/plain: what a web page may send without a CORS preflight
+            request = request_bytes("/v1/chat/completions", body, {"Origin": origin})
+            status, headers, reply = raw_exchange(url, request.replace(b"application/json", b"text/plain"))
+            error = json.loads(reply)["error"]
+            assert (status, error["code"]) == (403, "origin_not_allowed") and "--cors-origin" in error[
+                "message"
+            ]
+            assert "access-control-allow-origin" not in headers
+        assert lengths == []
+        same_origin = request_bytes("/v1/chat/completions", body, {"Origin": url})
+        host = url.removeprefix("http://").encode()
+        assert raw_exchange(url, same_origin.replace(b"127.0.0.1", host, 1))[0] == 200  # a page it served
+
+
+def test_allowed_hosts_and_cors_origins_widen_the_defaults(engine):
+    app = create_app(engine, allowed_hosts=["api.example"], cors_origins=["https://app.example/"])
+    with running(app) as url:
+        assert raw_exchange(url, get("/v1/models", {"Host": "api.example:443"}))[0] == 200
+        assert raw_exchange(url, get("/v1/models", {"Host": "localhost"}))[0] == 403  # replaced, not added
+        preflight = get("/v1/chat/completions", {"Host": "api.example", "Origin": "https://app.example"})
+        preflight = preflight.replace(b"GET", b"OPTIONS") + b""
+        preflight = preflight.replace(b"\r\n\r\n", b"\r\nAccess-Control-Request-Method: POST\r\n\r\n")
+        status, headers, _ = raw_exchange(url, preflight)
+        assert status == 204 and headers["access-control-allow-origin"] == "https://app.example"
+        assert "authorization" in headers["access-control-allow-headers"]
+        body = json.dumps(chat(engine)).encode()
+        post = request_bytes("/v1/chat/completions", body, {"Origin": "https://app.example"})
+        status, headers, _ = raw_exchange(url, post.replace(b"Host: 127.0.0.1", b"Host: api.example"))
+        assert status == 200 and headers["access-control-allow-origin"] == "https://app.example"
+        post = request_bytes("/v1/chat/completions", body, {"Origin": "https://other.example"})
+        assert raw_exchange(url, post.replace(b"Host: 127.0.0.1", b"Host: api.example"))[0] == 403
+
+
+def test_the_bearer_token_scheme_is_case_insensitive_and_a_wrong_token_is_refused(engine):
+    with running(create_app(engine, api_key="s3cret")) as url:
+        for value in ("Bearer s3cret", "bearer s3cret", "BEARER  s3cret"):
+            assert (
+                raw_exchange(url, get("/v1/models", {"Host": "localhost", "Authorization": value}))[0] == 200
+            )
+        for value in ("Bearer wrong", "Bearer s3cret2", "Basic s3cret", "s3cret", "Bearer ", "Bearer \xfc"):
+            status, _, body = raw_exchange(
+                url, get("/v1/models", {"Host": "localhost", "Authorization": value})
+            )
+            assert (status, json.loads(body)["error"]["code"]) == (401, "invalid_api_key"), value
+        assert raw_exchange(url, get("/v1/models", {"Host": "localhost"}))[0] == 401
+        assert raw_exchange(url, get("/health", {"Host": "localhost"}))[0] == 200  # health needs no key
