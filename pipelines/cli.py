@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rag_mspoe.cli import add_model_options
+from rag_mspoe.cli import add_model_options, model_load_options
 from rag_mspoe.pipelines.chunking import DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SIZE
 from rag_mspoe.pipelines.index import INDEX_KINDS
 
@@ -198,9 +198,10 @@ def _ask(args: argparse.Namespace) -> int:
     from rag_mspoe.pipelines.answer import answer_question
     from rag_mspoe.pipelines.retrieval import Retriever
 
-    parse_method(args.method)  # fail on a bad method name before loading anything heavy
+    parse_method(args.method)  # fail on a bad method name or device before loading anything heavy
+    load_options = model_load_options(args)
     retriever = Retriever.load(args.index, embedding_model=args.embedding_model)
-    engine = Engine.load(args.model, threads=args.threads)
+    engine = Engine.load(args.model, **load_options)
     answer = answer_question(
         args.question,
         retriever,
@@ -247,6 +248,7 @@ def _demo(args: argparse.Namespace) -> int:
     methods = [name.strip() for name in args.methods.split(",") if name.strip()]
     for name in methods:
         parse_method(name)  # a typo fails here, not after the index is built
+    load_options = model_load_options(args)  # and so does a device this machine lacks
     if not 1 <= args.questions <= len(DEMO_QUESTIONS):
         raise ValueError(f"--questions must be between 1 and {len(DEMO_QUESTIONS)}, got {args.questions}")
 
@@ -256,7 +258,7 @@ def _demo(args: argparse.Namespace) -> int:
         print(report.summary())
         retriever = Retriever.load(index_dir)
         started = time.perf_counter()
-        engine = Engine.load(args.model, threads=args.threads)
+        engine = Engine.load(args.model, **load_options)
         print(
             f"Loaded {engine.name} in {time.perf_counter() - started:.1f} s; methods: {', '.join(methods)}\n"
         )

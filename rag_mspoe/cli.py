@@ -7,6 +7,10 @@ import importlib
 import logging
 import sys
 from collections.abc import Sequence
+from typing import Any
+
+# As rag_mspoe.devices.DTYPE_CHOICES (a test keeps them equal); importing torch would slow --help.
+DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
 
 # (module, function) pairs; each function takes the subparsers object and adds its commands.
 # Modules are imported lazily so `rag-mspoe --help` stays fast and optional extras stay optional.
@@ -19,11 +23,36 @@ COMMAND_MODULES: list[tuple[str, str]] = [
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
-    """--model and --threads, as every command that loads a model takes them."""
+    """--model, --device, --dtype and --threads, as every command that loads a model takes them."""
     parser.add_argument(
         "--model", default=None, help="model folder, .gguf file or hub id (default: the embedded SmolLM2)"
     )
+    parser.add_argument(
+        "--device",
+        default="auto",
+        metavar="{auto,cpu,cuda,cuda:N}",
+        help="where the model runs (default auto: the GPU when there is one, else the CPU)",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPE_CHOICES,
+        default=None,
+        help="weights' dtype (default auto: bf16 on GPUs that compute it, else fp16; "
+        "on CPUs bf16 where native, else fp32)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: half the CPUs)")
+
+
+def model_load_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The `load_model` / `Engine.load` keyword arguments the options of `add_model_options` give.
+
+    A device this machine lacks, or a dtype it cannot compute, fails here: call this before
+    any long work (indexing, data preparation).
+    """
+    from rag_mspoe.devices import resolve_device, resolve_dtype
+
+    resolve_dtype(args.dtype, resolve_device(args.device))
+    return {"device": args.device, "dtype": args.dtype, "threads": args.threads}
 
 
 def build_parser() -> argparse.ArgumentParser:

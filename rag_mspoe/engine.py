@@ -38,7 +38,7 @@ FinishReason = Literal["stop", "length"]
 _model_locks: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
 _model_locks_guard = threading.Lock()
 
-_shared_engines: dict[str, Engine] = {}
+_shared_engines: dict[tuple[str, str, str], Engine] = {}
 _shared_engines_guard = threading.Lock()
 
 
@@ -47,16 +47,21 @@ def _lock_for(model: Any) -> threading.Lock:
         return _model_locks.setdefault(model, threading.Lock())
 
 
-def shared_engine(source: str | os.PathLike[str] | None = None) -> Engine:
-    """The process-wide engine for a model source (None: the embedded model), loaded on first use.
+def shared_engine(
+    source: str | os.PathLike[str] | None = None,
+    device: str | None = "auto",
+    dtype: torch.dtype | str | None = None,
+) -> Engine:
+    """The process-wide engine for a model source (None: the embedded model) on a device and in a
+    dtype (as `load_model` takes them), loaded on first use.
 
     Adapters built from a source name share it, so a second chat model does not load the
     weights again.
     """
-    key = str(source) if source is not None else ""
+    key = (str(source) if source is not None else "", str(device), str(dtype))
     with _shared_engines_guard:
         if key not in _shared_engines:
-            _shared_engines[key] = Engine.load(source)
+            _shared_engines[key] = Engine.load(source, device=device, dtype=dtype)
         return _shared_engines[key]
 
 
@@ -268,11 +273,15 @@ class Engine:
         method: MethodSpec = None,
         dtype: torch.dtype | str | None = None,
         threads: int | None = None,
+        device: str | torch.device | None = "auto",
     ) -> Engine:
-        """Load a model (None: the embedded SmolLM2-135M-Instruct) and wrap it."""
+        """Load a model (None: the embedded SmolLM2-135M-Instruct) and wrap it.
+
+        device ("auto", "cpu", "cuda", "cuda:N") and dtype as `load_model` takes them.
+        """
         from rag_mspoe import load_model
 
-        model, tokenizer = load_model(source, dtype=dtype, threads=threads)
+        model, tokenizer = load_model(source, dtype=dtype, device=device, threads=threads)
         return cls(model, tokenizer, method=method)
 
     # -- facts -------------------------------------------------------------------------------------
