@@ -232,17 +232,9 @@ class RescaleState(ModelHooks):
     def head_tables(
         self, index: int, hidden: torch.Tensor, ratios: tuple[float, ...], ranks: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [B, n, T, D]: each head's table at its ratio. Cached per forward while decoding,
-        where layers with the same ranking (few distinct ones) share it."""
+        """cos, sin [B, n, T, D]: each head's table at its ratio."""
         cos_t, sin_t = self.rope_tables(index, hidden, ratios)  # [n, Bp, T, D]
-        if hidden.shape[1] > _SHORT_INPUT:
-            return _gather_heads(cos_t, ranks), _gather_heads(sin_t, ranks)
-        key = (self._layer_type(index), ratios, tuple(ranks.shape), tuple(ranks.flatten().tolist()))
-        found = self.forward.tables.get(key)
-        if found is None:
-            found = (_gather_heads(cos_t, ranks), _gather_heads(sin_t, ranks))
-            self.forward.tables[key] = found
-        return found
+        return _gather_heads(cos_t, ranks), _gather_heads(sin_t, ranks)
 
     def _compute_rope(
         self, layer_type: Any, hidden: torch.Tensor, divisors: tuple[float, ...]
@@ -267,7 +259,11 @@ class RescaleState(ModelHooks):
         heads = self.plans[index].heads
         assert heads is not None
         if heads.static_ranks is not None:
-            return heads.static_ranks.to(q.device)[None]
+            # Moved to the model's device once, so decoding copies nothing per step.
+            ranks = self.head_ranks.get(index)
+            if ranks is None or ranks.device != q.device:
+                ranks = self.head_ranks[index] = heads.static_ranks.to(q.device)[None]
+            return ranks
         if self.forward.starts_fresh and not self.frozen_ranking:
             valid = key_validity(
                 self.forward.attention_mask,
