@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-from rag_mspoe.cli import add_model_options, model_load_options
+from rag_mspoe.cli import add_engine_options, engine_options
 from rag_mspoe.methods import UNMODIFIED_NAMES, MethodConfig, method_name, parse_method
 
 API_KEY_ENV = "RAG_MSPOE_API_KEY"
@@ -61,7 +61,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--batch-wait-ms", type=float, default=10.0, help="how long a request waits for others to batch with"
     )
-    add_model_options(parser)
+    add_engine_options(parser)
     parser.set_defaults(func=_serve)
 
 
@@ -76,7 +76,7 @@ def _serve(args: argparse.Namespace) -> int:
         ) from exc
     from rag_mspoe.engine import Engine
 
-    engine = Engine.load(args.model, method=args.method, **model_load_options(args))
+    engine = Engine.load(args.model, method=args.method, **engine_options(args))
     app = create_app(
         engine,
         api_key=args.api_key,

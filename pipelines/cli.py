@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rag_mspoe.cli import add_model_options, model_load_options
+from rag_mspoe.cli import add_engine_options, engine_options
 from rag_mspoe.pipelines.chunking import DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SIZE
 from rag_mspoe.pipelines.index import INDEX_KINDS
 
@@ -90,7 +90,7 @@ def _register_ask(subparsers: Any) -> None:
     parser.add_argument("question")
     _index_option(parser)
     _retrieval_options(parser, default_k=5)
-    add_model_options(parser)
+    add_engine_options(parser)
     parser.add_argument("--method", default="mspoe", help="none, pi, mspoe, layerwise or a saved config path")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument(
@@ -118,7 +118,7 @@ def _register_demo(subparsers: Any) -> None:
         "questions whose answer sits in the middle of the retrieved context, and prints each "
         "method's answer and time side by side.",
     )
-    add_model_options(parser)
+    add_engine_options(parser)
     parser.add_argument(
         "--methods",
         default=",".join(DEMO_METHODS),
@@ -199,7 +199,7 @@ def _ask(args: argparse.Namespace) -> int:
     from rag_mspoe.pipelines.retrieval import Retriever
 
     parse_method(args.method)  # fail on a bad method name or device before loading anything heavy
-    load_options = model_load_options(args)
+    load_options = engine_options(args)
     retriever = Retriever.load(args.index, embedding_model=args.embedding_model)
     engine = Engine.load(args.model, **load_options)
     answer = answer_question(
@@ -248,7 +248,7 @@ def _demo(args: argparse.Namespace) -> int:
     methods = [name.strip() for name in args.methods.split(",") if name.strip()]
     for name in methods:
         parse_method(name)  # a typo fails here, not after the index is built
-    load_options = model_load_options(args)  # and so does a device this machine lacks
+    load_options = engine_options(args)  # and so does a device this machine lacks
     if not 1 <= args.questions <= len(DEMO_QUESTIONS):
         raise ValueError(f"--questions must be between 1 and {len(DEMO_QUESTIONS)}, got {args.questions}")
 

@@ -43,6 +43,23 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: half the CPUs)")
 
 
+def add_engine_options(parser: argparse.ArgumentParser) -> None:
+    """The model options, and --compile, for commands that generate through one engine."""
+    add_model_options(parser)
+    parser.add_argument(
+        "--compile",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="decode on a static KV cache with a compiled forward (default auto: on GPUs, not on CPUs)",
+    )
+
+
+def engine_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The `Engine.load` keyword arguments the options of `add_engine_options` give."""
+    compile_choice: dict[str, Any] = {"auto": "auto", "on": True, "off": False}
+    return {**model_load_options(args), "compile": compile_choice[args.compile]}
+
+
 def model_load_options(args: argparse.Namespace) -> dict[str, Any]:
     """The `load_model` / `Engine.load` keyword arguments the options of `add_model_options` give.
 

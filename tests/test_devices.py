@@ -13,7 +13,7 @@ from test_loading import _tiny_tokenizer
 from tiny_models import tiny_config, tiny_model
 
 from rag_mspoe import DeviceError, devices, load_model
-from rag_mspoe.cli import DTYPE_CHOICES, build_parser, main
+from rag_mspoe.cli import DTYPE_CHOICES, build_parser, engine_options, main
 
 
 @pytest.fixture
@@ -143,6 +143,15 @@ def test_every_command_that_loads_a_model_takes_device_and_dtype():
         assert {"--device", "--dtype", "--threads"} <= options, name
         dtype_action = next(a for a in command._actions if "--dtype" in a.option_strings)
         assert tuple(dtype_action.choices) == DTYPE_CHOICES == devices.DTYPE_CHOICES, name
+
+
+def test_engine_commands_take_compile():
+    commands = _model_commands()
+    for name in ("ask", "demo", "serve", "calibrate layers", "calibrate heads", "calibrate hidden"):
+        options = {o for action in commands[name]._actions for o in action.option_strings}
+        assert "--compile" in options, name
+    args = build_parser().parse_args(["serve", "--compile", "off", "--device", "cpu"])
+    assert engine_options(args) == {"device": "cpu", "dtype": None, "threads": None, "compile": False}
 
 
 @pytest.mark.parametrize(
