@@ -261,7 +261,9 @@ class EngineSet:
 
         self.model = model
         self.tokenizer = tokenizer
-        self._make = make_engine or (lambda m, t: Engine(m, t, method="none"))
+        # Eager decoding: a run switches methods between batches, and on the compiled path every
+        # switch would compile again.
+        self._make = make_engine or (lambda m, t: Engine(m, t, method="none", compile=False))
         self._models: dict[tuple[tuple[str, Any], ...], Any] = {(): model}
         self._engines: dict[tuple[tuple[str, Any], ...], Any] = {}
 

@@ -20,7 +20,7 @@ from typing import Any
 from rag_mspoe.calibration.bezier_ga import GASettings
 from rag_mspoe.calibration.fitness import METRICS, CalibrationSplit, FitnessWeights
 from rag_mspoe.calibration.optimizers import OPTIMIZERS, CMAESSettings
-from rag_mspoe.cli import add_engine_options, engine_options
+from rag_mspoe.cli import add_model_options, model_load_options
 
 
 def register(subparsers: Any) -> None:
@@ -40,7 +40,7 @@ def _common_options(parser: argparse.ArgumentParser, task: str, examples: int, h
     parser.add_argument(
         "--out", required=True, help="folder for the config, the report and (layers) checkpoints"
     )
-    add_engine_options(parser)
+    add_model_options(parser)
     split = parser.add_argument_group("data (generated; calibration and held-out differ by seed)")
     split.add_argument(
         "--task",
@@ -131,7 +131,7 @@ def dataclass_from_args(cls: type, args: argparse.Namespace, prefix: str = "", *
 def _engine(args: argparse.Namespace) -> Any:
     from rag_mspoe.engine import Engine
 
-    return Engine.load(args.model, **engine_options(args))
+    return Engine.load(args.model, **model_load_options(args))
 
 
 def _print_rows(rows: list[dict[str, Any]]) -> None:
