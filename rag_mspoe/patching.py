@@ -198,7 +198,9 @@ class RescaleState(ModelHooks):
         hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
         if plan.heads is None:
             cos, sin = self.rope_tables(index, hidden, (plan.factor,))
-            kwargs["position_embeddings"] = (cos[0], sin[0])
+            # A model spread over GPUs (device_map="auto") computes tables where its rotary module
+            # sits; each layer reads them on its own device. No copy on a single device.
+            kwargs["position_embeddings"] = (cos[0].to(hidden.device), sin[0].to(hidden.device))
         else:
             kwargs["position_embeddings"] = (HeadwiseRotation(self, index, module, hidden), None)
         return args, kwargs
@@ -234,6 +236,7 @@ class RescaleState(ModelHooks):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [B, n, T, D]: each head's table at its ratio."""
         cos_t, sin_t = self.rope_tables(index, hidden, ratios)  # [n, Bp, T, D]
+        cos_t, sin_t = cos_t.to(ranks.device), sin_t.to(ranks.device)  # see _on_attention
         return _gather_heads(cos_t, ranks), _gather_heads(sin_t, ranks)
 
     def _compute_rope(

@@ -195,3 +195,16 @@ def test_adapters_take_device_and_dtype(model_folder, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match="sees no CUDA device"):
         ChatRagMsPoE(source=str(model_folder), device="cuda")
+
+
+def test_gpu_benchmark_refuses_without_cuda_and_says_what_to_do():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU; the benchmark would run")
+    script = Path(__file__).parents[1] / "benchmarks" / "bench_gpu.py"
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "measures on a CUDA GPU" in done.stderr and "--smoke" in done.stderr
