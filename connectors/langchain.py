@@ -128,9 +128,9 @@ class EngineParams(EngineFields):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
-        from rag_mspoe import method_name, parse_method
+        from rag_mspoe import method_name
 
-        method = self.engine.method if self.method is None else parse_method(self.method)
+        method = self.engine.method if self.method is None else self.engine.method_config(self.method)
         return {
             "model_name": self.model_name,
             "method": method_name(method),

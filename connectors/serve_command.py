@@ -29,7 +29,10 @@ def register(subparsers: Any) -> None:
         "serve", help="serve the rescaled model over an OpenAI-compatible HTTP API"
     )
     parser.add_argument(
-        "--method", default="mspoe", help="default method: none, pi, mspoe, ... or a config path"
+        "--method",
+        default="mspoe",
+        help="default method: none, pi, mspoe, ..., calibrated (the config shipped for the model) "
+        "or a config path",
     )
     parser.add_argument(
         "--method-config",

@@ -5,7 +5,8 @@
 
 The request's `model` picks the rescaling method without reloading weights:
 "<name>" uses the server's default method, "<name>+<method>" another one ("+none", "+pi",
-"+mspoe", ..., or a config registered at start-up with --method-config NAME=PATH).
+"+mspoe", ..., "+calibrated" where a calibrated config ships for the model, or a config
+registered at start-up with --method-config NAME=PATH).
 Every request goes through the one engine, whose lock queues concurrent requests, so answers
 under concurrency equal answers one at a time. With max_batch_size > 1, greedy requests with
 equal settings that wait together run as one batch (`rag_mspoe.connectors.batching`): more
@@ -23,10 +24,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
+from rag_mspoe.calibrated import calibrated_config_path
 from rag_mspoe.connectors import openai_schema as schema
 from rag_mspoe.connectors.batching import RequestBatcher
 from rag_mspoe.engine import Engine, GenerationResult, GenerationTimeout, PromptTooLongError
-from rag_mspoe.methods import NAMED_METHODS, MethodConfig, method_name, parse_method
+from rag_mspoe.loading import model_display_name
+from rag_mspoe.methods import CALIBRATED, NAMED_METHODS, MethodConfig, method_name, parse_method
 
 DEFAULT_MAX_TOKENS = 256
 
@@ -53,6 +56,8 @@ class ModelRoutes:
         self.engine = engine
         self.methods: dict[str, MethodConfig | None] = {"none": None}
         self.methods.update({name: parse_method(name) for name in NAMED_METHODS})
+        if calibrated_config_path(model_display_name(engine.model)) is not None:
+            self.methods[CALIBRATED] = engine.method_config(CALIBRATED)  # only where one ships
         self.methods.update(extra_methods or {})
 
     def names(self) -> list[str]:

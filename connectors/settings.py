@@ -94,11 +94,9 @@ class EngineFields(BaseModel):
 
     @model_validator(mode="after")
     def _attach_engine(self) -> EngineFields:
-        from rag_mspoe import parse_method
-
         if self.engine is None:
             self.engine = shared_engine(self.source, device=self.device, dtype=self.dtype)
         if not self.model_name:
             self.model_name = self.engine.name
-        parse_method(self.method)  # a bad method name fails here, not on the first call
+        self.engine.method_config(self.method)  # a bad method name fails here, not on the first call
         return self

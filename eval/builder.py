@@ -5,14 +5,20 @@ our FAISS index and sentence-transformers model rank highest for the question, m
 passage that contains an answer; the top `num_documents - 1` are the distractors, in retrieval
 order, and the gold passage goes in at `gold_index`. Other gold positions of the same example
 come from `with_gold_at`, which keeps the distractors in that order, as the paper's files do.
+A record with too few answer-free passages in the pool (an answer like "S" is in nearly every
+passage) is skipped and reported, not a failure of the whole build.
 
     pool = pool_from_examples(load_qa("nq-open-30_total_documents_gold_at_0.jsonl.gz"))
     examples = build_from_oracle(read_jsonl("nq-open-oracle.jsonl.gz"), pool, 10, index_path="pool-index")
+
+`rag-mspoe build-qa` does this from the command line.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +34,16 @@ from rag_mspoe.pipelines.retrieval import RetrievedChunk, Retriever
 
 _SOURCE = "pool"
 
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SkippedRecord:
+    """An oracle record left out of a build, and why."""
+
+    id: str
+    reason: str
+
 
 def build_from_oracle(
     records: Sequence[dict[str, Any]],
@@ -37,6 +53,7 @@ def build_from_oracle(
     gold_index: int = 0,
     embedding_model: str | Embedder = DEFAULT_EMBEDDING_MODEL,
     index_path: str | Path | None = None,
+    skipped: list[SkippedRecord] | None = None,
 ) -> list[QAExample]:
     """One QA example per oracle record, with `num_documents` documents and the gold at `gold_index`.
 
@@ -45,6 +62,9 @@ def build_from_oracle(
     "text"})}; an "id" names the example, else its index in `records`.
     index_path: a folder to keep the pool's index in, so later builds over the same pool skip
     the embedding; None builds it in memory.
+    skipped: receives the records left out because fewer than `num_documents - 1` passages of
+    the pool are free of their answers (also logged). When no record at all can be built, the
+    pool is too small for `num_documents`: a ValueError.
     """
     if num_documents < 1:
         raise ValueError(f"num_documents must be at least 1 (the gold passage), got {num_documents}.")
@@ -66,7 +86,7 @@ def build_from_oracle(
     # Fetch more than needed, since answer-bearing passages are dropped; fetch all if that is short.
     depth = min(len(passage_pool), 4 * needed + 16)
     hits = retriever.retrieve_many([oracle.question for oracle in oracles], k=depth) if needed else []
-    examples = []
+    examples, left_out = [], []
     for number, oracle in enumerate(oracles):
         distractors: list[Document] = []
         if needed:
@@ -75,13 +95,29 @@ def build_from_oracle(
                 every = retriever.retrieve(oracle.question, k=len(passage_pool))
                 distractors = _distractors(oracle, _passages(passage_pool, every), needed)
             if len(distractors) < needed:
-                raise ValueError(
-                    f"Record {oracle.id!r}: only {len(distractors)} passages of the pool are free of its "
-                    f"answers {list(oracle.answers)}, {needed} are needed; use a larger pool or fewer "
-                    "documents."
+                reason = (
+                    f"only {len(distractors)} passages of the pool are free of its answers "
+                    f"{list(oracle.answers)}, {needed} are needed"
                 )
+                left_out.append(SkippedRecord(oracle.id, reason))
+                continue
         documents = distractors[:gold_index] + [oracle.gold] + distractors[gold_index:]
         examples.append(QAExample(oracle.id, oracle.question, oracle.answers, tuple(documents)))
+    if left_out and not examples:
+        raise ValueError(
+            f"No record could be built; record {left_out[0].id!r}: {left_out[0].reason}. "
+            "Use a larger pool or fewer documents."
+        )
+    if left_out:
+        logger.warning(
+            "Skipped %d of %d records with too few answer-free passages (first: %r, %s)",
+            len(left_out),
+            len(oracles),
+            left_out[0].id,
+            left_out[0].reason,
+        )
+    if skipped is not None:
+        skipped.extend(left_out)
     return examples
 
 
@@ -92,6 +128,40 @@ def pool_from_examples(examples: Iterable[QAExample]) -> list[Document]:
         for document in example.documents:
             if not document.is_gold and not document.has_answer:
                 seen.setdefault((document.title, document.text), Document(document.title, document.text))
+    return list(seen.values())
+
+
+def split_by_question(
+    examples: Sequence[QAExample], heldout_fraction: float, seed: int
+) -> tuple[list[QAExample], list[QAExample]]:
+    """(kept, held out): the questions drawn at random into two disjoint sets, so a question asked
+    twice (in any wording that normalises the same) never sits on both sides. Order is kept."""
+    if not 0 < heldout_fraction < 1:
+        raise ValueError(f"The held-out fraction must be between 0 and 1, got {heldout_fraction}.")
+    questions = sorted({normalize_answer(example.question) for example in examples})
+    random.Random(seed).shuffle(questions)
+    heldout = set(questions[: round(heldout_fraction * len(questions))])
+    kept = [e for e in examples if normalize_answer(e.question) not in heldout]
+    return kept, [e for e in examples if normalize_answer(e.question) in heldout]
+
+
+def pool_from_records(records: Iterable[dict[str, Any]]) -> list[Document]:
+    """A passage pool from JSON records: a passage ({"title", "text"}) or a QA example in the paper's
+    format ({"question", "answers", "ctxs"}), whose non-gold answer-free documents are taken.
+    Distinct passages, in first-seen order."""
+    seen: dict[tuple[str, str], Document] = {}
+    for number, record in enumerate(records):
+        if "ctxs" in record:
+            passages = pool_from_examples([QAExample.from_dict(record, str(number))])
+        elif isinstance(record.get("title"), str) and isinstance(record.get("text"), str):
+            passages = [Document(record["title"], record["text"])]
+        else:
+            raise ValueError(
+                f"Pool record {number} is neither a passage ('title' and 'text' strings) nor a QA "
+                "example with 'ctxs'; fix or remove it."
+            )
+        for passage in passages:
+            seen.setdefault((passage.title, passage.text), passage)
     return list(seen.values())
 
 

@@ -7,6 +7,7 @@
     rag-mspoe e2e questions.jsonl corpus/ --methods none mspoe longcontextreorder --out runs/e2e
     rag-mspoe harness --tasks arc_easy --methods none mspoe --limit 200 --out runs/harness
     rag-mspoe suite-data --out data/local
+    rag-mspoe build-qa nq-open-oracle.jsonl.gz --pool passages.jsonl --documents 20 --out data/nq20.jsonl.gz
     rag-mspoe suite --longbench hotpotqa.jsonl --mmlu mmlu.jsonl --sweep runs/qa10 --out runs/side
 
 Every command writes into its --out folder and resumes from what it finds there.
@@ -34,6 +35,7 @@ def register(subparsers: Any) -> None:
     _register_harness(subparsers)
     _register_suite(subparsers)
     _register_suite_data(subparsers)
+    _register_build_qa(subparsers)
 
 
 def parse_positions(text: str, num_documents: int) -> list[int]:
@@ -330,6 +332,78 @@ def _suite_data(args: argparse.Namespace) -> int:
         f"\nrag-mspoe suite --longbench {longbench} --zeroscrolls {files['zeroscrolls']} "
         f"--mmlu {files['mmlu']} --out runs/side-effects"
     )
+    return 0
+
+
+def _register_build_qa(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "build-qa",
+        help="multi-document QA examples from an NQ-open-style oracle file, distractors by our retriever",
+        description="For each oracle record (question, answers, gold passage) take the passages of the "
+        "pool that the FAISS + sentence-transformers retriever ranks highest for the question, minus "
+        "those containing an answer, and write the example with the gold at --gold-at. Records with too "
+        "few answer-free passages are skipped and counted. The output is a --data file for sweep.",
+    )
+    parser.add_argument("oracle", help="oracle records (.jsonl[.gz]): question, answers, gold passage")
+    parser.add_argument(
+        "--pool",
+        nargs="+",
+        required=True,
+        help="passage files (.jsonl[.gz]): passages {title, text} or QA examples with ctxs (their "
+        "answer-free, non-gold documents)",
+    )
+    parser.add_argument("--out", required=True, help="examples file to write (.jsonl or .jsonl.gz)")
+    parser.add_argument("--documents", type=int, default=20, help="documents per example, gold included")
+    parser.add_argument("--gold-at", type=int, default=0, help="gold position from 0 (sweeps move it)")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N oracle records")
+    parser.add_argument(
+        "--index", default=None, help="folder to keep the pool's index in, so a rebuild skips the embedding"
+    )
+    parser.add_argument(
+        "--embedding-model", default=None, help="sentence-transformers model (default: all-MiniLM-L6-v2)"
+    )
+    split = parser.add_argument_group("held-out split (by question, never by position)")
+    split.add_argument("--heldout-out", default=None, help="also write held-out examples to this file")
+    split.add_argument(
+        "--heldout-fraction", type=float, default=0.5, help="share of the questions held out (default 0.5)"
+    )
+    split.add_argument("--split-seed", type=int, default=0, help="seed of the random split (default 0)")
+    parser.set_defaults(func=_build_qa)
+
+
+def _build_qa(args: argparse.Namespace) -> int:
+    from rag_mspoe.eval.builder import SkippedRecord, build_from_oracle, pool_from_records, split_by_question
+    from rag_mspoe.eval.loaders import read_jsonl, save_jsonl
+    from rag_mspoe.pipelines.embedding import DEFAULT_EMBEDDING_MODEL
+
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be at least 1, got {args.limit}.")
+    if args.heldout_out and not 0 < args.heldout_fraction < 1:
+        raise ValueError(f"--heldout-fraction must be between 0 and 1, got {args.heldout_fraction}.")
+    records = read_jsonl(args.oracle)[: args.limit]
+    pool = pool_from_records(record for path in args.pool for record in read_jsonl(path))
+    skipped: list[SkippedRecord] = []
+    examples = build_from_oracle(
+        records,
+        pool,
+        args.documents,
+        gold_index=args.gold_at,
+        embedding_model=args.embedding_model or DEFAULT_EMBEDDING_MODEL,
+        index_path=args.index,
+        skipped=skipped,
+    )
+    print(
+        f"{len(examples)} of {len(records)} records built ({args.documents} documents, gold at "
+        f"{args.gold_at}, pool of {len(pool)} passages); {len(skipped)} skipped"
+    )
+    if args.heldout_out:
+        examples, heldout = split_by_question(examples, args.heldout_fraction, args.split_seed)
+        save_jsonl(args.heldout_out, heldout)
+        print(f"{len(heldout)} held out into {args.heldout_out}")
+    save_jsonl(args.out, examples)
+    print(f"{len(examples)} into {args.out}")
+    for record in skipped:
+        print(f"  skipped {record.id}: {record.reason}")
     return 0
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_mspoe.eval.loaders import read_jsonl
-from rag_mspoe.eval.manifest import model_facts, new_session, read_manifest, write_manifest
+from rag_mspoe.eval.manifest import check_resume, record_session
 from rag_mspoe.eval.metrics import best_subspan_em, normalize_answer
 from rag_mspoe.eval.progress import progress_bar
 from rag_mspoe.eval.registry import EngineSet, EvalMethod, resolve_all, stable_seed
@@ -31,6 +31,8 @@ from rag_mspoe.eval.report import line_plot
 from rag_mspoe.eval.results import ResultsFile, read_records, run_lock
 
 KEY_FIELDS = ("method", "example_id")
+# What every record depends on besides its method: a resumed run must keep all of it.
+IDENTITY = ("questions", "corpus", "k", "max_new_tokens", "model", "seed")
 PLOT_FILE = "accuracy_by_prompt_position.png"
 RANK_BUCKETS = ((1, 1), (2, 3), (4, 5), (6, 10), (11, 10**9))
 
@@ -110,6 +112,8 @@ def run_e2e(
     methods = resolve_all(config.methods)
     questions = read_questions(config.questions)
     with run_lock(out):
+        settings = dataclasses.asdict(config)
+        check_resume(out, "e2e", {key: settings[key] for key in IDENTITY}, methods)
         results = ResultsFile(out, KEY_FIELDS)
         todo = [(m, q) for q in questions for m in methods if (m.name, q.id) not in results.done]
         if todo:
@@ -128,7 +132,7 @@ def run_e2e(
 
                 model, tokenizer = load_model(config.model, device=device, dtype=dtype, threads=threads)
             engines = EngineSet(model, tokenizer)
-            _write_manifest(out, config, methods, model)
+            record_session(out, "e2e", settings, methods, model)
             bar = progress_bar(
                 todo,
                 unit="answer",
@@ -183,15 +187,6 @@ def answer_one(
         record["choice_correct"] = choice["correct"]
     record["seconds"] = round(time.perf_counter() - started, 4)
     return record
-
-
-def _write_manifest(folder: Path, config: E2EConfig, methods: list[EvalMethod], model: Any) -> None:
-    manifest = read_manifest(folder) or {"methods": {}, "sessions": []}
-    manifest["e2e"] = dataclasses.asdict(config)
-    manifest["methods"].update({m.name: m.to_dict() for m in methods})
-    manifest["model"] = model_facts(model)
-    manifest["sessions"].append(new_session())
-    write_manifest(folder, manifest)
 
 
 def _bucket(rank: int | None) -> str:

@@ -2,6 +2,8 @@
 
 `manifest.json` holds the sweep settings, every method's full config, the model, package
 versions and the git commit, plus one entry per session of the run (a resumed run adds one).
+A resumed run must match what the manifest says made the records already there; a folder with
+records but no manifest is refused, since nothing says what made them.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_mspoe.eval.registry import EvalMethod
+from rag_mspoe.eval.results import RESULTS_FILE
 from rag_mspoe.eval.sweep import SweepConfig
 
 MANIFEST_FILE = "manifest.json"
@@ -93,20 +96,11 @@ def start_session(folder: Path, config: SweepConfig, methods: list[EvalMethod]) 
     """
     manifest = read_manifest(folder)
     if manifest is None:
+        refuse_records_without_manifest(folder)
         manifest = {"sweep": config.to_dict(), "methods": {}, "sessions": []}
     else:
         previous = SweepConfig.from_dict(manifest["sweep"])
-        differing = {
-            key: (old, new)
-            for (key, old), new in zip(previous.identity().items(), config.identity().values(), strict=True)
-            if old != new
-        }
-        if differing:
-            details = ", ".join(f"{key}: {old!r} there, {new!r} now" for key, (old, new) in differing.items())
-            raise ValueError(
-                f"{folder} holds a run of another sweep ({details}); "
-                "rerun with the same settings to resume it, or write into a new folder."
-            )
+        refuse_other_settings(folder, "a run of another sweep", previous.identity(), config.identity())
         merged = config.to_dict()
         merged["methods"] = list(dict.fromkeys([*previous.methods, *config.methods]))
         merged["positions"] = sorted({*previous.positions, *config.positions})
@@ -114,6 +108,55 @@ def start_session(folder: Path, config: SweepConfig, methods: list[EvalMethod]) 
     record_methods(manifest, methods, folder)
     manifest["sessions"].append(new_session(host_cpus=os.cpu_count()))
     return manifest
+
+
+def refuse_other_settings(folder: Path, what: str, previous: dict[str, Any], current: dict[str, Any]) -> None:
+    """Raise ValueError naming every setting of `current` that differs from the run in `folder`."""
+    differing = {key: (previous.get(key), new) for key, new in current.items() if previous.get(key) != new}
+    if differing:
+        details = ", ".join(f"{key}: {old!r} there, {new!r} now" for key, (old, new) in differing.items())
+        raise ValueError(
+            f"{folder} holds {what} ({details}); rerun with the same settings to resume it, "
+            "or write into a new folder."
+        )
+
+
+def refuse_records_without_manifest(folder: Path) -> None:
+    """A results file whose manifest is gone: resuming would describe records this run did not make."""
+    results = folder / RESULTS_FILE
+    if results.is_file() and results.stat().st_size:
+        raise ValueError(
+            f"{results} holds records but {folder / MANIFEST_FILE} is missing, so nothing says which "
+            f"settings made them; restore {MANIFEST_FILE}, or write into a new folder."
+        )
+
+
+def check_resume(folder: Path, kind: str, identity: dict[str, Any], methods: list[EvalMethod]) -> None:
+    """Refuse to resume a `kind` run (e2e, perplexity, ...) in `folder` unless `identity` (the
+    settings its records depend on) matches and every method label keeps meaning the same config."""
+    manifest = read_manifest(folder)
+    if manifest is None:
+        refuse_records_without_manifest(folder)
+        return
+    previous = manifest.get(kind) or {}
+    refuse_other_settings(folder, f"a {kind} run with other settings", previous, jsonable(identity))
+    check_methods(manifest, methods, folder)
+
+
+def record_session(
+    folder: Path, kind: str, settings: dict[str, Any], methods: list[EvalMethod], model: Any
+) -> None:
+    """Write the manifest of a `kind` run after `check_resume`: its settings (methods of earlier
+    sessions kept), the methods' configs, the model, and this session."""
+    manifest = read_manifest(folder) or {"methods": {}, "sessions": []}
+    settings = jsonable(settings)
+    earlier = (manifest.get(kind) or {}).get("methods", [])
+    settings["methods"] = list(dict.fromkeys([*earlier, *settings["methods"]]))
+    manifest[kind] = settings
+    record_methods(manifest, methods, folder)
+    manifest["model"] = model_facts(model)
+    manifest["sessions"].append(new_session())
+    write_manifest(folder, manifest)
 
 
 def check_methods(manifest: dict[str, Any], methods: list[EvalMethod], folder: Path) -> None:

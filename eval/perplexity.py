@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rag_mspoe.eval.manifest import model_facts, new_session, read_manifest, write_manifest
+from rag_mspoe.eval.manifest import check_resume, record_session
 from rag_mspoe.eval.progress import progress_bar
-from rag_mspoe.eval.registry import EngineSet, EvalMethod, require_given_order, resolve_all
+from rag_mspoe.eval.registry import EngineSet, require_given_order, resolve_all
 from rag_mspoe.eval.report import line_plot
 from rag_mspoe.eval.results import ResultsFile, read_records, run_lock
 
@@ -95,7 +95,8 @@ def run_perplexity(
     methods = resolve_all(config.methods)
     require_given_order(methods, "for perplexity")
     with run_lock(out):
-        _check_manifest(out, config)
+        # Lengths and windows may grow on resume; a window's tokens depend only on the text.
+        check_resume(out, "perplexity", {"text": config.text, "model": config.model}, methods)
         results = ResultsFile(out, KEY_FIELDS)
         todo = [
             (method, length, window)
@@ -111,7 +112,7 @@ def run_perplexity(
                 model, tokenizer = load_model(config.model, device=device, dtype=dtype, threads=threads)
             models = EngineSet(model, tokenizer)
             ids = text_tokens(tokenizer, config.text, config.windows * max(config.lengths))
-            _write_manifest(out, config, methods, model)
+            record_session(out, "perplexity", dataclasses.asdict(config), methods, model)
             bar = progress_bar(
                 todo,
                 unit="window",
@@ -135,28 +136,6 @@ def run_perplexity(
                     ]
                 )
     return write_perplexity_report(out, [m.name for m in methods])
-
-
-def _check_manifest(folder: Path, config: PerplexityConfig) -> None:
-    manifest = read_manifest(folder)
-    if manifest is None:
-        return
-    previous = manifest.get("perplexity", {})
-    for key in ("text", "model"):
-        if previous.get(key) != getattr(config, key):
-            raise ValueError(
-                f"{folder} holds a perplexity run with {key}={previous.get(key)!r}, "
-                f"not {getattr(config, key)!r}; use the same settings to resume, or a new folder."
-            )
-
-
-def _write_manifest(folder: Path, config: PerplexityConfig, methods: list[EvalMethod], model: Any) -> None:
-    manifest = read_manifest(folder) or {"methods": {}, "sessions": []}
-    manifest["perplexity"] = dataclasses.asdict(config)
-    manifest["methods"].update({m.name: m.to_dict() for m in methods})
-    manifest["model"] = model_facts(model)
-    manifest["sessions"].append(new_session())
-    write_manifest(folder, manifest)
 
 
 def write_perplexity_report(folder: Path, method_order: Sequence[str] = ()) -> dict[str, Any]:

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rag_mspoe.embedded_models import DEFAULT_MODEL
 from rag_mspoe.eval.manifest import read_manifest
 from rag_mspoe.eval.metrics import bootstrap_ci, paired_test, position_summary
 from rag_mspoe.eval.results import RESULTS_FILE, read_records
-from rag_mspoe.loading import EMBEDDED_NAME
 
 SUMMARY_FILE = "summary.json"
 TABLE_FILE = "table.md"
@@ -224,7 +224,7 @@ def write_report(folder: Path, metric: str | None = None, baseline: str = "none"
     (folder / SUMMARY_FILE).write_text(json.dumps(document, indent=2, default=str) + "\n")
     tables = [f"### {METRIC_LABELS.get(m, m)}\n\n{markdown_table(summaries[m])}" for m in [chosen, *metrics]]
     (folder / TABLE_FILE).write_text("\n".join(dict.fromkeys(tables)))
-    model = document["model"] or sweep.get("model") or EMBEDDED_NAME
+    model = document["model"] or sweep.get("model") or DEFAULT_MODEL
     title = f"{model}: {sweep.get('task', '')}, {sweep.get('num_documents', '?')} documents"
     plot(summaries[chosen], folder / PLOT_FILE, title=title.strip())
     return document

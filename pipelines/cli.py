@@ -91,7 +91,11 @@ def _register_ask(subparsers: Any) -> None:
     _index_option(parser)
     _retrieval_options(parser, default_k=5)
     add_engine_options(parser)
-    parser.add_argument("--method", default="mspoe", help="none, pi, mspoe, layerwise or a saved config path")
+    parser.add_argument(
+        "--method",
+        default="mspoe",
+        help="none, pi, mspoe, layerwise, calibrated (the config shipped for the model) or a config path",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument(
         "--reorder",
@@ -122,7 +126,8 @@ def _register_demo(subparsers: Any) -> None:
     parser.add_argument(
         "--methods",
         default=",".join(DEMO_METHODS),
-        help=f"comma-separated methods to compare (default: {','.join(DEMO_METHODS)})",
+        help="comma-separated methods to compare, e.g. none,mspoe,calibrated "
+        f"(default: {','.join(DEMO_METHODS)})",
     )
     parser.add_argument("-k", type=int, default=DEMO_TOP_K, help=f"chunks retrieved (default {DEMO_TOP_K})")
     parser.add_argument("--max-new-tokens", type=int, default=DEMO_MAX_NEW_TOKENS)
@@ -195,10 +200,13 @@ def _search(args: argparse.Namespace) -> int:
 def _ask(args: argparse.Namespace) -> int:
     from rag_mspoe import parse_method
     from rag_mspoe.engine import Engine
+    from rag_mspoe.loading import source_name
     from rag_mspoe.pipelines.answer import answer_question
     from rag_mspoe.pipelines.retrieval import Retriever
 
-    parse_method(args.method)  # fail on a bad method name or device before loading anything heavy
+    # Fail on a bad method name (or no calibrated config for the model) or a device this machine
+    # lacks before loading anything heavy.
+    parse_method(args.method, source_name(args.model))
     load_options = engine_options(args)
     retriever = Retriever.load(args.index, embedding_model=args.embedding_model)
     engine = Engine.load(args.model, **load_options)
@@ -241,13 +249,14 @@ def _ask(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from rag_mspoe import parse_method
     from rag_mspoe.engine import Engine
+    from rag_mspoe.loading import source_name
     from rag_mspoe.pipelines.demo import DEMO_QUESTIONS, demo_corpus_dir, run_demo
     from rag_mspoe.pipelines.indexing import index_documents
     from rag_mspoe.pipelines.retrieval import Retriever
 
     methods = [name.strip() for name in args.methods.split(",") if name.strip()]
     for name in methods:
-        parse_method(name)  # a typo fails here, not after the index is built
+        parse_method(name, source_name(args.model))  # a typo fails here, not after the index is built
     load_options = engine_options(args)  # and so does a device this machine lacks
     if not 1 <= args.questions <= len(DEMO_QUESTIONS):
         raise ValueError(f"--questions must be between 1 and {len(DEMO_QUESTIONS)}, got {args.questions}")

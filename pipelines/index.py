@@ -8,8 +8,12 @@ One index is a folder:
     chunks-<generation>.jsonl  one chunk per line, row i of the FAISS index is line i
 
 Every save writes new generation files, then replaces meta.json atomically: meta.json is the
-commit point, so a save that is interrupted leaves the previous index whole. Files of older
-generations are removed after the commit.
+commit point, so a save that is interrupted leaves the previous index whole. The previous
+generation's files are removed after the commit.
+
+meta.json also marks the folder as an index's own: the first save writes it (for an empty
+index) before any other file, and a writer refuses a folder holding files the index did not
+write, or index files without their meta.json, so it never deletes or overwrites a user's files.
 """
 
 from __future__ import annotations
@@ -24,13 +28,15 @@ from typing import Any
 
 import numpy as np
 
-from rag_mspoe.files import atomic_write, folder_lock
+from rag_mspoe.files import LOCK_FILE, atomic_write, folder_lock
 from rag_mspoe.pipelines.chunking import Chunk
 
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
 INDEX_KINDS = ("flat", "hnsw", "ivf")
-_GENERATION_FILE = re.compile(r"^(vectors|chunks)-(\d+)\.(faiss|jsonl)$")
+_GENERATION_FILE = re.compile(r"^(vectors|chunks)-\d{6,}\.(faiss|jsonl)$")
+# What an interrupted atomic_write of one of the files above leaves behind.
+_TEMPORARY_FILE = re.compile(r"^\.(meta\.json|(vectors|chunks)-\d{6,}\.(faiss|jsonl))\.[0-9a-f]+\.tmp$")
 
 
 def writer_lock(folder: str | Path) -> contextlib.AbstractContextManager[None]:
@@ -46,6 +52,70 @@ class IndexNotFoundError(FileNotFoundError):
 
 class IndexMismatchError(ValueError):
     """The index was built with another embedding model or other settings than the ones asked for."""
+
+
+class IndexFolderError(ValueError):
+    """The folder holds files the index did not write, or an index with a missing or damaged file."""
+
+
+def check_index_folder(folder: str | Path) -> None:
+    """Raise IndexFolderError unless `folder` is absent, empty, or an index this package wrote.
+
+    A lock file alone is what a killed first run leaves; it counts as empty.
+    """
+    path = Path(folder)
+    if not path.exists():
+        return
+    if not path.is_dir():
+        raise IndexFolderError(f"{path} is a file, not an index folder; give --index a folder name.")
+    names = sorted(entry.name for entry in path.iterdir())
+    if META_FILE in names:
+        read_meta(path)
+        foreign = [name for name in names if not _is_index_file(name)]
+        if foreign:
+            raise IndexFolderError(
+                f"The index folder {path} holds files the index did not write ({_some(foreign)}); "
+                "move them out of it, or build the index in a new folder."
+            )
+        return
+    index_files = [name for name in names if _GENERATION_FILE.match(name)]
+    if index_files:
+        raise IndexFolderError(
+            f"{path / META_FILE} is missing, but {path} holds index files ({_some(index_files)}): "
+            f"the index is partial or damaged. Repair it by restoring {META_FILE}, or rebuild it into a "
+            "new folder with: rag-mspoe index DOCS --index NEW_FOLDER"
+        )
+    others = [name for name in names if name != LOCK_FILE]
+    if others:
+        raise IndexFolderError(
+            f"{path} is not empty and is not an index ({_some(others)}); the index is written only into a "
+            "new or empty folder or an index of its own: choose another --index folder."
+        )
+
+
+def read_meta(folder: Path) -> dict[str, Any]:
+    """The parsed meta.json of the index in `folder`; a damaged file is an IndexFolderError naming it."""
+    path = folder / META_FILE
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise IndexFolderError(
+            f"{path} is damaged ({exc}); restore it from a backup, or rebuild the index into a new folder."
+        ) from None
+    if not isinstance(raw, dict) or not {"settings", "generation", "count", "documents"} <= raw.keys():
+        raise IndexFolderError(
+            f"{path} is not the meta.json of an index; restore it, or rebuild the index into a new folder."
+        )
+    return raw
+
+
+def _is_index_file(name: str) -> bool:
+    return name in (META_FILE, LOCK_FILE) or bool(_GENERATION_FILE.match(name) or _TEMPORARY_FILE.match(name))
+
+
+def _some(names: list[str], shown: int = 5) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 @dataclass
@@ -117,7 +187,7 @@ class ChunkIndex:
                 f"No index at {folder} ({META_FILE} is missing). "
                 f"Build one with: rag-mspoe index DOCS --index {folder}"
             )
-        raw = json.loads(meta_path.read_text(encoding="utf-8"))
+        raw = read_meta(folder)
         if raw.get("format") != FORMAT_VERSION:
             raise ValueError(
                 f"The index at {folder} has format {raw.get('format')}, this version reads {FORMAT_VERSION}; "
@@ -131,17 +201,30 @@ class ChunkIndex:
             documents=raw["documents"],
         )
         if index._meta.count:
+            for kind in ("vectors", "chunks"):
+                if not (folder / index._file(kind)).is_file():
+                    raise IndexFolderError(
+                        f"{folder / index._file(kind)} is missing, though {meta_path} lists it: the index "
+                        "is damaged. Restore the file, or rebuild the index into a new folder."
+                    )
             index._faiss = faiss.read_index(str(folder / index._file("vectors")))
             index._configure_search()
-            with open(folder / index._file("chunks"), encoding="utf-8") as handle:
-                index._chunks = [Chunk(**json.loads(line)) for line in handle]
-        found = {"meta.json": index._meta.count, "chunks": len(index._chunks)}
+            index._chunks = _read_chunks(folder / index._file("chunks"))
+        found = {META_FILE: index._meta.count}
         if index._faiss is not None:
-            found["vectors"] = index._faiss.ntotal
-        if len(set(found.values())) != 1 or (
-            index._faiss is not None and index._faiss.d != index.settings.dimension
-        ):
-            raise ValueError(f"The index at {folder} is inconsistent ({found}); rebuild it")
+            found[index._file("chunks")] = len(index._chunks)
+            found[index._file("vectors")] = index._faiss.ntotal
+        if len(set(found.values())) != 1:
+            counts = ", ".join(f"{name} {count}" for name, count in found.items())
+            raise IndexFolderError(
+                f"The index at {folder} is inconsistent: its files hold different numbers of chunks "
+                f"({counts}). Restore the files, or rebuild the index into a new folder."
+            )
+        if index._faiss is not None and index._faiss.d != index.settings.dimension:
+            raise IndexFolderError(
+                f"{folder / index._file('vectors')} holds vectors of dimension {index._faiss.d}, {meta_path} "
+                f"says {index.settings.dimension}. Restore the files, or rebuild the index into a new folder."
+            )
         return index
 
     def check_embedding_model(self, name: str) -> None:
@@ -190,35 +273,31 @@ class ChunkIndex:
         ]
 
     def save(self) -> None:
-        """Write new generation files, switch meta.json to them atomically, remove older files."""
+        """Write new generation files, switch meta.json to them atomically, remove the previous ones."""
         import faiss
 
         self.path.mkdir(parents=True, exist_ok=True)
         meta = self._meta
+        if not self.exists(self.path):
+            # Mark the folder as this index's before writing anything else into it.
+            self._write_meta({"generation": 0, "count": 0, "documents": {}})
+        previous = [self._file("vectors"), self._file("chunks")] if meta.generation else []
         meta.generation += 1
         if self._faiss is not None:
             atomic_write(self.path / self._file("vectors"), faiss.serialize_index(self._faiss).tobytes())
             lines = "".join(json.dumps(asdict(c), ensure_ascii=False) + "\n" for c in self._chunks)
             atomic_write(self.path / self._file("chunks"), lines.encode("utf-8"))
-        record = {
-            "format": meta.format,
-            "settings": asdict(meta.settings),
-            "generation": meta.generation,
-            "count": meta.count,
-            "documents": meta.documents,
-        }
+        self._write_meta({"generation": meta.generation, "count": meta.count, "documents": meta.documents})
+        for name in previous:  # only the files this index wrote: never a user's look-alike
+            (self.path / name).unlink(missing_ok=True)
+
+    def _write_meta(self, state: dict[str, Any]) -> None:
+        record = {"format": self._meta.format, "settings": asdict(self._meta.settings), **state}
         atomic_write(self.path / META_FILE, json.dumps(record, indent=1, ensure_ascii=False).encode("utf-8"))
-        self._remove_old_generations()
 
     def _file(self, kind: str) -> str:
         extension = "faiss" if kind == "vectors" else "jsonl"
         return f"{kind}-{self._meta.generation:06d}.{extension}"
-
-    def _remove_old_generations(self) -> None:
-        for entry in self.path.iterdir():
-            match = _GENERATION_FILE.match(entry.name)
-            if match and int(match.group(2)) != self._meta.generation:
-                entry.unlink(missing_ok=True)
 
     def _new_faiss(self, vectors: np.ndarray) -> Any:
         import faiss
@@ -249,3 +328,17 @@ class ChunkIndex:
             self._faiss.hnsw.efSearch = self.settings.hnsw_ef_search
         elif self.settings.kind == "ivf":
             self._faiss.nprobe = self.settings.ivf_probe
+
+
+def _read_chunks(path: Path) -> list[Chunk]:
+    chunks = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            try:
+                chunks.append(Chunk(**json.loads(line)))
+            except (json.JSONDecodeError, TypeError) as exc:
+                raise IndexFolderError(
+                    f"{path}, line {number}: not a chunk record ({exc}); the index is damaged. "
+                    "Restore the file, or rebuild the index into a new folder."
+                ) from None
+    return chunks

@@ -2,7 +2,8 @@
 
 The index is saved after every `checkpoint_chunks` chunks (at document boundaries), so an
 interrupted run keeps what it embedded; running it again skips documents already indexed and
-carries on with the rest.
+carries on with the rest. The index writes only into a new or empty folder or one of its own
+indexes, and never reads its own folder as documents.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from rag_mspoe.files import LOCK_FILE
 from rag_mspoe.pipelines.chunking import (
     DEFAULT_CHUNK_OVERLAP,
     DEFAULT_CHUNK_SIZE,
@@ -24,7 +26,13 @@ from rag_mspoe.pipelines.chunking import (
     chunk_documents,
 )
 from rag_mspoe.pipelines.embedding import DEFAULT_EMBEDDING_MODEL, Embedder, canonical_model_name
-from rag_mspoe.pipelines.index import ChunkIndex, IndexMismatchError, IndexSettings, writer_lock
+from rag_mspoe.pipelines.index import (
+    ChunkIndex,
+    IndexMismatchError,
+    IndexSettings,
+    check_index_folder,
+    writer_lock,
+)
 from rag_mspoe.pipelines.ingest import Document, Skipped, load_documents
 from rag_mspoe.pipelines.progress import tqdm_disable
 
@@ -85,22 +93,32 @@ def index_documents(
     a setting that contradicts an existing index raises IndexMismatchError.
     """
     started = time.perf_counter()
-    report = IndexReport(index_dir=Path(index_dir))
-    ingested = load_documents(paths, text_field=text_field, progress=progress)
+    folder = Path(index_dir)
+    report = IndexReport(index_dir=folder)
+    check_index_folder(folder)
+    ingested = load_documents(paths, text_field=text_field, progress=progress, exclude=[folder])
     report.skipped.extend(ingested.skipped)
 
-    if not ingested.documents and not ChunkIndex.exists(index_dir):
+    if not ingested.documents and not ChunkIndex.exists(folder):
         raise ValueError(
             f"No readable documents in {_describe(paths)}: {ingested.summary()}; nothing to index"
         )
 
-    with writer_lock(index_dir):
-        index, embedder = _open_or_create(
-            index_dir, embedder, embedding_model, chunk_size, chunk_overlap, kind
-        )
-        new_documents = _new_documents(ingested.documents, index.documents, report)
-        _embed_and_save(index, embedder, new_documents, report, batch_size, checkpoint_chunks, progress)
-    report.documents_added = len(new_documents)
+    folder_was_there, lock_was_there = folder.exists(), (folder / LOCK_FILE).exists()
+    try:
+        with writer_lock(folder):
+            index, embedder = _open_or_create(
+                folder, embedder, embedding_model, chunk_size, chunk_overlap, kind
+            )
+            new_documents = _new_documents(ingested.documents, index.documents, report)
+            _embed_and_save(index, embedder, new_documents, report, batch_size, checkpoint_chunks, progress)
+    except BaseException:
+        if not ChunkIndex.exists(folder):  # nothing saved: leave no folder holding only a lock
+            if not lock_was_there:
+                (folder / LOCK_FILE).unlink(missing_ok=True)
+            if not folder_was_there and folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+        raise
     report.total_chunks = len(index)
     report.seconds = time.perf_counter() - started
     return report
@@ -158,6 +176,12 @@ def _embed_and_save(
         overlap=settings.chunk_overlap,
         progress=progress,
     )
+    chunked = {chunk.document_key for chunk in chunks}
+    for doc in documents:
+        if doc.key not in chunked:  # e.g. only control characters: the embedding model reads nothing
+            report.skipped.append(Skipped(doc.key, "no text the embedding model can read"))
+    documents = [doc for doc in documents if doc.key in chunked]
+    report.documents_added = len(documents)
     with tqdm(total=len(chunks), desc="Embedding", unit="chunk", disable=tqdm_disable(progress)) as bar:
         for group, hashes in _checkpoint_groups(chunks, documents, checkpoint_chunks):
             embed_started = time.perf_counter()

@@ -1,8 +1,9 @@
 """Read documents from files: plain text, Markdown, HTML, PDF and JSONL.
 
-A file that cannot be read (bad encoding, broken PDF, empty, unknown format) is skipped with a
-warning and recorded in the result, so the caller can report every file that did not make it
-into the index; nothing is dropped silently.
+A file that cannot be read (bad encoding, broken PDF, empty, unknown format, a parser that
+fails in any way, a broken or looping link) is skipped with a warning and recorded in the
+result, so the caller can report every file that did not make it into the index; nothing is
+dropped silently, and one bad file never stops the others.
 """
 
 from __future__ import annotations
@@ -79,19 +80,25 @@ def load_documents(
     text_field: str = "text",
     title_field: str = "title",
     progress: bool | None = None,
+    exclude: Sequence[str | Path] = (),
 ) -> IngestResult:
     """Read every supported file under `paths` (files or folders, searched recursively).
 
-    Hidden files and folders (names starting with '.') are not visited. Raises
+    Hidden files and folders (names starting with '.') are not visited, nor links to folders.
+    Files inside the `exclude` folders (an index's own folder) are skipped. Raises
     FileNotFoundError for a path that does not exist and ValueError when the paths hold no
     file at all; unreadable files are skipped and listed in `IngestResult.skipped`.
     """
-    files = list(_collect_files([paths] if isinstance(paths, str | Path) else paths))
-    if not files:
-        raise ValueError(f"No files found in {_describe(paths)}; point to a folder or files with documents.")
     result = IngestResult()
+    files = list(_collect_files([paths] if isinstance(paths, str | Path) else paths, result))
+    if not files and not result.skipped:
+        raise ValueError(f"No files found in {_describe(paths)}; point to a folder or files with documents.")
+    excluded = [Path(folder).expanduser().resolve() for folder in exclude]
     for path in tqdm(files, desc="Reading", unit="file", disable=tqdm_disable(progress)):
         suffix = path.suffix.lower()
+        if any(path.is_relative_to(folder) for folder in excluded):
+            _skip(result, path, "a file of the index itself; an index never reads its own files")
+            continue
         if suffix not in SUPPORTED_SUFFIXES:
             _skip(result, path, f"unsupported format '{suffix or path.name}'")
             continue
@@ -100,12 +107,15 @@ def load_documents(
         except (UnreadableFile, OSError) as exc:
             _skip(result, path, str(exc))
             continue
+        except Exception as exc:  # a parser's own bug or limit (pypdf raises NotImplementedError, ...)
+            _skip(result, path, f"the {suffix[1:].upper()} reader failed ({type(exc).__name__}: {exc})")
+            continue
         result.files_read += 1
         result.documents.extend(documents)
     return result
 
 
-def _collect_files(paths: Iterable[str | Path]) -> Iterable[Path]:
+def _collect_files(paths: Iterable[str | Path], result: IngestResult) -> Iterable[Path]:
     for raw in paths:
         path = Path(raw).expanduser()
         if not path.exists():
@@ -114,9 +124,22 @@ def _collect_files(paths: Iterable[str | Path]) -> Iterable[Path]:
             yield path.resolve()
             continue
         for child in sorted(path.rglob("*")):
-            relative = child.relative_to(path)
-            if child.is_file() and not any(part.startswith(".") for part in relative.parts):
+            if any(part.startswith(".") for part in child.relative_to(path).parts):
+                continue
+            if child.is_file():
                 yield child.resolve()
+            elif child.is_symlink():
+                _skip(result, child, _link_problem(child))
+
+
+def _link_problem(link: Path) -> str:
+    try:
+        link.resolve(strict=True)
+    except FileNotFoundError:
+        return "a broken link (its target does not exist)"
+    except (OSError, RuntimeError):  # RuntimeError: Python 3.11's "Symlink loop"
+        return "a link that loops back on itself"
+    return "a link to a folder; not followed (index the folder by its own path)"
 
 
 def _read_file(
@@ -134,9 +157,14 @@ def _read_file(
     else:
         text = _decode(path)
         title = ""
-    if not text.strip():
+    if not _has_text(text):
         raise UnreadableFile("no text in the file")
     return [Document(source=str(path), title=title or _title_from_name(path), text=text)]
+
+
+def _has_text(text: str) -> bool:
+    """Whether `text` has a visible character: whitespace, NUL bytes and other controls are not text."""
+    return any(char.isprintable() and not char.isspace() for char in text)
 
 
 def _decode(path: Path) -> str:
@@ -195,7 +223,7 @@ def _read_jsonl(path: Path, text_field: str, title_field: str, result: IngestRes
             _skip(result, path, f"{location}: invalid JSON ({exc.msg})")
             continue
         text = record.get(text_field) if isinstance(record, dict) else None
-        if not isinstance(text, str) or not text.strip():
+        if not isinstance(text, str) or not _has_text(text):
             _skip(result, path, f"{location}: no text in field '{text_field}'")
             continue
         title = record.get(title_field)

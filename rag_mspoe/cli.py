@@ -15,6 +15,7 @@ DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
 # (module, function) pairs; each function takes the subparsers object and adds its commands.
 # Modules are imported lazily so `rag-mspoe --help` stays fast and optional extras stay optional.
 COMMAND_MODULES: list[tuple[str, str]] = [
+    ("rag_mspoe.models_command", "register"),
     ("rag_mspoe.pipelines.cli", "register"),
     ("rag_mspoe.connectors.serve_command", "register"),
     ("rag_mspoe.calibration.cli", "register"),
@@ -25,7 +26,10 @@ COMMAND_MODULES: list[tuple[str, str]] = [
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     """--model, --device, --dtype and --threads, as every command that loads a model takes them."""
     parser.add_argument(
-        "--model", default=None, help="model folder, .gguf file or hub id (default: the embedded SmolLM2)"
+        "--model",
+        default=None,
+        help="an embedded model's name (see `rag-mspoe models`), a model folder, a .gguf file or a hub id "
+        "(default: the embedded smollm2-135m-instruct)",
     )
     parser.add_argument(
         "--device",

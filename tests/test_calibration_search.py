@@ -110,6 +110,51 @@ def read_json(path: Path):
         return None
 
 
+def test_calibrate_refuses_a_checkpoint_that_carries_a_pickle(tiny_folder, tmp_path):
+    import base64
+    import pickle
+
+    out = tmp_path / "foreign"
+    ran = tmp_path / "payload-ran"
+    # An old-style checkpoint whose "CMA-ES object" opens a file when unpickled.
+    payload = pickle.dumps(_OpensAFile(str(ran)))
+    (out / "cmaes").mkdir(parents=True)
+    (out / "cmaes" / "checkpoint.json").write_text(
+        json.dumps(
+            {
+                "optimizer_name": "cmaes",
+                "budget": 9,  # population 3 x 3 generations, as SEARCH asks
+                "done": False,
+                "wall_s": 0.0,
+                "evaluated": [],
+                "history": [],
+                "optimizer": {
+                    "settings": {"sigma": 0.2},
+                    "cma": base64.b64encode(payload).decode("ascii"),
+                    "asked": [],
+                },
+            }
+        )
+    )
+    search = [arg if arg != "ga,cmaes" else "cmaes" for arg in SEARCH]
+    command = [sys.executable, "-m", "rag_mspoe.cli", *search, "--model", str(tiny_folder), "--out", str(out)]
+
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+    assert result.returncode == 1
+    assert "holds the CMA-ES state as a pickled object" in result.stderr
+    assert "Start a new search folder" in result.stderr
+    assert not ran.exists()
+
+
+class _OpensAFile:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
 def test_a_killed_calibrate_command_resumes_where_it_stopped(tiny_folder, tmp_path, capsys):
     out = tmp_path / "killed"
     command = [sys.executable, "-m", "rag_mspoe.cli", *SEARCH, "--model", str(tiny_folder), "--out", str(out)]

@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 import torch
 import transformers
-from test_loading import _tiny_tokenizer
-from tiny_models import tiny_config, tiny_model
+from tiny_models import tiny_config, tiny_model, tiny_tokenizer
 
 from rag_mspoe import DeviceError, devices, load_model
 from rag_mspoe.cli import DTYPE_CHOICES, build_parser, engine_options, main
@@ -20,7 +19,7 @@ from rag_mspoe.cli import DTYPE_CHOICES, build_parser, engine_options, main
 def model_folder(tmp_path):
     folder = tmp_path / "tiny-llama"
     tiny_model("llama").save_pretrained(folder)
-    _tiny_tokenizer(tmp_path).save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
     return folder
 
 

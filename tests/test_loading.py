@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 import torch
 import transformers
-from tiny_models import tiny_model
+from tiny_models import fake_gguf_conversion, tiny_model, tiny_tokenizer
 
 from rag_mspoe import ModelLoadError, load_model, loading, model_display_name
 
@@ -22,32 +22,8 @@ def fake_gguf(tmp_path, monkeypatch):
     monkeypatch.setenv(loading.CACHE_ENV, str(tmp_path / "cache"))
     gguf = tmp_path / "tiny.gguf"
     gguf.write_bytes(b"GGUF")
-    tokenizer = _tiny_tokenizer(tmp_path)
-
-    real_model_loader = transformers.AutoModelForCausalLM.from_pretrained
-    real_tokenizer_loader = transformers.AutoTokenizer.from_pretrained
-
-    def fake_model(folder, gguf_file=None, **kwargs):
-        return tiny_model("llama") if gguf_file == "tiny.gguf" else real_model_loader(folder, **kwargs)
-
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", staticmethod(fake_model))
-
-    def fake_tokenizer(folder, gguf_file=None, **kwargs):
-        return tokenizer if gguf_file else real_tokenizer_loader(folder, **kwargs)
-
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", staticmethod(fake_tokenizer))
+    fake_gguf_conversion(monkeypatch, "tiny.gguf")
     return gguf
-
-
-def _tiny_tokenizer(tmp_path):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    vocab = {"<unk>": 0, "<eos>": 1, **{chr(97 + i): i + 2 for i in range(26)}}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>"
-    )
 
 
 def test_gguf_is_converted_once_and_reloaded_from_the_cache(fake_gguf, monkeypatch):
@@ -80,7 +56,7 @@ def test_interrupted_conversion_leaves_no_cache_behind(fake_gguf, monkeypatch):
 
 def test_local_folder_loads_with_requested_dtype_and_threads(tmp_path):
     tiny_model("llama").save_pretrained(tmp_path / "m")
-    _tiny_tokenizer(tmp_path).save_pretrained(tmp_path / "m")
+    tiny_tokenizer().save_pretrained(tmp_path / "m")
     before = torch.get_num_threads()
     try:
         model, _ = load_model(tmp_path / "m", dtype="bfloat16", threads=1)

@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ["rag_mspoe", "rag_mspoe.connectors", "rag_mspoe.pipelines", "rag_mspoe.eval"]
+# The four top-level folders, and the folder of shipped calibrated configs.
+PACKAGES = [
+    "rag_mspoe",
+    "rag_mspoe.connectors",
+    "rag_mspoe.pipelines",
+    "rag_mspoe.eval",
+    "rag_mspoe.calibrated",
+]
 
 
 @pytest.mark.slow

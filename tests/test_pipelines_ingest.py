@@ -99,3 +99,79 @@ def test_empty_folder_and_missing_path_are_errors(tmp_path):
         load_documents(tmp_path / "empty")
     with pytest.raises(FileNotFoundError, match="nowhere does not exist"):
         load_documents(tmp_path / "nowhere")
+
+
+def _pdf_bytes(text: str) -> bytes:
+    from fpdf import FPDF
+
+    pdf = FPDF()
+    pdf.set_title("Tide Tables of Pell")
+    pdf.add_page()
+    pdf.set_font("Helvetica", size=12)
+    pdf.multi_cell(0, 10, text)
+    return bytes(pdf.output())
+
+
+def test_a_parser_that_fails_in_any_way_skips_only_that_file(tmp_path):
+    folder = write_corpus(tmp_path / "docs", {"good.txt": "Readable text."})
+    # pypdf raises NotImplementedError (not one of its own errors) for an unknown stream filter.
+    pdf = _pdf_bytes("The spring tide at Pell rises 5.2 metres.")
+    (folder / "filter.pdf").write_bytes(pdf.replace(b"/FlateDecode", b"/FlateDecodX"))
+
+    result = load_documents(folder, progress=False)
+
+    assert [doc.text for doc in result.documents] == ["Readable text."]
+    (skipped,) = result.skipped
+    assert Path(skipped.source).name == "filter.pdf"
+    assert skipped.reason == "the PDF reader failed (NotImplementedError: Unsupported filter /FlateDecodX)"
+
+
+def test_links_that_loop_or_break_and_files_without_text_are_listed(tmp_path):
+    folder = write_corpus(tmp_path / "docs", {"good.txt": "Readable text."})
+    (folder / "nul.txt").write_bytes(b"\x00" * 64)
+    (folder / "controls.md").write_text("\x01\x02\t\x0b\x7f\n", encoding="utf-8")
+    (folder / "loop.txt").symlink_to("loop.txt")
+    (folder / "broken.txt").symlink_to("nowhere.txt")
+    (folder / "up").symlink_to(folder, target_is_directory=True)
+
+    result = load_documents(folder, progress=False)
+
+    assert [doc.text for doc in result.documents] == ["Readable text."]
+    assert result.files_read == 1
+    reasons = {Path(s.source).name: s.reason for s in result.skipped}
+    assert reasons == {
+        "nul.txt": "no text in the file",
+        "controls.md": "no text in the file",
+        "loop.txt": "a link that loops back on itself",
+        "broken.txt": "a broken link (its target does not exist)",
+        "up": "a link to a folder; not followed (index the folder by its own path)",
+    }
+
+
+def test_randomly_corrupted_pdfs_are_each_read_or_skipped_with_a_reason(tmp_path, caplog):
+    import random
+
+    from pipelines_helpers import embedder
+
+    from rag_mspoe.pipelines.index import ChunkIndex
+    from rag_mspoe.pipelines.indexing import index_documents
+
+    valid = _pdf_bytes("The spring tide at Pell rises 5.2 metres above the chart datum.")
+    rng = random.Random(16)  # 150 mutants; 5 of them make pypdf raise NotImplementedError
+    folder = tmp_path / "fuzz"
+    folder.mkdir()
+    for number in range(150):
+        mutant = bytearray(valid)
+        for _ in range(rng.randint(1, 8)):
+            mutant[rng.randrange(len(mutant))] = rng.randrange(256)
+        (folder / f"mutant{number:03d}.pdf").write_bytes(bytes(mutant))
+
+    report = index_documents(folder, tmp_path / "index", embedder=embedder(), progress=False)
+
+    indexed = {Path(key).name for key in ChunkIndex.load(tmp_path / "index").documents}
+    skipped = {Path(s.source).name: s.reason for s in report.skipped}
+    assert report.documents_added == len(indexed) > 0
+    assert not indexed & skipped.keys()
+    assert indexed | skipped.keys() == {path.name for path in folder.iterdir()}
+    assert all(reason.strip() for reason in skipped.values())
+    assert sum("NotImplementedError" in reason for reason in skipped.values()) == 5

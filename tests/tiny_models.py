@@ -73,3 +73,41 @@ def with_rope_parameters(model: Any, **rope: Any) -> Any:
 def prompt_ids(length: int = 20, batch: int = 1, seed: int = 1) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(3, VOCAB, (batch, length), generator=generator)
+
+
+def tiny_tokenizer() -> Any:
+    """A 28-token character-level fast tokenizer (a-z, <unk>, <eos>)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<eos>": 1, **{chr(97 + i): i + 2 for i in range(26)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>"
+    )
+
+
+def fake_gguf_conversion(monkeypatch: Any, gguf_name: str) -> list[bytes]:
+    """Make transformers 'convert' any GGUF file called `gguf_name` into a tiny Llama in milliseconds.
+
+    Returns a list that receives the bytes of every such file transformers is asked to read.
+    """
+    from pathlib import Path
+
+    seen: list[bytes] = []
+    tokenizer = tiny_tokenizer()
+    real_model_loader = transformers.AutoModelForCausalLM.from_pretrained
+    real_tokenizer_loader = transformers.AutoTokenizer.from_pretrained
+
+    def fake_model(folder, gguf_file=None, **kwargs):
+        if gguf_file != gguf_name:
+            return real_model_loader(folder, **kwargs)
+        seen.append((Path(folder) / gguf_file).read_bytes())
+        return tiny_model("llama")
+
+    def fake_tokenizer(folder, gguf_file=None, **kwargs):
+        return tokenizer if gguf_file else real_tokenizer_loader(folder, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", staticmethod(fake_model))
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", staticmethod(fake_tokenizer))
+    return seen

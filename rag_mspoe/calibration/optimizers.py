@@ -12,9 +12,7 @@ distinct fitness evaluations (the budget), so they compare at equal model time.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import pickle
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -54,11 +52,18 @@ class CMAESSettings:
             raise ValueError(f"CMA-ES sigma must be in (0, 1] (the box is [0, 1] wide), got {self.sigma}.")
 
 
+# What CMA-ES learns from generation to generation (mean, step size, covariance and its cached
+# eigendecomposition, evolution paths, generation). Everything else follows from the settings and
+# is rebuilt by the constructor; the random state is reseeded from the generation (see `ask`).
+# cmaes offers no state API but pickle, and unpickling a checkpoint could run any code in it.
+_CMA_STATE = {"mean": "_mean", "sigma": "_sigma", "C": "_C", "p_sigma": "_p_sigma", "pc": "_pc"}
+_CMA_OPTIONAL = {"B": "_B", "D": "_D"}  # None until the next sample needs them
+
+
 class CMAESSearch:
     """CMA-ES started at Eq. 8's individual, with the GA's population size per generation (at least 4).
 
-    Checkpoints hold the CMA-ES object pickled (base64 in the JSON): load them only from your own
-    run folders.
+    Checkpoints hold its state as plain numbers (JSON), never as a serialised object.
     """
 
     name = "cmaes"
@@ -111,9 +116,13 @@ class CMAESSearch:
         return self.grid.repair(list(zip(xs.tolist(), ys.tolist(), strict=True)))
 
     def state_dict(self) -> dict[str, Any]:
+        cma: dict[str, Any] = {"generation": self.cma.generation}
+        for key, attribute in (_CMA_STATE | _CMA_OPTIONAL).items():
+            value = getattr(self.cma, attribute)
+            cma[key] = None if value is None else np.asarray(value, dtype=float).tolist()
         return {
             "settings": dataclasses.asdict(self.settings),
-            "cma": base64.b64encode(pickle.dumps(self.cma)).decode("ascii"),
+            "cma": cma,
             "asked": [vector.tolist() for vector in self._asked],
         }
 
@@ -122,8 +131,38 @@ class CMAESSearch:
             raise ValueError(
                 "The checkpoint was written with other CMA-ES settings; start a new search folder."
             )
-        self.cma = pickle.loads(base64.b64decode(state["cma"]))
+        cma = state["cma"]
+        if not isinstance(cma, dict):
+            raise ValueError(
+                "The checkpoint holds the CMA-ES state as a pickled object (an older format); it is not "
+                "loaded, because unpickling a file can run any code in it. Start a new search folder."
+            )
+        dim = self.cma.dim
+        shapes = {"mean": (dim,), "sigma": (), "C": (dim, dim), "p_sigma": (dim,), "pc": (dim,)}
+        values: dict[str, np.ndarray | None] = {key: _finite_array(cma, key, s) for key, s in shapes.items()}
+        for key, shape in {"B": (dim, dim), "D": (dim,)}.items():
+            values[key] = None if cma.get(key) is None else _finite_array(cma, key, shape)
+        generation = cma.get("generation")
+        if not isinstance(generation, int) or generation < 0:
+            raise ValueError("The checkpoint's CMA-ES generation is not a count; start a new search folder.")
+        for key, attribute in (_CMA_STATE | _CMA_OPTIONAL).items():
+            setattr(self.cma, attribute, values[key])
+        self.cma._sigma = float(cma["sigma"])  # a number, checked above
+        self.cma._g = generation
         self._asked = [np.array(vector) for vector in state["asked"]]
+
+
+def _finite_array(state: dict[str, Any], key: str, shape: tuple[int, ...]) -> np.ndarray:
+    try:
+        value = np.array(state[key], dtype=float)
+    except (KeyError, TypeError, ValueError):
+        value = None
+    if value is None or value.shape != shape or not np.isfinite(value).all():
+        raise ValueError(
+            f"The checkpoint's CMA-ES state has no valid '{key}' (finite numbers of shape {shape}); "
+            "start a new search folder."
+        )
+    return value
 
 
 class RandomSearch:

@@ -1,0 +1,39 @@
+"""`rag-mspoe models`: the embedded models, whether each is installed and how to install it."""
+
+from __future__ import annotations
+
+import argparse
+
+from rag_mspoe import embedded_models
+from rag_mspoe.calibrated import calibrated_config_path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "models",
+        help="list the embedded models (--model NAME), installed or not",
+        description="The models --model NAME loads offline from packages, and the pip line of each.",
+    )
+    parser.set_defaults(func=_list)
+
+
+def status(model: embedded_models.EmbeddedModel) -> str:
+    """'converted', 'installed (converted on first use)' or what is missing."""
+    missing = [part for part in model.parts if embedded_models.locate_part(part) is None]
+    if missing:
+        if len(missing) == len(model.parts):
+            return "not installed"
+        return f"{len(missing)} of {len(model.parts)} parts missing"
+    if (model.converted_dir() / "config.json").is_file():
+        return "installed, converted"
+    return "installed (converted on first use)"
+
+
+def _list(args: argparse.Namespace) -> int:
+    for model in embedded_models.MODELS.values():
+        default = " (default)" if model.name == embedded_models.DEFAULT_MODEL else ""
+        print(f"{model.name}{default}: {model.size / 1e6:,.0f} MB, {status(model)}")
+        calibrated = "shipped" if calibrated_config_path(model.name) else "none shipped"
+        print(f"    {model.description}; calibrated method: {calibrated}")
+        print(f"    install: {model.install_command()}")
+    return 0

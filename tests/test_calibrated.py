@@ -1,0 +1,109 @@
+"""method="calibrated": the config shipped for the loaded model, like an adapter; a clear error where
+none ships. Configs are written to a temporary folder put on the search path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import prompt_ids, tiny_model, tiny_tokenizer
+
+from rag_mspoe import LayerWise, Uniform, current_method, parse_method, rescale, rescaled, unrescale
+from rag_mspoe import calibrated as calibrated_configs
+from rag_mspoe.calibrated import NoCalibratedMethodError
+from rag_mspoe.cli import main
+from rag_mspoe.engine import Engine
+
+CONFIG = LayerWise(factors=[1.0, 1.3, 1.6, 1.2])
+
+
+@pytest.fixture
+def shipped(tmp_path, monkeypatch):
+    """An empty folder searched instead of the package's; write <model>.json into it."""
+    monkeypatch.setattr(calibrated_configs, "SEARCH_PATH", [tmp_path])
+    return tmp_path
+
+
+def named_tiny(name):
+    model = tiny_model("qwen2")
+    model._rag_mspoe_name = name  # as load_model names it
+    return model
+
+
+def test_calibrated_resolves_to_the_config_for_the_model(shipped):
+    CONFIG.save(shipped / "tiny-cal.json", base_model="tiny-cal")
+    model = named_tiny("tiny-cal")
+    ids = prompt_ids(24)
+    with torch.no_grad():
+        expected = rescale(model, CONFIG)(ids).logits
+        unrescale(model)
+        assert current_method(rescale(model, "calibrated")) == CONFIG
+        torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=0)
+        unrescale(model)
+        with rescaled(model, "calibrated"):
+            assert current_method(model) == CONFIG
+    assert parse_method("calibrated", "tiny-cal") == CONFIG
+
+
+def test_engine_takes_calibrated_as_default_and_per_call(shipped):
+    Uniform(factor=1.25).save(shipped / "tiny-cal.json", base_model="tiny-cal")
+    tokenizer = tiny_tokenizer()
+    engine = Engine(named_tiny("tiny-cal"), tokenizer, method="calibrated", name="shown under another name")
+    assert engine.method == Uniform(factor=1.25)  # found by the model's name, not the display name
+    plain = Engine(named_tiny("tiny-cal"), tokenizer, method="none")
+    per_call = plain.generate("abcabc", raw=True, max_new_tokens=3, method="calibrated")
+    assert per_call.method == "uniform"
+    assert per_call == engine.generate("abcabc", raw=True, max_new_tokens=3)
+    plain.set_method("calibrated")
+    assert plain.method == Uniform(factor=1.25)
+
+
+def test_no_shipped_config_names_the_calibrate_command_and_the_option(shipped):
+    with pytest.raises(NoCalibratedMethodError) as error:
+        rescale(named_tiny("tiny-cal"), "calibrated")
+    message = str(error.value)
+    assert "No calibrated method ships for the model 'tiny-cal'" in message
+    assert "rag-mspoe calibrate layers --model tiny-cal --out runs/calibrate-tiny-cal" in message
+    assert "--method-config calibrated=runs/calibrate-tiny-cal/rag_mspoe_method.json" in message
+    with pytest.raises(ValueError, match="'calibrated' is the config calibrated for one model"):
+        parse_method("calibrated")
+
+
+def test_a_config_calibrated_for_another_model_is_refused(shipped):
+    CONFIG.save(shipped / "tiny-cal.json", base_model="other-model")
+    with pytest.raises(NoCalibratedMethodError, match="was calibrated for 'other-model', not 'tiny-cal'"):
+        parse_method("calibrated", "tiny-cal")
+
+
+def test_no_config_ships_for_any_model_yet():
+    # Shipped configs are calibrated and measured first; until then the package holds none.
+    assert sorted(p.name for p in calibrated_configs.SEARCH_PATH[0].glob("*.json")) == []
+
+
+def test_server_offers_calibrated_only_where_a_config_ships(shipped):
+    pytest.importorskip("fastapi")
+    from rag_mspoe.connectors.server import ModelRoutes
+
+    tokenizer = tiny_tokenizer()
+    engine = Engine(named_tiny("tiny-cal"), tokenizer, method="none")
+    assert "tiny-cal+calibrated" not in ModelRoutes(engine).names()
+    CONFIG.save(shipped / "tiny-cal.json", base_model="tiny-cal")
+    routes = ModelRoutes(engine)
+    assert "tiny-cal+calibrated" in routes.names()
+    assert routes.method_for("tiny-cal+calibrated") == CONFIG
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["ask", "anything", "--index", "{tmp}/none", "--method", "calibrated"],
+        ["demo", "--methods", "none,calibrated"],
+        ["serve", "--model", "{tmp}/tiny-cal", "--method", "calibrated"],
+    ],
+)
+def test_commands_accept_calibrated_and_say_when_none_ships(shipped, tmp_path, capsys, argv):
+    folder = tmp_path / "tiny-cal"
+    tiny_model("qwen2").save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    model = "tiny-cal" if "serve" in argv else "smollm2-135m-instruct"
+    assert main([part.format(tmp=tmp_path) for part in argv]) == 1
+    assert f"No calibrated method ships for the model {model!r}" in capsys.readouterr().err

@@ -1,0 +1,130 @@
+"""Run folders resumed with other settings, run as real `rag-mspoe` processes: a label that now
+means another method, another questions file, corpus, k or token budget, or a manifest deleted
+under existing results is refused with the file and the fix, and the folder is left as it was."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from eval_run_helpers import save_tiny_chat_model
+
+from rag_mspoe.eval.generators import generate_invented_qa
+from rag_mspoe.eval.results import read_records
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_tiny_chat_model(tmp_path_factory.mktemp("tiny"), max_position_embeddings=4096)
+
+
+def _cli(*argv: str | Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "rag_mspoe.cli", *map(str, argv)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+
+
+def _checksums(folder: Path) -> dict[str, str]:
+    return {
+        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
+
+
+def _questions_and_corpus(folder: Path, seed: int) -> tuple[Path, Path]:
+    corpus = folder / f"corpus{seed}"
+    corpus.mkdir()
+    questions = []
+    for example in generate_invented_qa(2, 3, seed=seed):
+        for number, document in enumerate(example.documents):
+            (corpus / f"{example.id}-{number}.md").write_text(f"# {document.title}\n\n{document.text}\n")
+        questions.append({"id": example.id, "question": example.question, "answers": list(example.answers)})
+    questions_file = folder / f"questions{seed}.jsonl"
+    questions_file.write_text("".join(json.dumps(q) + "\n" for q in questions))
+    return questions_file, corpus
+
+
+def test_e2e_refuses_to_resume_under_other_settings_or_a_relabelled_method(model_dir, tmp_path):
+    questions, corpus = _questions_and_corpus(tmp_path, seed=5)
+    other_questions, other_corpus = _questions_and_corpus(tmp_path, seed=6)
+    run = tmp_path / "run"
+    common = ["--model", model_dir, "--no-progress", "--threads", "1"]
+    first = _cli("e2e", questions, corpus, "--out", run, "-k", "3", "--methods", "a=none", *common)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert len(read_records(run / "results.jsonl")) == 3
+    before = _checksums(tmp_path)
+
+    altered = {
+        "method": ([questions, corpus, "-k", "3", "--methods", "a=pi:2"], "Method name 'a' meant another"),
+        "questions": ([other_questions, corpus, "-k", "3", "--methods", "a=none"], "questions: "),
+        "corpus": ([questions, other_corpus, "-k", "3", "--methods", "a=none"], "corpus: "),
+        "k": ([questions, corpus, "-k", "4", "--methods", "a=none"], "k: 3 there, 4 now"),
+        "budget": (
+            [questions, corpus, "-k", "3", "--methods", "a=none", "--max-new-tokens", "8"],
+            "max_new_tokens: 64 there, 8 now",
+        ),
+    }
+    for name, (argv, message) in altered.items():
+        result = _cli("e2e", *argv, "--out", run, *common)
+        assert result.returncode == 1, name
+        assert message in result.stderr, (name, result.stderr[-2000:])
+        assert str(run) in result.stderr
+        assert "new folder" in result.stderr or "another label" in result.stderr
+        assert _checksums(tmp_path) == before, name
+
+    (run / "manifest.json").unlink()
+    argv = [questions, corpus, "--out", run, "-k", "3", "--methods", "a=none", "b=pi:2"]
+    orphaned = _cli("e2e", *argv, *common)
+    assert orphaned.returncode == 1
+    assert f"{run / 'results.jsonl'} holds records but {run / 'manifest.json'} is missing" in orphaned.stderr
+    assert not (run / "manifest.json").exists()
+
+
+def test_perplexity_refuses_a_label_that_now_means_another_method(model_dir, tmp_path):
+    text = tmp_path / "book.txt"
+    text.write_text(" ".join(f"line {i} of a long and dull book about harbours." for i in range(100)))
+    other = tmp_path / "other.txt"
+    other.write_text(text.read_text().replace("harbours", "lighthouses"))
+    run = tmp_path / "ppl"
+    common = ["--out", run, "--model", model_dir, "--no-progress", "--threads", "1", "--lengths", "32"]
+    first = _cli("perplexity", text, *common, "--methods", "none", "x=pi:2")
+    assert first.returncode == 0, first.stderr[-2000:]
+    before = _checksums(tmp_path)
+
+    relabelled = _cli("perplexity", text, *common, "--methods", "none", "x=yarn:2")
+    assert relabelled.returncode == 1
+    assert f"Method name 'x' meant another config in {run}" in relabelled.stderr
+    other_text = _cli("perplexity", other, *common, "--methods", "none")
+    assert other_text.returncode == 1
+    assert "holds a perplexity run with other settings (text: " in other_text.stderr
+    assert _checksums(tmp_path) == before
+
+    # More lengths under the same labels resume and add only the new records.
+    grown = _cli("perplexity", text, *common, "64", "--methods", "none", "x=pi:2")
+    assert grown.returncode == 0, grown.stderr[-2000:]
+    assert len(read_records(run / "results.jsonl")) == 4
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["perplexity"]["lengths"] == [32, 64] and len(manifest["sessions"]) == 2
+
+
+def test_a_sweep_whose_manifest_was_deleted_refuses_to_resume(model_dir, tmp_path):
+    run = tmp_path / "sweep"
+    command = ["sweep", "--out", run, "--model", model_dir, "--documents", "4", "--samples", "2"]
+    command += ["--methods", "none", "--no-progress", "--threads", "1"]
+    first = _cli(*command)
+    assert first.returncode == 0, first.stderr[-2000:]
+    (run / "manifest.json").unlink()
+    before = _checksums(tmp_path)
+
+    resumed = _cli(*command)
+
+    assert resumed.returncode == 1
+    assert f"{run / 'results.jsonl'} holds records but {run / 'manifest.json'} is missing" in resumed.stderr
+    assert "restore manifest.json, or write into a new folder" in resumed.stderr
+    assert _checksums(tmp_path) == before
