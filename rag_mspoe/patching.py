@@ -235,10 +235,27 @@ class RescaleState(ModelHooks):
     def head_tables(
         self, index: int, hidden: torch.Tensor, ratios: tuple[float, ...], ranks: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [B, n, T, D]: each head's table at its ratio."""
+        """cos, sin [B, n, T, D]: each head's table at its ratio.
+
+        Decoding eagerly on the CPU, layers with the same ranking (few distinct ones) share one
+        gather per forward. Elsewhere each layer gathers its own: reading the ranking on the host
+        would wait for a GPU, and would break a compiled graph.
+        """
         cos_t, sin_t = self.rope_tables(index, hidden, ratios)  # [n, Bp, T, D]
         cos_t, sin_t = cos_t.to(ranks.device), sin_t.to(ranks.device)  # see _on_attention
-        return _gather_heads(cos_t, ranks), _gather_heads(sin_t, ranks)
+        shared = (
+            hidden.shape[1] <= _SHORT_INPUT
+            and ranks.device.type == "cpu"
+            and not torch.compiler.is_compiling()
+        )
+        if not shared:
+            return _gather_heads(cos_t, ranks), _gather_heads(sin_t, ranks)
+        key = (self._layer_type(index), ratios, tuple(ranks.shape), tuple(ranks.flatten().tolist()))
+        found = self.forward.tables.get(key)
+        if found is None:
+            found = (_gather_heads(cos_t, ranks), _gather_heads(sin_t, ranks))
+            self.forward.tables[key] = found
+        return found
 
     def _compute_rope(
         self, layer_type: Any, hidden: torch.Tensor, divisors: tuple[float, ...]
