@@ -261,8 +261,8 @@ class EngineSet:
 
         self.model = model
         self.tokenizer = tokenizer
-        # Eager decoding: a run switches methods between batches, and on the compiled path every
-        # switch would compile again.
+        # Eager decoding: on the compiled path each of a run's methods would compile, and past
+        # torch's recompile limit (8 by default) decoding turns eager anyway.
         self._make = make_engine or (lambda m, t: Engine(m, t, method="none", compile=False))
         self._models: dict[tuple[tuple[str, Any], ...], Any] = {(): model}
         self._engines: dict[tuple[tuple[str, Any], ...], Any] = {}

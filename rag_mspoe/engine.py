@@ -247,10 +247,9 @@ class Engine:
 
     compile: decode on a static KV cache with a compiled forward (the prompt's prefill stays
     eager, where Ms-PoE ranks heads). "auto" turns it on for models on a CUDA GPU and off on
-    the CPU, where compiling costs more than it saves. The first call per batch size compiles
-    (seconds to a minute); later ones reuse it. A call under another method than the default
-    compiles again, and so does the next call under the default; past torch's recompile limit
-    decoding falls back to eager. Serve one method per engine on the compiled path.
+    the CPU, where compiling costs more than it saves. The first call per batch size, and the
+    first call under each other method, compiles (seconds to a minute); later ones reuse it.
+    Past torch's recompile limit (8 by default) decoding falls back to eager.
     compile_backend: torch.compile's backend (default inductor, with CUDA graphs on a GPU).
     """
 

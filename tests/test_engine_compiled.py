@@ -52,3 +52,16 @@ def test_compiled_decoding_gives_the_eager_answers(tokenizer, method):
     assert counters["stats"]["unique_graphs"] >= 1  # the compiled forward really ran
     assert got == expected
     assert again == expected[0]
+
+
+def test_switching_methods_compiles_each_once(tokenizer):
+    model = _model(tokenizer)
+    torch._dynamo.reset()
+    engine = Engine(model, tokenizer, compile=True, compile_backend="eager")
+    try:
+        engine.generate(PROMPTS[0], max_new_tokens=4)
+        engine.generate(PROMPTS[0], max_new_tokens=4, method=MsPoE(1.2, 2.4, skip_layers=1))
+        with torch._dynamo.config.patch(error_on_recompile=True):  # back on the default: reused
+            engine.generate(PROMPTS[0], max_new_tokens=4)
+    finally:
+        torch._dynamo.reset()
