@@ -7,7 +7,7 @@ import ipaddress
 import os
 from typing import Any
 
-from rag_mspoe.cli import add_model_options
+from rag_mspoe.cli import add_engine_options, engine_options
 from rag_mspoe.methods import UNMODIFIED_NAMES, MethodConfig, method_name, parse_method
 
 API_KEY_ENV = "RAG_MSPOE_API_KEY"
@@ -95,19 +95,13 @@ def register(subparsers: Any) -> None:
         type=int,
         default=1,
         help="run up to this many greedy requests with equal settings as one batch (default 1: off; "
-        "more throughput under load, but bf16 answers can then drift from a request alone)",
+        "more throughput under load, but bf16 answers can then drift from a request alone; "
+        "--dtype float32 makes batched answers equal answers alone)",
     )
     parser.add_argument(
         "--batch-wait-ms", type=float, default=10.0, help="how long a request waits for others to batch with"
     )
-    parser.add_argument(
-        "--dtype",
-        choices=["bfloat16", "float16", "float32"],
-        default=None,
-        help="weights' dtype (default: bf16 where the CPU computes it natively, else fp32); "
-        "float32 makes batched answers equal answers alone",
-    )
-    add_model_options(parser)
+    add_engine_options(parser)
     parser.set_defaults(func=_serve)
 
 
@@ -151,7 +145,7 @@ def _serve(args: argparse.Namespace) -> int:
         ) from exc
     from rag_mspoe.engine import Engine
 
-    engine = Engine.load(args.model, method=args.method, dtype=args.dtype, threads=args.threads)
+    engine = Engine.load(args.model, method=args.method, **engine_options(args))
     app = create_app(
         engine,
         api_key=api_key,

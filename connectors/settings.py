@@ -65,6 +65,16 @@ class EngineFields(BaseModel):
         default=None,
         description="Model to load without an engine: None (the embedded model), a folder or a .gguf file.",
     )
+    device: str = Field(
+        default="auto",
+        description="Where a model loaded from `source` runs: 'auto' (the GPU when there is one), 'cpu', "
+        "'cuda' or 'cuda:N'.",
+    )
+    dtype: str | None = Field(
+        default=None,
+        description="dtype of a model loaded from `source`: None or 'auto' (the device's best), 'bfloat16', "
+        "'float16' or 'float32'.",
+    )
     model_name: str = Field(default="", description="Display name; defaults to the engine's.")
     method: Any = Field(
         default=None,
@@ -85,7 +95,7 @@ class EngineFields(BaseModel):
     @model_validator(mode="after")
     def _attach_engine(self) -> EngineFields:
         if self.engine is None:
-            self.engine = shared_engine(self.source)
+            self.engine = shared_engine(self.source, device=self.device, dtype=self.dtype)
         if not self.model_name:
             self.model_name = self.engine.name
         self.engine.method_config(self.method)  # a bad method name fails here, not on the first call

@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rag_mspoe.cli import add_model_options
+from rag_mspoe.cli import add_model_options, model_load_options
 
 DEFAULT_METHODS = ["none", "pi", "mspoe", "layerwise", "longcontextreorder"]
 
@@ -141,7 +141,7 @@ def _sweep(args: argparse.Namespace) -> int:
     outcome = run_sweep(
         sweep_config(args),
         args.out,
-        threads=args.threads,
+        **model_load_options(args),
         ray_address=args.ray,
         ray_workers=args.ray_workers,
         progress=not args.no_progress,
@@ -235,7 +235,7 @@ def _perplexity(args: argparse.Namespace) -> int:
         windows=args.windows,
         model=args.model,
     )
-    summary = run_perplexity(config, args.out, threads=args.threads, progress=not args.no_progress)
+    summary = run_perplexity(config, args.out, **model_load_options(args), progress=not args.no_progress)
     print(summary["markdown"])
     return 0
 
@@ -302,7 +302,9 @@ def _suite(args: argparse.Namespace) -> int:
         model=args.model,
     )
     sweep = Path(args.sweep) if args.sweep else None
-    summary = run_suite(config, args.out, threads=args.threads, progress=not args.no_progress, sweep=sweep)
+    summary = run_suite(
+        config, args.out, **model_load_options(args), progress=not args.no_progress, sweep=sweep
+    )
     print(summary["markdown"])
     print(summary["side_effects"])
     return 0
@@ -437,7 +439,7 @@ def _harness(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         model=args.model,
     )
-    summary = run_harness(config, args.out, threads=args.threads, progress=not args.no_progress)
+    summary = run_harness(config, args.out, **model_load_options(args), progress=not args.no_progress)
     print(summary["markdown"])
     return 0
 
@@ -470,7 +472,7 @@ def _e2e(args: argparse.Namespace) -> int:
         model=args.model,
     )
     summary = run_e2e(
-        config, args.out, index_dir=args.index, threads=args.threads, progress=not args.no_progress
+        config, args.out, index_dir=args.index, **model_load_options(args), progress=not args.no_progress
     )
     print(json.dumps(summary["overall"], indent=2))
     return 0

@@ -100,6 +100,8 @@ def run_e2e(
     model: Any = None,
     tokenizer: Any = None,
     threads: int | None = None,
+    device: str | None = "auto",
+    dtype: str | None = None,
     progress: bool | None = None,
 ) -> dict[str, Any]:
     """Index the corpus (incrementally), then answer every pending (method, question)."""
@@ -128,7 +130,7 @@ def run_e2e(
             if model is None:
                 from rag_mspoe import load_model
 
-                model, tokenizer = load_model(config.model, threads=threads)
+                model, tokenizer = load_model(config.model, device=device, dtype=dtype, threads=threads)
             engines = EngineSet(model, tokenizer)
             record_session(out, "e2e", settings, methods, model)
             bar = progress_bar(

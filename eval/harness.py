@@ -183,6 +183,8 @@ def run_harness(
     model: Any = None,
     tokenizer: Any = None,
     threads: int | None = None,
+    device: str | None = "auto",
+    dtype: str | None = None,
     progress: bool | None = None,
 ) -> dict[str, Any]:
     """Run every pending (method, task) into `folder`; returns the summary.
@@ -203,7 +205,7 @@ def run_harness(
             if model is None:
                 from rag_mspoe import load_model
 
-                model, tokenizer = load_model(config.model, threads=threads)
+                model, tokenizer = load_model(config.model, device=device, dtype=dtype, threads=threads)
             models = EngineSet(model, tokenizer)
             _write_manifest(out, config, methods, model)
             pending = [(m, task) for m in todo for task in config.tasks if (m.name, task) not in done]

@@ -86,6 +86,8 @@ def run_perplexity(
     model: Any = None,
     tokenizer: Any = None,
     threads: int | None = None,
+    device: str | None = "auto",
+    dtype: str | None = None,
     progress: bool | None = None,
 ) -> dict[str, Any]:
     """Score every pending (method, length, window) into `folder`; returns the summary."""
@@ -107,7 +109,7 @@ def run_perplexity(
             if model is None:
                 from rag_mspoe import load_model
 
-                model, tokenizer = load_model(config.model, threads=threads)
+                model, tokenizer = load_model(config.model, device=device, dtype=dtype, threads=threads)
             models = EngineSet(model, tokenizer)
             ids = text_tokens(tokenizer, config.text, config.windows * max(config.lengths))
             record_session(out, "perplexity", dataclasses.asdict(config), methods, model)

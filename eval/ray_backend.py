@@ -28,13 +28,20 @@ def _import_ray() -> Any:
 class SweepWorker:
     """One model replica scoring batches (the body of a Ray actor)."""
 
-    def __init__(self, config: SweepConfig, examples: Sequence[Example], threads: int | None) -> None:
+    def __init__(
+        self,
+        config: SweepConfig,
+        examples: Sequence[Example],
+        threads: int | None,
+        device: str | None = "auto",
+        dtype: str | None = None,
+    ) -> None:
         from rag_mspoe import load_model
         from rag_mspoe.eval.manifest import model_facts
         from rag_mspoe.eval.registry import EngineSet, resolve_all
         from rag_mspoe.eval.scorer import BatchScorer
 
-        model, tokenizer = load_model(config.model, threads=threads or 1)
+        model, tokenizer = load_model(config.model, device=device, dtype=dtype, threads=threads or 1)
         self.facts = model_facts(model)
         self.scorer = BatchScorer(config, examples, resolve_all(config.methods), EngineSet(model, tokenizer))
 
@@ -67,6 +74,8 @@ def score_on_ray(
     address: str,
     workers: int,
     threads: int | None,
+    device: str | None = "auto",
+    dtype: str | None = None,
 ) -> tuple[Iterator[list[dict[str, Any]]], dict[str, Any]]:
     """Start `workers` replicas and return (records of each batch as it completes, model facts)."""
     if workers < 1:
@@ -76,7 +85,10 @@ def score_on_ray(
     ray = _import_ray()
     started_here = connect(address, workers)
     actor = ray.remote(num_cpus=1)(SweepWorker)
-    replicas = [actor.remote(config, list(examples), threads) for _ in range(min(workers, len(batches)))]
+    replicas = [
+        actor.remote(config, list(examples), threads, device, dtype)
+        for _ in range(min(workers, len(batches)))
+    ]
     try:
         facts = ray.get(replicas[0].model_facts.remote())
     except BaseException:

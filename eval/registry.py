@@ -261,7 +261,9 @@ class EngineSet:
 
         self.model = model
         self.tokenizer = tokenizer
-        self._make = make_engine or (lambda m, t: Engine(m, t, method="none"))
+        # Eager decoding: on the compiled path each of a run's methods would compile, and past
+        # torch's recompile limit (8 by default) decoding turns eager anyway.
+        self._make = make_engine or (lambda m, t: Engine(m, t, method="none", compile=False))
         self._models: dict[tuple[tuple[str, Any], ...], Any] = {(): model}
         self._engines: dict[tuple[tuple[str, Any], ...], Any] = {}
 

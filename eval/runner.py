@@ -80,6 +80,8 @@ def run_sweep(
     model: Any = None,
     tokenizer: Any = None,
     threads: int | None = None,
+    device: str | None = "auto",
+    dtype: str | None = None,
     ray_address: str | None = None,
     ray_workers: int = 2,
     progress: bool | None = None,
@@ -121,9 +123,13 @@ def run_sweep(
             if ray_address is not None:
                 from rag_mspoe.eval.ray_backend import score_on_ray
 
-                stream, facts = score_on_ray(config, examples, batches, ray_address, ray_workers, threads)
+                stream, facts = score_on_ray(
+                    config, examples, batches, ray_address, ray_workers, threads, device, dtype
+                )
             else:
-                stream, facts = _score_locally(config, examples, methods, batches, model, tokenizer, threads)
+                stream, facts = _score_locally(
+                    config, examples, methods, batches, model, tokenizer, threads, device, dtype
+                )
             if facts:  # a report of a run still going can name its model
                 manifest["model"] = facts
                 write_manifest(out, manifest)
@@ -151,12 +157,14 @@ def _score_locally(
     model: Any,
     tokenizer: Any,
     threads: int | None,
+    device: str | None,
+    dtype: str | None,
 ) -> tuple[Iterator[list[dict[str, Any]]], dict[str, Any]]:
     if model is None:
         if not batches:
             return iter(()), {}
         from rag_mspoe import load_model
 
-        model, tokenizer = load_model(config.model, threads=threads)
+        model, tokenizer = load_model(config.model, device=device, dtype=dtype, threads=threads)
     scorer = BatchScorer(config, examples, methods, EngineSet(model, tokenizer))
     return (scorer.score(batch) for batch in batches), model_facts(model)

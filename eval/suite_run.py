@@ -127,6 +127,8 @@ def run_suite(
     model: Any = None,
     tokenizer: Any = None,
     threads: int | None = None,
+    device: str | None = "auto",
+    dtype: str | None = None,
     progress: bool | None = None,
     sweep: Path | None = None,
 ) -> dict[str, Any]:
@@ -157,7 +159,7 @@ def run_suite(
             if model is None:
                 from rag_mspoe import load_model
 
-                model, tokenizer = load_model(config.model, threads=threads)
+                model, tokenizer = load_model(config.model, device=device, dtype=dtype, threads=threads)
             _record_model(out, model)
             engines = EngineSet(model, tokenizer)
             bar = progress_bar(

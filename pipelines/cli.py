@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rag_mspoe.cli import add_model_options
+from rag_mspoe.cli import add_engine_options, engine_options
 from rag_mspoe.pipelines.chunking import DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SIZE
 from rag_mspoe.pipelines.index import INDEX_KINDS
 
@@ -90,7 +90,7 @@ def _register_ask(subparsers: Any) -> None:
     parser.add_argument("question")
     _index_option(parser)
     _retrieval_options(parser, default_k=5)
-    add_model_options(parser)
+    add_engine_options(parser)
     parser.add_argument(
         "--method",
         default="mspoe",
@@ -122,7 +122,7 @@ def _register_demo(subparsers: Any) -> None:
         "questions whose answer sits in the middle of the retrieved context, and prints each "
         "method's answer and time side by side.",
     )
-    add_model_options(parser)
+    add_engine_options(parser)
     parser.add_argument(
         "--methods",
         default=",".join(DEMO_METHODS),
@@ -204,10 +204,12 @@ def _ask(args: argparse.Namespace) -> int:
     from rag_mspoe.pipelines.answer import answer_question
     from rag_mspoe.pipelines.retrieval import Retriever
 
-    # Fail on a bad method name (or no calibrated config for the model) before loading anything heavy.
+    # Fail on a bad method name (or no calibrated config for the model) or a device this machine
+    # lacks before loading anything heavy.
     parse_method(args.method, source_name(args.model))
+    load_options = engine_options(args)
     retriever = Retriever.load(args.index, embedding_model=args.embedding_model)
-    engine = Engine.load(args.model, threads=args.threads)
+    engine = Engine.load(args.model, **load_options)
     answer = answer_question(
         args.question,
         retriever,
@@ -255,6 +257,7 @@ def _demo(args: argparse.Namespace) -> int:
     methods = [name.strip() for name in args.methods.split(",") if name.strip()]
     for name in methods:
         parse_method(name, source_name(args.model))  # a typo fails here, not after the index is built
+    load_options = engine_options(args)  # and so does a device this machine lacks
     if not 1 <= args.questions <= len(DEMO_QUESTIONS):
         raise ValueError(f"--questions must be between 1 and {len(DEMO_QUESTIONS)}, got {args.questions}")
 
@@ -264,7 +267,7 @@ def _demo(args: argparse.Namespace) -> int:
         print(report.summary())
         retriever = Retriever.load(index_dir)
         started = time.perf_counter()
-        engine = Engine.load(args.model, threads=args.threads)
+        engine = Engine.load(args.model, **load_options)
         print(
             f"Loaded {engine.name} in {time.perf_counter() - started:.1f} s; methods: {', '.join(methods)}\n"
         )

@@ -7,6 +7,7 @@ unrescale(model)                         # back to the unmodified model, exactly
 """
 
 from rag_mspoe.architectures import ARCHITECTURES, UnsupportedArchitectureError
+from rag_mspoe.devices import DeviceError
 from rag_mspoe.loading import ModelLoadError, load_model, model_display_name
 from rag_mspoe.methods import (
     NAMED_METHODS,
@@ -34,6 +35,7 @@ __all__ = [
     "ARCHITECTURES",
     "NAMED_METHODS",
     "Compose",
+    "DeviceError",
     "HiddenScale",
     "LayerWise",
     "MethodConfig",

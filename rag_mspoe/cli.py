@@ -7,6 +7,10 @@ import importlib
 import logging
 import sys
 from collections.abc import Sequence
+from typing import Any
+
+# As rag_mspoe.devices.DTYPE_CHOICES (a test keeps them equal); importing torch would slow --help.
+DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
 
 # (module, function) pairs; each function takes the subparsers object and adds its commands.
 # Modules are imported lazily so `rag-mspoe --help` stays fast and optional extras stay optional.
@@ -20,14 +24,56 @@ COMMAND_MODULES: list[tuple[str, str]] = [
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
-    """--model and --threads, as every command that loads a model takes them."""
+    """--model, --device, --dtype and --threads, as every command that loads a model takes them."""
     parser.add_argument(
         "--model",
         default=None,
         help="an embedded model's name (see `rag-mspoe models`), a model folder, a .gguf file or a hub id "
         "(default: the embedded smollm2-135m-instruct)",
     )
+    parser.add_argument(
+        "--device",
+        default="auto",
+        metavar="{auto,cpu,cuda,cuda:N}",
+        help="where the model runs (default auto: the GPU when there is one, else the CPU)",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPE_CHOICES,
+        default=None,
+        help="weights' dtype (default auto: bf16 on GPUs that compute it, else fp16; "
+        "on CPUs bf16 where native, else fp32)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: half the CPUs)")
+
+
+def add_engine_options(parser: argparse.ArgumentParser) -> None:
+    """The model options, and --compile, for commands that generate through one engine."""
+    add_model_options(parser)
+    parser.add_argument(
+        "--compile",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="decode on a static KV cache with a compiled forward (default auto: on GPUs, not on CPUs)",
+    )
+
+
+def engine_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The `Engine.load` keyword arguments the options of `add_engine_options` give."""
+    compile_choice: dict[str, Any] = {"auto": "auto", "on": True, "off": False}
+    return {**model_load_options(args), "compile": compile_choice[args.compile]}
+
+
+def model_load_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The `load_model` / `Engine.load` keyword arguments the options of `add_model_options` give.
+
+    A device this machine lacks, or a dtype it cannot compute, fails here: call this before
+    any long work (indexing, data preparation).
+    """
+    from rag_mspoe.devices import resolve_device, resolve_dtype
+
+    resolve_dtype(args.dtype, resolve_device(args.device))
+    return {"device": args.device, "dtype": args.dtype, "threads": args.threads}
 
 
 def build_parser() -> argparse.ArgumentParser:

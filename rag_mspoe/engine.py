@@ -38,7 +38,7 @@ FinishReason = Literal["stop", "length"]
 _model_locks: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
 _model_locks_guard = threading.Lock()
 
-_shared_engines: dict[str, Engine] = {}
+_shared_engines: dict[tuple[str, str, str], Engine] = {}
 _shared_engines_guard = threading.Lock()
 
 
@@ -47,16 +47,21 @@ def _lock_for(model: Any) -> threading.Lock:
         return _model_locks.setdefault(model, threading.Lock())
 
 
-def shared_engine(source: str | os.PathLike[str] | None = None) -> Engine:
-    """The process-wide engine for a model source (None: the embedded model), loaded on first use.
+def shared_engine(
+    source: str | os.PathLike[str] | None = None,
+    device: str | None = "auto",
+    dtype: torch.dtype | str | None = None,
+) -> Engine:
+    """The process-wide engine for a model source (None: the embedded model) on a device and in a
+    dtype (as `load_model` takes them), loaded on first use.
 
     Adapters built from a source name share it, so a second chat model does not load the
     weights again.
     """
-    key = str(source) if source is not None else ""
+    key = (str(source) if source is not None else "", str(device), str(dtype))
     with _shared_engines_guard:
         if key not in _shared_engines:
-            _shared_engines[key] = Engine.load(source)
+            _shared_engines[key] = Engine.load(source, device=device, dtype=dtype)
         return _shared_engines[key]
 
 
@@ -243,10 +248,23 @@ class Engine:
     method: the default rescaling method. None keeps the model as it was handed over (whatever
     `rescale` applied to it, or nothing); "none" forces the unmodified model. Each call can pass
     its own `method`; it applies for that call only.
+
+    compile: decode on a static KV cache with a compiled forward (the prompt's prefill stays
+    eager, where Ms-PoE ranks heads). "auto" turns it on for models on a CUDA GPU and off on
+    the CPU, where compiling costs more than it saves. The first call per batch size, and the
+    first call under each other method, compiles (seconds to a minute); later ones reuse it.
+    Past torch's recompile limit (8 by default) decoding falls back to eager.
+    compile_backend: torch.compile's backend (default inductor, with CUDA graphs on a GPU).
     """
 
     def __init__(
-        self, model: Any, tokenizer: Any, method: MethodSpec = None, name: str | None = None
+        self,
+        model: Any,
+        tokenizer: Any,
+        method: MethodSpec = None,
+        name: str | None = None,
+        compile: bool | Literal["auto"] = "auto",
+        compile_backend: str | None = None,
     ) -> None:
         from rag_mspoe import current_method, model_display_name
 
@@ -264,6 +282,7 @@ class Engine:
                 "The tokenizer has neither a pad nor an eos token; set tokenizer.pad_token first."
             )
         self._pad_id = int(pad)
+        self._compile_config = _compile_config(model, compile, compile_backend)
 
     @classmethod
     def load(
@@ -272,18 +291,29 @@ class Engine:
         method: MethodSpec = None,
         dtype: torch.dtype | str | None = None,
         threads: int | None = None,
+        device: str | torch.device | None = "auto",
+        compile: bool | Literal["auto"] = "auto",
     ) -> Engine:
-        """Load a model (None: the embedded SmolLM2-135M-Instruct) and wrap it."""
+        """Load a model (None: the embedded SmolLM2-135M-Instruct) and wrap it.
+
+        device ("auto", "cpu", "cuda", "cuda:N") and dtype as `load_model` takes them; compile
+        as `Engine` takes it.
+        """
         from rag_mspoe import load_model
 
-        model, tokenizer = load_model(source, dtype=dtype, threads=threads)
-        return cls(model, tokenizer, method=method)
+        model, tokenizer = load_model(source, dtype=dtype, device=device, threads=threads)
+        return cls(model, tokenizer, method=method, compile=compile)
 
     # -- facts -------------------------------------------------------------------------------------
     @property
     def context_window(self) -> int:
         """Positions the model was trained for (config.max_position_embeddings)."""
         return int(self.model.config.max_position_embeddings)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether generation decodes on a static cache with a compiled forward."""
+        return self._compile_config is not None
 
     @property
     def method(self) -> Any:
@@ -548,6 +578,7 @@ class Engine:
                     max_new_tokens=config.max_new_tokens,
                     pad_token_id=self._pad_id,
                     stopping_criteria=[watch],
+                    **self._decoding(),
                 )
         finally:
             self._lock.release()
@@ -604,6 +635,12 @@ class Engine:
         device = self.model.device
         return {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device)}
 
+    def _decoding(self) -> dict[str, Any]:
+        """generate() arguments of the compiled path: a static cache and the compiled decode step."""
+        if self._compile_config is None:
+            return {"disable_compile": True}
+        return {"cache_implementation": "static", "compile_config": self._compile_config}
+
     @staticmethod
     def _sampling(config: GenerationSettings) -> dict[str, Any]:
         if config.temperature == 0:
@@ -635,6 +672,22 @@ class Engine:
 
         method = method_name(self._method)
         return f"Engine(name={self.name!r}, method={method!r}, context_window={self.context_window})"
+
+
+def _compile_config(model: Any, compile: bool | str, backend: str | None) -> Any:
+    """transformers' CompileConfig for the compiled decode path, or None for eager decoding."""
+    from transformers import CompileConfig
+
+    if compile not in (True, False, "auto"):
+        raise ValueError(f"compile must be True, False or 'auto', got {compile!r}.")
+    on_gpu = model.device.type == "cuda"
+    if not (on_gpu if compile == "auto" else compile):
+        return None
+    # CUDA graphs ("reduce-overhead") remove the per-kernel launch cost that dominates decoding.
+    mode = "reduce-overhead" if on_gpu and backend in (None, "inductor") else "default"
+    config = CompileConfig(fullgraph=True, backend=backend or "inductor", mode=mode)
+    config._compile_all_devices = True  # type: ignore[assignment]  # else transformers compiles on GPUs only
+    return config
 
 
 def _shared_length(a: list[int], b: list[int]) -> int:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers.cache_utils import StaticLayer
 
 from rag_mspoe.architectures import sliding_window
 from rag_mspoe.hooks import ModelHooks, key_validity
@@ -90,9 +91,18 @@ class HiddenScaleState(ModelHooks):
 
     @staticmethod
     def _replace_cached_keys(cache: Any, layer_idx: int, keys: torch.Tensor) -> None:
-        """Put the scaled keys where the layer just cached its unscaled ones (the newest tokens)."""
+        """Put the scaled keys where the layer just cached its unscaled ones (the newest tokens).
+
+        A dynamic cache ends with them. A static cache is preallocated: a prefill (which starts
+        it fresh) fills its first slots with the newest tokens that fit.
+        """
         if cache is None:
             return
-        cached = cache.layers[layer_idx].keys
+        layer = cache.layers[layer_idx]
+        cached = layer.keys
         kept = min(cached.shape[-2], keys.shape[-2])
-        cached[:, :, -kept:] = keys[:, :, -kept:].to(cached.dtype)
+        newest = keys[:, :, -kept:].to(cached.dtype)
+        if isinstance(layer, StaticLayer):
+            cached[:, :, :kept] = newest
+        else:
+            cached[:, :, -kept:] = newest

@@ -51,11 +51,25 @@ class ModelHooks:
         self._undo.clear()
 
     def _on_decoder(self, _module: nn.Module, args: tuple, kwargs: dict) -> None:
-        cache = kwargs.get("past_key_values")
         self.forward = ForwardInfo(
             attention_mask=kwargs.get("attention_mask"),
-            starts_fresh=cache is None or cache.get_seq_length() == 0,
+            starts_fresh=starts_fresh(kwargs.get("past_key_values")),
         )
+
+
+def starts_fresh(cache: Any) -> bool:
+    """Whether a forward starts from an empty KV cache (a prefill).
+
+    A compiled forward always continues a cache: prefills run eagerly (transformers' `generate`
+    and our engine compile decoding steps only), and that is where Ms-PoE ranks heads and
+    hidden-state scaling recomputes the last rows. Asking a static cache its length would be
+    data-dependent, which breaks the compiled graph.
+    """
+    if cache is None:
+        return True
+    if torch.compiler.is_compiling():
+        return False
+    return bool(cache.get_seq_length() == 0)
 
 
 def key_validity(
@@ -75,8 +89,10 @@ def key_validity(
         valid = torch.ones(batch, 1, length, dtype=torch.bool, device=device)
     elif attention_mask.dim() == 2:
         valid = attention_mask[:, None, -length:].to(device).bool()
-    elif attention_mask.dim() == 4:  # a ready mask: take its last query row
-        row = attention_mask[:, 0, -1:, -length:].to(device)
+    elif attention_mask.dim() == 4:
+        # A ready mask: its last query row. In a prefill the keys take its first columns; a static
+        # cache's mask is wider than the prompt (as wide as the cache).
+        row = attention_mask[:, 0, -1:, :length].to(device)
         valid = row if row.dtype == torch.bool else row == 0
     else:
         raise ValueError(f"Cannot read an attention mask of shape {tuple(attention_mask.shape)}.")

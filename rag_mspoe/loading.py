@@ -18,13 +18,11 @@ from typing import Any
 
 import torch
 
+from rag_mspoe.devices import place, resolve_device
+
 logger = logging.getLogger(__name__)
 
 CACHE_ENV = "RAG_MSPOE_CACHE"
-
-# Measured on a 2-CPU machine with native bf16, 1k-token prefill of the embedded model on one
-# thread: bf16 1.6 s, fp32 4.0 s. Machines without native bf16 fall back to fp32, faster there.
-_CPU_BF16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 class ModelLoadError(RuntimeError):
@@ -35,12 +33,6 @@ def cache_dir() -> Path:
     """Where converted models are kept: $RAG_MSPOE_CACHE, else ~/.cache/rag_mspoe."""
     root = os.environ.get(CACHE_ENV)
     return Path(root).expanduser() if root else Path.home() / ".cache" / "rag_mspoe"
-
-
-def default_dtype(device: str = "cpu") -> torch.dtype:
-    if device.startswith("cuda"):
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.bfloat16 if _CPU_BF16 else torch.float32
 
 
 def converted_gguf_dir(gguf_path: Path) -> Path:
@@ -153,7 +145,7 @@ def load_model(
     source: str | os.PathLike[str] | None = None,
     *,
     dtype: torch.dtype | str | None = None,
-    device: str = "cpu",
+    device: str | torch.device | None = "auto",
     threads: int | None = None,
     attn_implementation: str | None = None,
     **from_pretrained_kwargs: Any,
@@ -162,23 +154,28 @@ def load_model(
 
     source: None for the embedded SmolLM2-135M-Instruct, the name of an embedded model
     (`rag-mspoe models`: "qwen2.5-coder-0.5b-instruct", ...), a local Hugging Face folder, a
-    .gguf file, or a hub id (needs hub access). dtype defaults to bf16 where the CPU has
-    native bf16, else fp32. threads sets torch's thread count (default: half the CPUs).
+    .gguf file, or a hub id (needs hub access). device: "auto" (the GPU when there is one,
+    else the CPU), "cpu", "cuda" or "cuda:N"; a model too large for one GPU is spread over all
+    of them. dtype: None or "auto" for bf16 on GPUs that compute it (else fp16) and on CPUs
+    with native bf16 (else fp32), or a name ("bfloat16", "float16", "float32"). A device that
+    is not there, a dtype it cannot compute or weights larger than its free memory raise
+    `DeviceError` before any weights load. threads sets torch's CPU thread count (default:
+    half the CPUs).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from rag_mspoe.embedded_models import MODELS
 
-    if device == "cpu" or threads is not None:
+    if resolve_device(device).type == "cpu" or threads is not None:
         set_threads(threads)
     folder, name = resolve_source(source)
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype)
-    dtype = dtype or default_dtype(device)
-    kwargs: dict[str, Any] = {"dtype": dtype, **from_pretrained_kwargs}
-    if attn_implementation:
-        kwargs["attn_implementation"] = attn_implementation
     try:
+        placement = place(AutoConfig.from_pretrained(folder), device, dtype)
+        kwargs: dict[str, Any] = {"dtype": placement.dtype, **from_pretrained_kwargs}
+        if placement.device_map:
+            kwargs["device_map"] = placement.device_map
+        if attn_implementation:
+            kwargs["attn_implementation"] = attn_implementation
         tokenizer = AutoTokenizer.from_pretrained(folder)
         model: Any = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
     except OSError as exc:
@@ -186,7 +183,9 @@ def load_model(
             f"Could not load model {source!r}: {exc}. Without hub access, pass a local folder, a .gguf "
             f"file or the name of an embedded model ({', '.join(MODELS)})."
         ) from exc
-    model.to(device).eval()
+    if not placement.device_map:
+        model.to(placement.device)
+    model.eval()
     model._rag_mspoe_name = name
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

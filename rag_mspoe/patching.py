@@ -199,7 +199,9 @@ class RescaleState(ModelHooks):
         hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
         if plan.heads is None:
             cos, sin = self.rope_tables(index, hidden, (plan.factor,))
-            kwargs["position_embeddings"] = (cos[0], sin[0])
+            # A model spread over GPUs (device_map="auto") computes tables where its rotary module
+            # sits; each layer reads them on its own device. No copy on a single device.
+            kwargs["position_embeddings"] = (cos[0].to(hidden.device), sin[0].to(hidden.device))
         else:
             kwargs["position_embeddings"] = (HeadwiseRotation(self, index, module, hidden), None)
         return args, kwargs
@@ -233,10 +235,20 @@ class RescaleState(ModelHooks):
     def head_tables(
         self, index: int, hidden: torch.Tensor, ratios: tuple[float, ...], ranks: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [B, n, T, D]: each head's table at its ratio. Cached per forward while decoding,
-        where layers with the same ranking (few distinct ones) share it."""
+        """cos, sin [B, n, T, D]: each head's table at its ratio.
+
+        Decoding eagerly on the CPU, layers with the same ranking (few distinct ones) share one
+        gather per forward. Elsewhere each layer gathers its own: reading the ranking on the host
+        would wait for a GPU, and would break a compiled graph.
+        """
         cos_t, sin_t = self.rope_tables(index, hidden, ratios)  # [n, Bp, T, D]
-        if hidden.shape[1] > _SHORT_INPUT:
+        cos_t, sin_t = cos_t.to(ranks.device), sin_t.to(ranks.device)  # see _on_attention
+        shared = (
+            hidden.shape[1] <= _SHORT_INPUT
+            and ranks.device.type == "cpu"
+            and not torch.compiler.is_compiling()
+        )
+        if not shared:
             return _gather_heads(cos_t, ranks), _gather_heads(sin_t, ranks)
         key = (self._layer_type(index), ratios, tuple(ranks.shape), tuple(ranks.flatten().tolist()))
         found = self.forward.tables.get(key)
@@ -268,7 +280,11 @@ class RescaleState(ModelHooks):
         heads = self.plans[index].heads
         assert heads is not None
         if heads.static_ranks is not None:
-            return heads.static_ranks.to(q.device)[None]
+            # Moved to the model's device once, so decoding copies nothing per step.
+            ranks = self.head_ranks.get(index)
+            if ranks is None or ranks.device != q.device:
+                ranks = self.head_ranks[index] = heads.static_ranks.to(q.device)[None]
+            return ranks
         if self.forward.starts_fresh and not self.frozen_ranking:
             valid = key_validity(
                 self.forward.attention_mask,

@@ -20,7 +20,7 @@ from typing import Any
 from rag_mspoe.calibration.bezier_ga import GASettings
 from rag_mspoe.calibration.fitness import METRICS, CalibrationSplit, FitnessWeights
 from rag_mspoe.calibration.optimizers import OPTIMIZERS, CMAESSettings
-from rag_mspoe.cli import add_model_options
+from rag_mspoe.cli import add_model_options, model_load_options
 
 
 def register(subparsers: Any) -> None:
@@ -131,7 +131,7 @@ def dataclass_from_args(cls: type, args: argparse.Namespace, prefix: str = "", *
 def _engine(args: argparse.Namespace) -> Any:
     from rag_mspoe.engine import Engine
 
-    return Engine.load(args.model, threads=args.threads)
+    return Engine.load(args.model, **model_load_options(args))
 
 
 def _print_rows(rows: list[dict[str, Any]]) -> None:
@@ -185,7 +185,9 @@ def _layers(args: argparse.Namespace) -> int:
     engine = _engine(args)
     num_layers = int(engine.model.config.num_hidden_layers)
     if args.ray:
-        workers = start_ray_workers(args.model, args.workers, threads=args.threads or 1)
+        workers = start_ray_workers(
+            args.model, args.workers, threads=args.threads or 1, device=args.device, dtype=args.dtype
+        )
         calibration: Any = RayEvaluator(workers, calibration_split, engine.name)
         heldout: Any = RayEvaluator(workers, heldout_split, engine.name) if heldout_split else None
     else:

@@ -233,10 +233,10 @@ class LocalEvaluator:
 class _RayWorker:
     """A model loaded once per Ray worker, scoring whole methods on any split."""
 
-    def __init__(self, source: str | None, threads: int) -> None:
+    def __init__(self, source: str | None, threads: int, device: str | None, dtype: str | None) -> None:
         from rag_mspoe.engine import Engine
 
-        self.engine = Engine.load(source, threads=threads)
+        self.engine = Engine.load(source, threads=threads, device=device, dtype=dtype)
         self.items: dict[str, list[Item]] = {}
 
     def score(
@@ -249,8 +249,15 @@ class _RayWorker:
         return index, score_items(self.engine, self.items[key], config).to_dict()
 
 
-def start_ray_workers(source: str | None, workers: int, threads: int = 1) -> list[Any]:
-    """`workers` Ray actors, each with its own copy of the model (`source` as `load_model` takes it).
+def start_ray_workers(
+    source: str | None,
+    workers: int,
+    threads: int = 1,
+    device: str | None = "auto",
+    dtype: str | None = None,
+) -> list[Any]:
+    """`workers` Ray actors, each with its own copy of the model (`source`, `device` and `dtype` as
+    `load_model` takes them).
 
     Connects to a running cluster when RAY_ADDRESS is set, else starts Ray on this machine.
     """
@@ -263,7 +270,7 @@ def start_ray_workers(source: str | None, workers: int, threads: int = 1) -> lis
     if not ray.is_initialized():
         ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False, include_dashboard=False)
     actor = ray.remote(num_cpus=threads)(_RayWorker)
-    return [actor.remote(source, threads) for _ in range(workers)]  # type: ignore[attr-defined]
+    return [actor.remote(source, threads, device, dtype) for _ in range(workers)]  # type: ignore[attr-defined]
 
 
 class RayEvaluator:
