@@ -11,19 +11,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import statistics
-import subprocess
-import sys
 import time
 
 import httpx
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from server_process import serve
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -71,29 +63,12 @@ def main() -> None:
     parser.add_argument("--max-batch-size", type=int, default=1, help="the server's cross-request batching")
     args = parser.parse_args()
 
-    port = free_port()
-    server = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "rag_mspoe.cli", "serve", "--port", str(port), "--method", args.method),
-            *("--max-batch-size", str(args.max_batch_size)),
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                model = httpx.get(f"{base}/health", timeout=2).json()["model"]
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise SystemExit("the server did not start") from None
-                time.sleep(0.5)
-        url = f"{base}/v1/chat/completions"
+    options = ("--method", args.method, "--max-batch-size", str(args.max_batch_size))
+    with serve(*options) as server:
+        url = f"{server.base_url}/v1/chat/completions"
         bodies = [
             {
-                "model": model,
+                "model": server.model,
                 "messages": [{"role": "user", "content": f"Name {i + 2} animals that live in the sea."}],
                 "max_tokens": args.max_tokens,
                 "temperature": 0,
@@ -111,15 +86,12 @@ def main() -> None:
         report(f"burst of {args.concurrency}", *concurrent[:2])
         same = sum(a == b for a, b in zip(sequential[2], concurrent[2], strict=True))
         print(f"burst answers equal to sequential ones: {same}/{args.requests}")
-        print(f"server batching: {httpx.get(f'{base}/health', timeout=5).json()['batching']}")
+        print(f"server batching: {httpx.get(f'{server.base_url}/health', timeout=5).json()['batching']}")
         ratio = (args.requests / concurrent[0]) / (args.requests / sequential[0])
         print(
             f"throughput ratio burst/sequential: {ratio:.2f}; median latency ratio: "
             f"{statistics.median(concurrent[1]) / statistics.median(sequential[1]):.2f}"
         )
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 if __name__ == "__main__":

@@ -18,22 +18,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
+from server_process import serve
 
 MiB = 1 << 20
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def memory_mib(pid: int) -> dict[str, float]:
@@ -117,30 +109,17 @@ def main() -> None:
     parser.add_argument("--oversized-mib", type=int, default=64, help="size of each oversized body")
     args = parser.parse_args()
 
-    port = free_port()
-    command = [sys.executable, "-m", "rag_mspoe.cli", "serve", "--port", str(port), "--method", "none"]
-    command += ["--max-request-bytes", str(args.max_request_bytes), "--threads", "1"]
-    command += ["--max-tokens-limit", str(max(args.max_tokens, args.leaver_tokens))]
-    command += ["--model", args.model] if args.model else []
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                model = httpx.get(f"{base}/health", timeout=2).json()["model"]
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise SystemExit("the server did not start") from None
-                time.sleep(0.5)
-        url = f"{base}/v1/chat/completions"
+    options = ["--method", "none", "--max-request-bytes", str(args.max_request_bytes), "--threads", "1"]
+    options += ["--max-tokens-limit", str(max(args.max_tokens, args.leaver_tokens))]
+    options += ["--model", args.model] if args.model else []
+    with serve(*options) as server:
+        url = f"{server.base_url}/v1/chat/completions"
 
         def body(i: int, tokens: int) -> dict:
             question = f"Name {i % 7 + 2} animals that live in the sea."
             messages = [{"role": "user", "content": question}]
             return {
-                "model": model,
+                "model": server.model,
                 "messages": messages,
                 "max_tokens": tokens,
                 "temperature": 0,
@@ -172,12 +151,12 @@ def main() -> None:
             f"(median of {', '.join(f'{r:.2f}' for r in ratios)}; target <= 1.5)"
         )
 
-        before = memory_mib(server.pid)
+        before = memory_mib(server.process.pid)
         start = time.perf_counter()
         refused, sent = asyncio.run(
             oversized(url, args.oversized_clients, args.oversized_rounds, args.oversized_mib)
         )
-        after = memory_mib(server.pid)
+        after = memory_mib(server.process.pid)
         total = args.oversized_clients * args.oversized_rounds
         print(
             f"{total} chunked bodies of {args.oversized_mib} MiB ({args.oversized_clients} clients at once, "
@@ -190,9 +169,6 @@ def main() -> None:
             f"peak {before['VmHWM']:.0f} -> {after['VmHWM']:.0f} MiB"
         )
         assert httpx.post(url, json={**stayers[0], "stream": False}, timeout=60).status_code == 200
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 if __name__ == "__main__":

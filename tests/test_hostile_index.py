@@ -3,32 +3,14 @@ real processes: each refusal names the file and the fix, and nothing outside the
 
 from __future__ import annotations
 
-import hashlib
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import checksums, run_cli
 from pipelines_helpers import embedder, write_corpus
 
 from rag_mspoe.pipelines.index import ChunkIndex
 from rag_mspoe.pipelines.indexing import index_documents
-
-
-def _cli(*argv: str | Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "rag_mspoe.cli", *map(str, argv)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
-
-
-def _checksums(folder: Path) -> dict[str, str]:
-    """Every file under `folder` (hidden ones too) with the sha256 of its bytes."""
-    return {
-        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
-        for path in sorted(folder.rglob("*"))
-        if path.is_file()
-    }
 
 
 def _built_index(tmp_path: Path) -> tuple[Path, Path]:
@@ -45,14 +27,14 @@ def test_a_folder_of_the_users_own_files_is_refused_and_left_untouched(tmp_path)
     (mine / "chunks-2024.jsonl").write_text('{"text": "my notes"}\n')
     (mine / "vectors-7.faiss").write_bytes(b"my own vectors")
     (mine / "notes.txt").write_text("keep me")
-    before = _checksums(tmp_path)
+    before = checksums(tmp_path)
 
-    result = _cli("index", docs, "--index", mine)
+    result = run_cli("index", docs, "--index", mine)
 
     assert result.returncode == 1
     assert f"{mine} is not empty and is not an index" in result.stderr
     assert "chunks-2024.jsonl" in result.stderr and "choose another --index folder" in result.stderr
-    assert _checksums(tmp_path) == before
+    assert checksums(tmp_path) == before
     assert sorted(p.name for p in mine.iterdir()) == ["chunks-2024.jsonl", "notes.txt", "vectors-7.faiss"]
 
 
@@ -60,62 +42,62 @@ def test_an_index_whose_meta_json_is_missing_is_refused_not_overwritten(tmp_path
     docs, index_dir = _built_index(tmp_path)
     (index_dir / "meta.json").unlink()
     write_corpus(docs, {"mill.txt": "The windmill of Tarsk grinds rye."})
-    before = _checksums(tmp_path)
+    before = checksums(tmp_path)
 
-    result = _cli("index", docs, "--index", index_dir)
+    result = run_cli("index", docs, "--index", index_dir)
 
     assert result.returncode == 1
     assert f"{index_dir / 'meta.json'} is missing" in result.stderr
     assert "chunks-000001.jsonl" in result.stderr
     assert "restoring meta.json" in result.stderr and "rebuild it into a new folder" in result.stderr
-    assert _checksums(tmp_path) == before  # the 5 chunks are still there, byte for byte
+    assert checksums(tmp_path) == before  # the 5 chunks are still there, byte for byte
 
 
 def test_a_file_the_index_did_not_write_stops_a_writer_but_not_a_reader(tmp_path):
     docs, index_dir = _built_index(tmp_path)
     (index_dir / "chunks-2024.jsonl").write_text("mine\n")
     write_corpus(tmp_path / "more", {"mill.txt": "The windmill of Tarsk grinds rye."})
-    before = _checksums(tmp_path)
+    before = checksums(tmp_path)
 
-    result = _cli("index", tmp_path / "more", "--index", index_dir)
+    result = run_cli("index", tmp_path / "more", "--index", index_dir)
 
     assert result.returncode == 1
     assert f"The index folder {index_dir} holds files the index did not write (chunks-2024.jsonl)" in (
         result.stderr
     )
-    assert _checksums(tmp_path) == before
+    assert checksums(tmp_path) == before
     assert len(ChunkIndex.load(index_dir)) == 5
 
 
 def test_indexing_a_folder_into_itself_is_refused_every_time(tmp_path):
     docs = write_corpus(tmp_path / "docs")
-    before = _checksums(tmp_path)
+    before = checksums(tmp_path)
     for _ in range(2):
-        result = _cli("index", docs, "--index", docs)
+        result = run_cli("index", docs, "--index", docs)
         assert result.returncode == 1
         assert f"{docs} is not empty and is not an index" in result.stderr
-    assert _checksums(tmp_path) == before
+    assert checksums(tmp_path) == before
 
 
 def test_an_index_inside_the_documents_never_reads_its_own_files(tmp_path):
     docs = write_corpus(tmp_path / "docs")
     index_dir = docs / "index"
     first = index_documents(docs, index_dir, embedder=embedder(), progress=False)
-    files = _checksums(index_dir)
+    files = checksums(index_dir)
 
     again = index_documents(docs, index_dir, embedder=embedder(), progress=False)
 
     assert (first.total_chunks, again.documents_added, again.total_chunks) == (5, 0, 5)
     own = {Path(s.source).name for s in again.skipped if "never reads its own files" in s.reason}
     assert own == {"meta.json", "chunks-000001.jsonl", "vectors-000001.faiss"}
-    assert _checksums(index_dir) == files
+    assert checksums(index_dir) == files
 
 
 def test_a_failed_first_run_leaves_no_folder_behind(tmp_path):
     docs = write_corpus(tmp_path / "docs")
     index_dir = tmp_path / "index"
 
-    result = _cli("index", docs, "--index", index_dir, "--chunk-size", "100000")
+    result = run_cli("index", docs, "--index", index_dir, "--chunk-size", "100000")
 
     assert result.returncode == 1
     assert "chunk size 100000 exceeds the" in result.stderr
@@ -153,15 +135,15 @@ def test_a_folder_a_killed_run_left_holding_only_its_lock_is_used(tmp_path):
 def test_a_damaged_index_names_the_file_and_the_fix(tmp_path, damage, message):
     _, index_dir = _built_index(tmp_path)
     damage(index_dir)
-    before = _checksums(tmp_path)
+    before = checksums(tmp_path)
 
-    result = _cli("search", "Who dredged the harbour?", "--index", index_dir)
+    result = run_cli("search", "Who dredged the harbour?", "--index", index_dir)
 
     assert result.returncode == 1
     assert message in result.stderr and "rebuild" in result.stderr
     assert str(index_dir) in result.stderr
     assert "Traceback" not in result.stderr
-    assert _checksums(tmp_path) == before
+    assert checksums(tmp_path) == before
 
 
 def _replace_line(path: Path, number: int, text: str) -> None:
@@ -182,9 +164,9 @@ def test_one_bad_file_never_stops_the_run_and_every_skip_is_listed(tmp_path):
     (docs / "nul.txt").write_bytes(b"\x00" * 64)
     (docs / "replaced.txt").write_text("\ufffd\ufffd\ufffd", encoding="utf-8")  # no token survives
     (docs / "loop.txt").symlink_to("loop.txt")
-    before = _checksums(docs)
+    before = checksums(docs)
 
-    result = _cli("index", docs, "--index", tmp_path / "index")
+    result = run_cli("index", docs, "--index", tmp_path / "index")
 
     assert result.returncode == 0, result.stderr
     assert "Indexed 1 documents as 1 chunks" in result.stdout and "4 skipped" in result.stdout
@@ -198,7 +180,7 @@ def test_one_bad_file_never_stops_the_run_and_every_skip_is_listed(tmp_path):
     assert "NotImplementedError: Unsupported filter /FlateDecodX" in result.stdout
     assert "replaced.txt: no text the embedding model can read" in result.stdout
     assert list(ChunkIndex.load(tmp_path / "index").documents) == [str((docs / "good.txt").resolve())]
-    assert _checksums(docs) == before
+    assert checksums(docs) == before
 
 
 def _drop_last_line(path: Path) -> None:

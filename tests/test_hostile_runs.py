@@ -4,14 +4,11 @@ under existing results is refused with the file and the fix, and the folder is l
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import checksums, run_cli
 from eval_run_helpers import save_tiny_chat_model
 
 from rag_mspoe.eval.generators import generate_invented_qa
@@ -21,20 +18,6 @@ from rag_mspoe.eval.results import read_records
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return save_tiny_chat_model(tmp_path_factory.mktemp("tiny"), max_position_embeddings=4096)
-
-
-def _cli(*argv: str | Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "rag_mspoe.cli", *map(str, argv)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
-
-
-def _checksums(folder: Path) -> dict[str, str]:
-    return {
-        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
-        for path in sorted(folder.rglob("*"))
-        if path.is_file()
-    }
 
 
 def _questions_and_corpus(folder: Path, seed: int) -> tuple[Path, Path]:
@@ -55,10 +38,10 @@ def test_e2e_refuses_to_resume_under_other_settings_or_a_relabelled_method(model
     other_questions, other_corpus = _questions_and_corpus(tmp_path, seed=6)
     run = tmp_path / "run"
     common = ["--model", model_dir, "--no-progress", "--threads", "1"]
-    first = _cli("e2e", questions, corpus, "--out", run, "-k", "3", "--methods", "a=none", *common)
+    first = run_cli("e2e", questions, corpus, "--out", run, "-k", "3", "--methods", "a=none", *common)
     assert first.returncode == 0, first.stderr[-2000:]
     assert len(read_records(run / "results.jsonl")) == 3
-    before = _checksums(tmp_path)
+    before = checksums(tmp_path)
 
     altered = {
         "method": ([questions, corpus, "-k", "3", "--methods", "a=pi:2"], "Method name 'a' meant another"),
@@ -71,16 +54,16 @@ def test_e2e_refuses_to_resume_under_other_settings_or_a_relabelled_method(model
         ),
     }
     for name, (argv, message) in altered.items():
-        result = _cli("e2e", *argv, "--out", run, *common)
+        result = run_cli("e2e", *argv, "--out", run, *common)
         assert result.returncode == 1, name
         assert message in result.stderr, (name, result.stderr[-2000:])
         assert str(run) in result.stderr
         assert "new folder" in result.stderr or "another label" in result.stderr
-        assert _checksums(tmp_path) == before, name
+        assert checksums(tmp_path) == before, name
 
     (run / "manifest.json").unlink()
     argv = [questions, corpus, "--out", run, "-k", "3", "--methods", "a=none", "b=pi:2"]
-    orphaned = _cli("e2e", *argv, *common)
+    orphaned = run_cli("e2e", *argv, *common)
     assert orphaned.returncode == 1
     assert f"{run / 'results.jsonl'} holds records but {run / 'manifest.json'} is missing" in orphaned.stderr
     assert not (run / "manifest.json").exists()
@@ -93,20 +76,20 @@ def test_perplexity_refuses_a_label_that_now_means_another_method(model_dir, tmp
     other.write_text(text.read_text().replace("harbours", "lighthouses"))
     run = tmp_path / "ppl"
     common = ["--out", run, "--model", model_dir, "--no-progress", "--threads", "1", "--lengths", "32"]
-    first = _cli("perplexity", text, *common, "--methods", "none", "x=pi:2")
+    first = run_cli("perplexity", text, *common, "--methods", "none", "x=pi:2")
     assert first.returncode == 0, first.stderr[-2000:]
-    before = _checksums(tmp_path)
+    before = checksums(tmp_path)
 
-    relabelled = _cli("perplexity", text, *common, "--methods", "none", "x=yarn:2")
+    relabelled = run_cli("perplexity", text, *common, "--methods", "none", "x=yarn:2")
     assert relabelled.returncode == 1
     assert f"Method name 'x' meant another config in {run}" in relabelled.stderr
-    other_text = _cli("perplexity", other, *common, "--methods", "none")
+    other_text = run_cli("perplexity", other, *common, "--methods", "none")
     assert other_text.returncode == 1
     assert "holds a perplexity run with other settings (text: " in other_text.stderr
-    assert _checksums(tmp_path) == before
+    assert checksums(tmp_path) == before
 
     # More lengths under the same labels resume and add only the new records.
-    grown = _cli("perplexity", text, *common, "64", "--methods", "none", "x=pi:2")
+    grown = run_cli("perplexity", text, *common, "64", "--methods", "none", "x=pi:2")
     assert grown.returncode == 0, grown.stderr[-2000:]
     assert len(read_records(run / "results.jsonl")) == 4
     manifest = json.loads((run / "manifest.json").read_text())
@@ -117,14 +100,14 @@ def test_a_sweep_whose_manifest_was_deleted_refuses_to_resume(model_dir, tmp_pat
     run = tmp_path / "sweep"
     command = ["sweep", "--out", run, "--model", model_dir, "--documents", "4", "--samples", "2"]
     command += ["--methods", "none", "--no-progress", "--threads", "1"]
-    first = _cli(*command)
+    first = run_cli(*command)
     assert first.returncode == 0, first.stderr[-2000:]
     (run / "manifest.json").unlink()
-    before = _checksums(tmp_path)
+    before = checksums(tmp_path)
 
-    resumed = _cli(*command)
+    resumed = run_cli(*command)
 
     assert resumed.returncode == 1
     assert f"{run / 'results.jsonl'} holds records but {run / 'manifest.json'} is missing" in resumed.stderr
     assert "restore manifest.json, or write into a new folder" in resumed.stderr
-    assert _checksums(tmp_path) == before
+    assert checksums(tmp_path) == before
