@@ -93,14 +93,18 @@ def parse_calls(text: str) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
 
 
 def call_schema(tool: Mapping[str, Any]) -> dict[str, Any]:
-    """The JSON schema of one call of `tool`: its name, then arguments valid for its parameters."""
+    """The JSON schema of one call of `tool`: its name, then arguments valid for its parameters.
+
+    The arguments object takes only the listed parameters unless the schema says otherwise
+    (`additionalProperties`), as in OpenAI's strict mode: invented keys help no tool.
+    """
     function = tool["function"]
+    parameters = dict(function.get("parameters") or {"type": "object", "properties": {}})
+    if parameters.get("type") == "object":
+        parameters.setdefault("additionalProperties", False)
     return {
         "type": "object",
-        "properties": {
-            "name": {"const": function["name"]},
-            "arguments": function.get("parameters") or {"type": "object", "properties": {}},
-        },
+        "properties": {"name": {"const": function["name"]}, "arguments": parameters},
         "required": ["name", "arguments"],
         "additionalProperties": False,
     }

@@ -8,7 +8,7 @@ import threading
 from typing import Literal
 
 import pytest
-from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages import AIMessage, FunctionMessage, HumanMessage, SystemMessage
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from pydantic import BaseModel, Field, ValidationError
@@ -183,8 +183,8 @@ def test_bad_input_is_named(tiny):
         chat.invoke(QUESTION, frequency_penalty=1.0)
     with pytest.raises(ValueError, match="cannot switch to model 'gpt-4o'"):
         chat.invoke(QUESTION, model="gpt-4o")
-    with pytest.raises(ValueError, match="ToolMessage is not supported"):
-        chat.invoke([HumanMessage("hi"), ToolMessage("3", tool_call_id="1")])
+    with pytest.raises(ValueError, match="FunctionMessage is not supported"):
+        chat.invoke([HumanMessage("hi"), FunctionMessage("3", name="add")])
     image = {"type": "image", "url": "https://example.com/cat.png"}
     with pytest.raises(ValueError, match=r"\['image'\] is not supported: this model reads text only"):
         chat.invoke([HumanMessage(content=[{"type": "text", "text": "What is this?"}, image])])
