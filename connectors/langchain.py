@@ -84,9 +84,11 @@ def to_chat_messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
             )
         if not isinstance(message.content, str):
             kinds = {block.get("type") for block in message.content if isinstance(block, dict)}
-            if kinds - {"text"}:
+            # Call blocks in an AI message's content repeat its tool_calls, which are rendered.
+            readable = {"text", "tool_use", "tool_call"} if isinstance(message, AIMessage) else {"text"}
+            if kinds - readable:
                 raise ValueError(
-                    f"Message content of type {sorted(k for k in kinds - {'text'} if k)} is not supported: "
+                    f"Message content of type {sorted(k for k in kinds - readable if k)} is not supported: "
                     "this model reads text only."
                 )
         entry: dict[str, Any] = {"role": role, "content": message.text}
