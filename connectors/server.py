@@ -14,6 +14,7 @@ throughput under load, at the price of bf16 answers that can drift from a reques
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -27,6 +28,7 @@ from rag_mspoe.connectors import openai_schema as schema
 from rag_mspoe.connectors.batching import RequestBatcher
 from rag_mspoe.engine import Engine, GenerationResult, GenerationTimeout, PromptTooLongError
 from rag_mspoe.methods import NAMED_METHODS, MethodConfig, method_name, parse_method
+from rag_mspoe.tool_calls import ToolAnswer, generate_with_tools
 
 DEFAULT_MAX_TOKENS = 256
 
@@ -155,6 +157,33 @@ def create_app(
         except (ValueError, TypeError) as exc:
             raise ApiError(400, str(exc)) from exc
 
+    async def call_tools(body: schema.ChatCompletionRequest, options: dict[str, Any]) -> ToolAnswer:
+        options = {k: v for k, v in options.items() if k != "raw"}  # tools need the chat template
+        try:
+            return await asyncio.to_thread(
+                generate_with_tools,
+                engine,
+                body.prompt(),
+                body.tool_list(),
+                tool_choice=body.chosen_tool(),
+                parallel_tool_calls=body.parallel_tool_calls,
+                **options,
+            )
+        except PromptTooLongError as exc:
+            raise ApiError(400, str(exc), code="context_length_exceeded", param="messages") from exc
+        except GenerationTimeout as exc:
+            raise ApiError(503, str(exc), kind="server_error", code="timeout") from exc
+        except (ValueError, TypeError) as exc:
+            raise ApiError(400, str(exc), param="tools") from exc
+
+    def constraints(body: schema.ChatCompletionRequest) -> dict[str, Any]:
+        try:
+            return body.constraints()
+        except ValueError as exc:
+            raise ApiError(
+                400, str(exc), param="response_format" if body.response_format else "tools"
+            ) from exc
+
     def open_stream(prompt: Any, options: dict[str, Any]) -> Any:
         try:
             return engine.astream(prompt, **options)
@@ -197,7 +226,9 @@ def create_app(
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(request: Request) -> Any:
         body = await read_body(request, schema.ChatCompletionRequest)
-        options = settings(body, raw=False)
+        options = {**settings(body, raw=False), **constraints(body)}
+        if body.calls_tools():
+            return await tool_reply(body, options)
         if not body.stream:
             return schema.chat_completion(await run(body.prompt(), options), body.model)
         stream = open_stream(body.prompt(), options)
@@ -212,6 +243,24 @@ def create_app(
             yield schema.chat_chunk(chunk_id, body.model, {}, stream.result.finish_reason)
             if include_usage:
                 yield schema.usage_chunk(chunk_id, body.model, stream.result, "chat.completion.chunk")
+
+        return sse(events)
+
+    async def tool_reply(body: schema.ChatCompletionRequest, options: dict[str, Any]) -> Any:
+        """An answer that may call tools; streamed whole, as a partial call would not parse."""
+        answer = await call_tools(body, options)
+        if not body.stream:
+            return schema.tool_call_completion(answer, body.model)
+        chunk_id = schema.new_id("chatcmpl")
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+        async def events() -> AsyncIterator[dict[str, Any]]:
+            yield schema.chat_chunk(chunk_id, body.model, {"role": "assistant", "content": ""})
+            for delta in schema.tool_call_deltas(answer):
+                yield schema.chat_chunk(chunk_id, body.model, delta)
+            yield schema.chat_chunk(chunk_id, body.model, {}, answer.finish_reason)
+            if include_usage:
+                yield schema.usage_chunk(chunk_id, body.model, answer.result, "chat.completion.chunk")
 
         return sse(events)
 
