@@ -102,6 +102,35 @@ class Grammar:
         return str(llguidance.LLMatcher.grammar_from_lark(self.source))
 
 
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_VALUES = ("items", "additionalProperties", "not", "contains", "if", "then", "else")
+
+
+def closed_objects(schema: Any) -> Any:
+    """A copy of a JSON schema whose objects take only their listed properties, unless a schema
+    says otherwise (`additionalProperties`), as OpenAI's strict mode requires.
+
+    JSON Schema lets objects have any extra key by default; a model decoding under that grammar
+    may invent keys after the real ones, which helps no one reading structured output.
+    """
+    if not isinstance(schema, Mapping):
+        return schema
+    copy: dict[str, Any] = dict(schema)
+    for key in _SCHEMA_MAPS:
+        if isinstance(copy.get(key), Mapping):
+            copy[key] = {name: closed_objects(sub) for name, sub in copy[key].items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(copy.get(key), list):
+            copy[key] = [closed_objects(sub) for sub in copy[key]]
+    for key in _SCHEMA_VALUES:
+        if isinstance(copy.get(key), Mapping):
+            copy[key] = closed_objects(copy[key])
+    if "properties" in copy and "additionalProperties" not in copy:
+        copy["additionalProperties"] = False
+    return copy
+
+
 def grammar_tokenizer(tokenizer: Any, vocab_size: int, eos_ids: Iterable[int]) -> Any:
     """llguidance's view of a Hugging Face tokenizer, built once (about a second) and cached."""
     key = (vocab_size, tuple(sorted(eos_ids)))

@@ -5,6 +5,7 @@ follow that better than a raw schema), and the engine decodes under the schema's
 (`rag_mspoe.grammar`): every token that would break the JSON or the schema is masked, so the
 answer parses and validates (arrays, nested objects, enums, `$ref`, quotes inside strings),
 unless max_new_tokens cuts it short (finish_reason "length"). One prefill per answer.
+Objects take only their listed keys unless the schema allows more (`additionalProperties`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from rag_mspoe.chat_template import Prompt, as_messages
 from rag_mspoe.engine import Engine, GenerationResult
-from rag_mspoe.grammar import Grammar, GrammarError
+from rag_mspoe.grammar import Grammar, GrammarError, closed_objects
 
 
 class UnsupportedSchemaError(GrammarError):
@@ -25,7 +26,7 @@ class UnsupportedSchemaError(GrammarError):
 def check_schema(schema: Mapping[str, Any]) -> Grammar:
     """The grammar for `schema`; UnsupportedSchemaError naming the problem if there is none."""
     try:
-        return Grammar.json_schema(schema)
+        return Grammar.json_schema(closed_objects(schema))
     except GrammarError as exc:
         raise UnsupportedSchemaError(f"{exc} Simplify the schema or drop the construct named.") from exc
 

@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from rag_mspoe.grammar import JSON_OPTIONS, Grammar
+from rag_mspoe.grammar import JSON_OPTIONS, Grammar, closed_objects
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 RESULT_OPEN, RESULT_CLOSE = "<tool_response>", "</tool_response>"
@@ -95,13 +95,11 @@ def parse_calls(text: str) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
 def call_schema(tool: Mapping[str, Any]) -> dict[str, Any]:
     """The JSON schema of one call of `tool`: its name, then arguments valid for its parameters.
 
-    The arguments object takes only the listed parameters unless the schema says otherwise
-    (`additionalProperties`), as in OpenAI's strict mode: invented keys help no tool.
+    Objects take only their listed keys unless the schema says otherwise (`additionalProperties`),
+    as in OpenAI's strict mode: invented keys help no tool.
     """
     function = tool["function"]
-    parameters = dict(function.get("parameters") or {"type": "object", "properties": {}})
-    if parameters.get("type") == "object":
-        parameters.setdefault("additionalProperties", False)
+    parameters = closed_objects(function.get("parameters") or {"type": "object", "properties": {}})
     return {
         "type": "object",
         "properties": {"name": {"const": function["name"]}, "arguments": parameters},

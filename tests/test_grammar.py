@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tiny_models import tiny_model
 
 from rag_mspoe.engine import Engine
-from rag_mspoe.grammar import Grammar, GrammarError
+from rag_mspoe.grammar import Grammar, GrammarError, closed_objects
 from rag_mspoe.json_output import UnsupportedSchemaError, check_schema, describe, generate_json
 
 
@@ -158,3 +158,28 @@ def test_embedded_model_fills_a_six_field_object(embedded):
     result = generate_json(engine, text, Profile.model_json_schema(), max_new_tokens=80)
     profile = Profile.model_validate_json(result.text)
     assert (profile.name, profile.age, profile.city) == ("Maria", 42, "Lisbon")
+
+
+def test_structured_output_objects_take_only_their_listed_keys(tiny):
+    schema = {
+        "$defs": {
+            "Inner": {"type": "object", "properties": {"properties": {"type": "integer", "maximum": 9}}}
+        },
+        "type": "object",
+        "properties": {
+            "inner": {"$ref": "#/$defs/Inner"},
+            "free": {"type": "object", "additionalProperties": True},
+        },
+        "required": ["inner"],
+    }
+    closed = closed_objects(schema)
+    assert closed["additionalProperties"] is False
+    assert closed["$defs"]["Inner"]["additionalProperties"] is False
+    assert closed["$defs"]["Inner"]["properties"] == {"properties": {"type": "integer", "maximum": 9}}
+    assert closed["properties"]["free"]["additionalProperties"] is True  # stated by the schema: kept
+    assert "additionalProperties" not in schema  # the caller's schema is left as it was
+    for seed in range(3):
+        result = generate_json(
+            tiny, "?", {**schema, "required": ["inner"]}, max_new_tokens=60, temperature=1.0, seed=seed
+        )
+        assert set(json.loads(result.text)) <= {"inner", "free"}
