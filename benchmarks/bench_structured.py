@@ -326,7 +326,7 @@ def bench_tools(engine: Any, max_tokens: int) -> dict[str, Any]:
     from rag_mspoe.tool_calls import generate_with_tools
 
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-    right_tool = valid = correct = 0
+    right_tool = valid = correct = no_call = 0
     started = time.perf_counter()
     for prompt, tool, expected in TOOL_PROMPTS:
         answer = generate_with_tools(
@@ -337,7 +337,8 @@ def bench_tools(engine: Any, max_tokens: int) -> dict[str, Any]:
             parallel_tool_calls=False,
             max_new_tokens=max_tokens,
         )
-        if not answer.tool_calls:
+        if not answer.tool_calls:  # max_tokens ran out inside the call
+            no_call += 1
             continue
         call = answer.tool_calls[0]
         try:
@@ -354,6 +355,7 @@ def bench_tools(engine: Any, max_tokens: int) -> dict[str, Any]:
         "right_tool": right_tool,
         "args_valid": valid,
         "args_correct": correct,
+        "no_call_within_max_tokens": no_call,
         "right_tool_rate": round(right_tool / total, 3),
         "args_valid_rate": round(valid / total, 3),
         "args_correct_rate": round(correct / total, 3),
