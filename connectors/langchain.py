@@ -7,16 +7,22 @@
 
 Both adapters are thin: every call goes to `rag_mspoe.engine.Engine`, which owns the chat
 template, stop strings, streaming, token counts and the lock that keeps concurrent calls apart.
-Tool calling is not offered: the adapter does not put tools in the prompt, so it would only
-pretend. Structured output (`with_structured_output`) is schema-guided JSON: the schema writes
-the structure and the model fills the values (see `rag_mspoe.json_output`), so the answer always
-parses, whichever of LangChain's structured-output methods is asked for.
+
+Tools (`bind_tools`) reach the model through its chat template, and its calls are decoded under
+a grammar that admits only calls with arguments valid for their tool (`rag_mspoe.tool_calls`);
+they come back as `AIMessage.tool_calls`, and `ToolMessage`s carry the results back in.
+Structured output (`with_structured_output`) is grammar-constrained too: "json_schema" and
+"json_mode" decode JSON valid for the schema (`rag_mspoe.json_output`), "function_calling" forces
+a call of the schema as a tool, so the answer always parses.
+
+    chat.bind_tools([get_weather], tool_choice="any").invoke("Weather in Paris?").tool_calls
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator, Sequence
+import json
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from operator import itemgetter
 from typing import Any, Literal
 
@@ -29,9 +35,13 @@ from langchain_core.messages import (
     ChatMessage,
     HumanMessage,
     SystemMessage,
+    ToolCall,
+    ToolCallChunk,
+    ToolMessage,
     UsageMetadata,
 )
 from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
+from langchain_core.output_parsers.openai_tools import JsonOutputKeyToolsParser, PydanticToolsParser
 from langchain_core.outputs import (
     ChatGeneration,
     ChatGenerationChunk,
@@ -41,42 +51,73 @@ from langchain_core.outputs import (
     LLMResult,
 )
 from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
-from langchain_core.utils.function_calling import convert_to_json_schema
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ConfigDict, Field
 
 from rag_mspoe.connectors.settings import EngineFields, aretrying, engine_settings, retrying
 from rag_mspoe.engine import GenerationResult
 from rag_mspoe.json_output import check_schema, generate_json
+from rag_mspoe.tool_calls import ToolAnswer, generate_with_tools
 
 PROVIDER = "rag_mspoe"
-_ROLES = {HumanMessage: "user", SystemMessage: "system", AIMessage: "assistant"}
-# LangChain's structured-output methods; all are served by schema-guided JSON here.
+_ROLES = {HumanMessage: "user", SystemMessage: "system", AIMessage: "assistant", ToolMessage: "tool"}
+# LangChain's structured-output methods, all grammar-constrained here.
 STRUCTURED_OUTPUT_METHODS = ("json_schema", "json_mode", "function_calling")
+# Call arguments that turn a chat call into a tool-calling one (set by bind_tools).
+_TOOL_ARGUMENTS = ("tools", "tool_choice", "parallel_tool_calls")
 
 
-def to_chat_messages(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
-    """LangChain messages as {"role", "content"} dicts for the chat template."""
+def to_chat_messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
+    """LangChain messages as chat-template dicts; AI tool calls and tool results included."""
     converted = []
     for message in messages:
         if isinstance(message, ChatMessage):
             role = message.role
         else:
             role = next((r for cls, r in _ROLES.items() if isinstance(message, cls)), "")
-        if not role or getattr(message, "tool_calls", None):
+        if not role:
             raise ValueError(
-                f"{type(message).__name__} is not supported: this model has no tool calling. "
-                "Send system, human and AI messages with text content."
+                f"{type(message).__name__} is not supported. "
+                "Send system, human, AI and tool messages with text content."
             )
         if not isinstance(message.content, str):
             kinds = {block.get("type") for block in message.content if isinstance(block, dict)}
-            if kinds - {"text"}:
+            # Call blocks in an AI message's content repeat its tool_calls, which are rendered.
+            readable = {"text", "tool_use", "tool_call"} if isinstance(message, AIMessage) else {"text"}
+            if kinds - readable:
                 raise ValueError(
-                    f"Message content of type {sorted(k for k in kinds - {'text'} if k)} is not supported: "
+                    f"Message content of type {sorted(k for k in kinds - readable if k)} is not supported: "
                     "this model reads text only."
                 )
-        converted.append({"role": role, "content": message.text})
+        entry: dict[str, Any] = {"role": role, "content": message.text}
+        if isinstance(message, AIMessage) and message.tool_calls:
+            entry["tool_calls"] = [
+                {
+                    "id": call["id"],
+                    "type": "function",
+                    "function": {"name": call["name"], "arguments": call["args"]},
+                }
+                for call in message.tool_calls
+            ]
+        if isinstance(message, ToolMessage):
+            entry["tool_call_id"] = message.tool_call_id
+        converted.append(entry)
     return converted
+
+
+def openai_tool_choice(tool_choice: Any, tools: list[dict[str, Any]]) -> Any:
+    """LangChain's tool_choice spellings ("any", True, a name, a dict) in the OpenAI form."""
+    if tool_choice is None:
+        return "auto"
+    if tool_choice == "any" or (tool_choice is True and len(tools) > 1):
+        return "required"
+    if tool_choice is True:
+        return tools[0]["function"]["name"]
+    if tool_choice is False:
+        return "none"
+    return tool_choice
 
 
 def usage_metadata(result: GenerationResult) -> UsageMetadata:
@@ -102,11 +143,12 @@ class EngineParams(EngineFields):
             )
         return engine_settings(self, kwargs if stop is None else {**kwargs, "stop": stop})
 
-    def _response_metadata(self, result: GenerationResult) -> dict[str, Any]:
+    def _response_metadata(self, answer: GenerationResult | ToolAnswer) -> dict[str, Any]:
+        result = answer.result if isinstance(answer, ToolAnswer) else answer
         metadata: dict[str, Any] = {
             "model_name": self.model_name,
             "method": result.method,
-            "finish_reason": result.finish_reason,
+            "finish_reason": answer.finish_reason,
         }
         if result.truncation is not None:
             metadata["truncated_tokens"] = result.truncation.removed_tokens
@@ -184,7 +226,7 @@ class ChatRagMsPoE(EngineParams, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        if "json_schema" in kwargs:  # a partial object would not validate: send the JSON whole
+        if self._constrained(kwargs):  # a partial object or call would not validate: send it whole
             yield from self._whole(self._answer(messages, stop, kwargs))
             return
         stream = self.engine.stream(to_chat_messages(messages), **self._settings(stop, kwargs))
@@ -194,7 +236,7 @@ class ChatRagMsPoE(EngineParams, BaseChatModel):
                 run_manager.on_llm_new_token(piece, chunk=chunk)
             yield chunk
         assert stream.result is not None
-        yield self._last_chunk(stream.result)
+        yield self._last_chunk(ToolAnswer(stream.result.text, (), stream.result))
 
     async def _astream(
         self,
@@ -203,7 +245,7 @@ class ChatRagMsPoE(EngineParams, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        if "json_schema" in kwargs:
+        if self._constrained(kwargs):
             for chunk in self._whole(await asyncio.to_thread(self._answer, messages, stop, kwargs)):
                 yield chunk
             return
@@ -214,7 +256,30 @@ class ChatRagMsPoE(EngineParams, BaseChatModel):
                 await run_manager.on_llm_new_token(piece, chunk=chunk)
             yield chunk
         assert stream.result is not None
-        yield self._last_chunk(stream.result)
+        yield self._last_chunk(ToolAnswer(stream.result.text, (), stream.result))
+
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
+        *,
+        tool_choice: str | bool | dict[str, Any] | None = None,
+        parallel_tool_calls: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[Any, AIMessage]:
+        """The model with tools it may call (LangChain tools, functions, pydantic classes, dicts).
+
+        tool_choice: None or "auto" (the model decides), "any"/"required" (at least one call),
+        a tool's name (that tool), "none" (text only). Every call's arguments validate against
+        its tool's schema.
+        """
+        formatted = [convert_to_openai_tool(tool) for tool in tools]
+        options: dict[str, Any] = {
+            "tools": formatted,
+            "tool_choice": openai_tool_choice(tool_choice, formatted),
+        }
+        if parallel_tool_calls is not None:
+            options["parallel_tool_calls"] = parallel_tool_calls
+        return self.bind(**options, **kwargs)
 
     def with_structured_output(
         self,
@@ -227,8 +292,9 @@ class ChatRagMsPoE(EngineParams, BaseChatModel):
     ) -> Runnable[Any, Any]:
         """A runnable answering with an object of `schema` (pydantic class, TypedDict or JSON schema).
 
-        Every `method` is served by schema-guided JSON, which is always strict: the answer has
-        every key of the schema and parses. Pydantic classes come back as instances, the rest as dicts.
+        "json_schema" and "json_mode" decode JSON valid for the schema; "function_calling" forces
+        one call of the schema as a tool. All are strict: the answer parses and has every
+        required key. Pydantic classes come back as instances, the rest as dicts.
         """
         if kwargs:
             raise TypeError(f"Unknown argument(s) {sorted(kwargs)} for with_structured_output.")
@@ -236,61 +302,83 @@ class ChatRagMsPoE(EngineParams, BaseChatModel):
             raise ValueError(f"method must be one of {STRUCTURED_OUTPUT_METHODS}, got {method!r}.")
         json_schema = convert_to_json_schema(schema)
         check_schema(json_schema)
-        llm = self.bind(
-            json_schema=json_schema,
-            ls_structured_output_format={
+        traced = {
+            "ls_structured_output_format": {
                 "kwargs": {"method": method, "strict": strict},
                 "schema": json_schema,
-            },
-        )
-        parser: Runnable[Any, Any] = (
-            PydanticOutputParser(pydantic_object=schema)
-            if isinstance(schema, type) and is_basemodel_subclass(schema)
-            else JsonOutputParser()
-        )
+            }
+        }
+        is_pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
+        parser: Runnable[Any, Any]
+        if method == "function_calling":
+            tool = convert_to_openai_tool(schema)
+            name = tool["function"]["name"]
+            llm = self.bind(tools=[tool], tool_choice=name, parallel_tool_calls=False, **traced)
+            parser = (
+                PydanticToolsParser(tools=[schema], first_tool_only=True)  # type: ignore[list-item]
+                if is_pydantic
+                else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True)
+            )
+        else:
+            llm = self.bind(json_schema=json_schema, **traced)
+            parser = PydanticOutputParser(pydantic_object=schema) if is_pydantic else JsonOutputParser()  # type: ignore[arg-type]
         if not include_raw:
             return llm | parser
         parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
         unparsed = RunnablePassthrough.assign(parsed=lambda _: None)
         return RunnableMap(raw=llm) | parsed.with_fallbacks([unparsed], exception_key="parsing_error")
 
+    @staticmethod
+    def _constrained(kwargs: dict[str, Any]) -> bool:
+        return "json_schema" in kwargs or bool(kwargs.get("tools"))
+
     def _answer(
         self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
-    ) -> GenerationResult:
-        """One blocking answer: plain text, or schema-guided JSON when a schema is bound."""
+    ) -> ToolAnswer:
+        """One blocking answer: plain text, JSON for a bound schema, or tool calls for bound tools."""
         schema = kwargs.pop("json_schema", None)
+        tool_options = {key: kwargs.pop(key) for key in _TOOL_ARGUMENTS if key in kwargs}
         settings = self._settings(stop, kwargs)
         prompt = to_chat_messages(messages)
+        if tool_options.get("tools"):
+            return generate_with_tools(self.engine, prompt, **tool_options, **settings)
         if schema is None:
-            return self.engine.generate(prompt, **settings)
-        del settings["stop"]  # the schema decides where each value ends
-        return generate_json(self.engine, prompt, schema, **settings)
+            result = self.engine.generate(prompt, **settings)
+        else:
+            del settings["stop"]  # the schema decides where the answer ends
+            result = generate_json(self.engine, prompt, schema, **settings)
+        return ToolAnswer(result.text, (), result)
 
-    def _whole(self, result: GenerationResult) -> Iterator[ChatGenerationChunk]:
-        yield ChatGenerationChunk(message=AIMessageChunk(content=result.text))
-        yield self._last_chunk(result)
+    def _whole(self, answer: ToolAnswer) -> Iterator[ChatGenerationChunk]:
+        chunks = [
+            ToolCallChunk(name=call.name, args=json.dumps(call.arguments), id=call.id, index=index)
+            for index, call in enumerate(answer.tool_calls)
+        ]
+        yield ChatGenerationChunk(message=AIMessageChunk(content=answer.content, tool_call_chunks=chunks))
+        yield self._last_chunk(answer)
 
-    def _chat_result(self, result: GenerationResult) -> ChatResult:
+    def _chat_result(self, answer: ToolAnswer) -> ChatResult:
         message = AIMessage(
-            content=result.text,
-            usage_metadata=usage_metadata(result),
-            response_metadata=self._response_metadata(result),
+            content=answer.content,
+            tool_calls=[ToolCall(name=c.name, args=c.arguments, id=c.id) for c in answer.tool_calls],
+            usage_metadata=usage_metadata(answer.result),
+            response_metadata=self._response_metadata(answer),
         )
         return ChatResult(
             generations=[
-                ChatGeneration(message=message, generation_info={"finish_reason": result.finish_reason})
+                ChatGeneration(message=message, generation_info={"finish_reason": answer.finish_reason})
             ]
         )
 
-    def _last_chunk(self, result: GenerationResult) -> ChatGenerationChunk:
+    def _last_chunk(self, answer: ToolAnswer) -> ChatGenerationChunk:
         """An empty chunk closing the stream, carrying the token counts and metadata once."""
         message = AIMessageChunk(
             content="",
-            usage_metadata=usage_metadata(result),
-            response_metadata=self._response_metadata(result),
+            usage_metadata=usage_metadata(answer.result),
+            response_metadata=self._response_metadata(answer),
             chunk_position="last",
         )
-        return ChatGenerationChunk(message=message, generation_info={"finish_reason": result.finish_reason})
+        return ChatGenerationChunk(message=message, generation_info={"finish_reason": answer.finish_reason})
 
 
 class RagMsPoELLM(EngineParams, BaseLLM):

@@ -9,12 +9,21 @@
 `metadata` tells LlamaIndex the truth: the context window comes from the model config, and the
 model is a chat model, so query engines send chat messages through its chat template.
 `complete` continues plain text unless `use_chat_template=True`.
+
+It is a `FunctionCallingLLM`: tools reach the model through its chat template and its calls are
+decoded under a grammar of the tools' schemas (`rag_mspoe.tool_calls`), so `predict_and_call`
+and agents (`FunctionAgent`) get calls whose arguments validate. `structured_predict` decodes
+JSON valid for the output class (`rag_mspoe.json_output`) in one generation.
+
+    llm.predict_and_call([FunctionTool.from_defaults(fn=add)], "What is 2 + 3?", tool_required=True)
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from llama_index.core.base.llms.types import (
     ChatMessage,
@@ -27,37 +36,70 @@ from llama_index.core.base.llms.types import (
     LLMMetadata,
     MessageRole,
     TextBlock,
+    ToolCallBlock,
 )
-from llama_index.core.llms import LLM
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
-from pydantic import ConfigDict, Field
+from llama_index.core.llms.function_calling import FunctionCallingLLM
+from llama_index.core.llms.llm import ToolSelection
+from llama_index.core.prompts import BasePromptTemplate
+from llama_index.core.tools import BaseTool
+from pydantic import BaseModel, ConfigDict, Field
 
 from rag_mspoe.chat_template import Prompt
 from rag_mspoe.connectors.settings import EngineFields, aretrying, engine_settings, retrying
 from rag_mspoe.engine import GenerationResult
+from rag_mspoe.json_output import generate_json
+from rag_mspoe.tool_calls import ToolAnswer, generate_with_tools
 
-_ROLES = {MessageRole.SYSTEM: "system", MessageRole.USER: "user", MessageRole.ASSISTANT: "assistant"}
+_ROLES = {
+    MessageRole.SYSTEM: "system",
+    MessageRole.USER: "user",
+    MessageRole.ASSISTANT: "assistant",
+    MessageRole.TOOL: "tool",
+}
+# Call arguments that turn a chat call into a tool-calling one (set by _prepare_chat_with_tools).
+_TOOL_ARGUMENTS = ("tools", "tool_choice", "parallel_tool_calls")
+Model = TypeVar("Model", bound=BaseModel)
 
 
-def to_chat_messages(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
-    """LlamaIndex chat messages as {"role", "content"} dicts for the chat template."""
+def to_chat_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """LlamaIndex chat messages as chat-template dicts; assistant tool calls and tool results included."""
     converted = []
     for message in messages:
         if message.role not in _ROLES:
             raise ValueError(
-                f"Messages with role {message.role.value!r} are not supported: this model has no tool "
-                "calling. Send system, user and assistant messages."
+                f"Messages with role {message.role.value!r} are not supported. "
+                "Send system, user, assistant and tool messages."
             )
         others = sorted(
-            {type(block).__name__ for block in message.blocks if not isinstance(block, TextBlock)}
+            {
+                type(block).__name__
+                for block in message.blocks
+                if not isinstance(block, (TextBlock, ToolCallBlock))
+            }
         )
         if others:
             raise ValueError(f"Message blocks {others} are not supported: this model reads text only.")
-        converted.append({"role": _ROLES[message.role], "content": message.content or ""})
+        entry: dict[str, Any] = {"role": _ROLES[message.role], "content": message.content or ""}
+        calls = list(message.additional_kwargs.get("tool_calls") or [])
+        calls += [
+            {
+                "id": b.tool_call_id,
+                "type": "function",
+                "function": {"name": b.tool_name, "arguments": b.tool_kwargs},
+            }
+            for b in message.blocks
+            if isinstance(b, ToolCallBlock)
+        ]
+        if calls and message.role == MessageRole.ASSISTANT:
+            entry["tool_calls"] = calls
+        if message.role == MessageRole.TOOL and message.additional_kwargs.get("tool_call_id"):
+            entry["tool_call_id"] = message.additional_kwargs["tool_call_id"]
+        converted.append(entry)
     return converted
 
 
-class RagMsPoE(EngineFields, LLM):
+class RagMsPoE(EngineFields, FunctionCallingLLM):
     """A LlamaIndex LLM over a local model with rescaled RoPE (Ms-PoE, per layer, ...)."""
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
@@ -76,7 +118,7 @@ class RagMsPoE(EngineFields, LLM):
             context_window=self.engine.context_window,
             num_output=self.max_tokens,
             is_chat_model=True,
-            is_function_calling_model=False,
+            is_function_calling_model=True,
             model_name=self.model_name,
         )
 
@@ -88,18 +130,25 @@ class RagMsPoE(EngineFields, LLM):
     # -- chat ----------------------------------------------------------------------------------------
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        prompt, settings = to_chat_messages(messages), engine_settings(self, kwargs)
-        result = retrying(lambda: self.engine.generate(prompt, **settings), self.max_retries)
-        return self._chat_response(result.text, "", result)
+        answer = retrying(lambda: self._answer(messages, dict(kwargs)), self.max_retries)
+        return self._chat_response(answer.content, "", answer)
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        prompt, settings = to_chat_messages(messages), engine_settings(self, kwargs)
-        result = await aretrying(lambda: self.engine.agenerate(prompt, **settings), self.max_retries)
-        return self._chat_response(result.text, "", result)
+        answer = await aretrying(
+            lambda: asyncio.to_thread(self._answer, messages, dict(kwargs)), self.max_retries
+        )
+        return self._chat_response(answer.content, "", answer)
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
+        if kwargs.get("tools"):  # a partial call would not parse: the answer comes whole
+            whole = self._answer(messages, dict(kwargs))
+
+            def single() -> ChatResponseGen:
+                yield self._chat_response(whole.content, whole.content, whole)
+
+            return single()
         stream = self.engine.stream(to_chat_messages(messages), **engine_settings(self, kwargs))
 
         def responses() -> ChatResponseGen:
@@ -113,6 +162,13 @@ class RagMsPoE(EngineFields, LLM):
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
+        if kwargs.get("tools"):
+            whole = await asyncio.to_thread(self._answer, messages, dict(kwargs))
+
+            async def single() -> ChatResponseAsyncGen:
+                yield self._chat_response(whole.content, whole.content, whole)
+
+            return single()
         stream = self.engine.astream(to_chat_messages(messages), **engine_settings(self, kwargs))
 
         async def responses() -> ChatResponseAsyncGen:
@@ -123,6 +179,86 @@ class RagMsPoE(EngineFields, LLM):
             yield self._chat_response(text, "", stream.result)
 
         return responses()
+
+    # -- tools and structured output ----------------------------------------------------------------
+    def _prepare_chat_with_tools(
+        self,
+        tools: Sequence[BaseTool],
+        user_msg: str | ChatMessage | None = None,
+        chat_history: list[ChatMessage] | None = None,
+        verbose: bool = False,
+        allow_parallel_tool_calls: bool = False,
+        tool_required: bool = False,
+        tool_choice: str | dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        """chat() arguments offering `tools`; tool_choice as in OpenAI ("auto", "required", a name)."""
+        messages = list(chat_history or [])
+        if user_msg is not None:
+            messages.append(
+                ChatMessage(role=MessageRole.USER, content=user_msg)
+                if isinstance(user_msg, str)
+                else user_msg
+            )
+        return {
+            "messages": messages,
+            "tools": [tool.metadata.to_openai_tool() for tool in tools] or None,
+            "tool_choice": tool_choice or ("required" if tool_required else "auto"),
+            "parallel_tool_calls": allow_parallel_tool_calls,
+            **kwargs,
+        }
+
+    def get_tool_calls_from_response(
+        self, response: ChatResponse, error_on_no_tool_call: bool = True, **kwargs: Any
+    ) -> list[ToolSelection]:
+        calls = response.message.additional_kwargs.get("tool_calls") or []
+        if not calls and error_on_no_tool_call:
+            raise ValueError(f"The model answered without calling a tool: {response.message.content!r}.")
+        return [
+            ToolSelection(
+                tool_id=call["id"],
+                tool_name=call["function"]["name"],
+                tool_kwargs=json.loads(call["function"]["arguments"]),
+            )
+            for call in calls
+        ]
+
+    def structured_predict(
+        self,
+        output_cls: type[Model],
+        prompt: BasePromptTemplate,
+        llm_kwargs: dict[str, Any] | None = None,
+        **prompt_args: Any,
+    ) -> Model:
+        """An `output_cls` instance from one generation constrained to its JSON schema."""
+        messages = to_chat_messages(prompt.format_messages(llm=self, **prompt_args))
+        settings = engine_settings(self, dict(llm_kwargs or {}))
+        del settings["stop"]  # the schema decides where the answer ends
+        result = retrying(
+            lambda: generate_json(self.engine, messages, output_cls.model_json_schema(), **settings),
+            self.max_retries,
+        )
+        return output_cls.model_validate_json(result.text)
+
+    async def astructured_predict(
+        self,
+        output_cls: type[Model],
+        prompt: BasePromptTemplate,
+        llm_kwargs: dict[str, Any] | None = None,
+        **prompt_args: Any,
+    ) -> Model:
+        return await asyncio.to_thread(
+            lambda: self.structured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
+        )
+
+    def _answer(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ToolAnswer:
+        """One blocking answer: plain text, or tool calls when tools are offered."""
+        tool_options = {key: kwargs.pop(key) for key in _TOOL_ARGUMENTS if key in kwargs}
+        prompt, settings = to_chat_messages(messages), engine_settings(self, kwargs)
+        if tool_options.get("tools"):
+            return generate_with_tools(self.engine, prompt, **tool_options, **settings)
+        result = self.engine.generate(prompt, **settings)
+        return ToolAnswer(result.text, (), result)
 
     # -- completion ----------------------------------------------------------------------------------
     @llm_completion_callback()
@@ -178,10 +314,11 @@ class RagMsPoE(EngineFields, LLM):
     def _completion_settings(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         return {**engine_settings(self, kwargs), "raw": not self.use_chat_template}
 
-    def _raw(self, result: GenerationResult | None) -> dict[str, Any]:
+    def _raw(self, answer: GenerationResult | ToolAnswer | None) -> dict[str, Any]:
         """Token counts in the OpenAI shape LlamaIndex's token counter reads, and what answered."""
-        if result is None:
+        if answer is None:
             return {}
+        result = answer.result if isinstance(answer, ToolAnswer) else answer
         usage = {
             "prompt_tokens": result.prompt_tokens,
             "completion_tokens": result.completion_tokens,
@@ -190,16 +327,21 @@ class RagMsPoE(EngineFields, LLM):
         raw: dict[str, Any] = {
             "model": self.model_name,
             "method": result.method,
-            "finish_reason": result.finish_reason,
+            "finish_reason": answer.finish_reason,
             "usage": usage,
         }
         if result.truncation is not None:
             raw["truncated_tokens"] = result.truncation.removed_tokens
         return raw
 
-    def _chat_response(self, text: str, delta: str, result: GenerationResult | None) -> ChatResponse:
-        message = ChatMessage(role=MessageRole.ASSISTANT, content=text)
-        return ChatResponse(message=message, delta=delta, raw=self._raw(result))
+    def _chat_response(
+        self, text: str, delta: str, answer: GenerationResult | ToolAnswer | None
+    ) -> ChatResponse:
+        calls = [call.openai() for call in answer.tool_calls] if isinstance(answer, ToolAnswer) else []
+        message = ChatMessage(
+            role=MessageRole.ASSISTANT, content=text, additional_kwargs={"tool_calls": calls} if calls else {}
+        )
+        return ChatResponse(message=message, delta=delta, raw=self._raw(answer))
 
     def _completion_response(
         self, text: str, delta: str, result: GenerationResult | None

@@ -9,6 +9,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rag_mspoe.engine import GenerationResult
+from rag_mspoe.grammar import Grammar
+from rag_mspoe.tool_calls import ToolAnswer
 
 
 class _Request(BaseModel):
@@ -22,14 +24,60 @@ class ContentPart(_Request):
     text: str
 
 
+class CalledFunction(_Request):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCallIn(_Request):
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
+class FunctionDef(_Request):
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # calls always follow the parameters schema here
+
+
+class ToolDef(_Request):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Request):
+    name: str
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(_Request):
+    name: str
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None  # the answer always follows the schema here
+
+
+class ResponseFormat(_Request):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class ChatMessage(_Request):
-    role: Literal["system", "user", "assistant", "developer"]
-    content: str | list[ContentPart]
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
         return "".join(part.text for part in self.content)
 
 
@@ -72,12 +120,57 @@ class ChatCompletionRequest(_CompletionParams):
     def requested_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
-    def prompt(self) -> list[dict[str, str]]:
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+    response_format: ResponseFormat | None = None
+
+    def prompt(self) -> list[dict[str, Any]]:
         # "developer" is the newer name of the system role.
-        return [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-            for m in self.messages
-        ]
+        messages = []
+        for m in self.messages:
+            message: dict[str, Any] = {
+                "role": "system" if m.role == "developer" else m.role,
+                "content": m.text(),
+            }
+            if m.tool_calls:
+                message["tool_calls"] = [call.model_dump() for call in m.tool_calls]
+            if m.tool_call_id:
+                message["tool_call_id"] = m.tool_call_id
+            messages.append(message)
+        return messages
+
+    def tool_list(self) -> list[dict[str, Any]]:
+        return [tool.model_dump(exclude_none=True) for tool in self.tools or []]
+
+    def chosen_tool(self) -> str | dict[str, Any]:
+        """tool_choice in the engine's form; OpenAI's default is "auto" when tools are sent."""
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return self.tool_choice.model_dump()
+        return self.tool_choice or "auto"
+
+    def calls_tools(self) -> bool:
+        """Whether the answer may hold tool calls (tools sent, and tool_choice is not "none")."""
+        return bool(self.tools) and self.chosen_tool() != "none"
+
+    def constraints(self) -> dict[str, Any]:
+        """Engine settings for response_format, and for tools the model may not call."""
+        if self.tool_choice is not None and not self.tools:
+            raise ValueError("tool_choice needs tools; send the tools it chooses among.")
+        if self.calls_tools() and self.response_format and self.response_format.type != "text":
+            raise ValueError(
+                "response_format json_object/json_schema cannot be combined with callable tools here; "
+                "send one or the other (or tool_choice 'none')."
+            )
+        options: dict[str, Any] = {"tools": self.tool_list()} if self.tools and not self.calls_tools() else {}
+        fmt = self.response_format
+        if fmt is not None and fmt.type == "json_object":
+            options["grammar"] = Grammar.json_object()
+        elif fmt is not None and fmt.type == "json_schema":
+            if fmt.json_schema is None:
+                raise ValueError("response_format of type json_schema needs a json_schema: {name, schema}.")
+            options["grammar"] = Grammar.json_schema(fmt.json_schema.schema_)
+        return options
 
 
 class CompletionRequest(_CompletionParams):
@@ -125,6 +218,23 @@ def chat_completion(result: GenerationResult, model: str) -> dict[str, Any]:
         ],
         "usage": usage(result),
     }
+
+
+def tool_call_completion(answer: ToolAnswer, model: str) -> dict[str, Any]:
+    """A chat completion whose message may carry tool calls (content null when there is no text)."""
+    body = chat_completion(answer.result, model)
+    message: dict[str, Any] = {"role": "assistant", "content": answer.content or None}
+    if answer.tool_calls:
+        message["tool_calls"] = [call.openai() for call in answer.tool_calls]
+    body["choices"][0].update(message=message, finish_reason=answer.finish_reason)
+    return body
+
+
+def tool_call_deltas(answer: ToolAnswer) -> list[dict[str, Any]]:
+    """The stream deltas of a whole tool-calling answer: its text, then each call with its index."""
+    deltas: list[dict[str, Any]] = [{"content": answer.content}] if answer.content else []
+    deltas += [{"tool_calls": [{"index": i, **call.openai()}]} for i, call in enumerate(answer.tool_calls)]
+    return deltas
 
 
 def text_completion(result: GenerationResult, model: str, prefix: str = "") -> dict[str, Any]:

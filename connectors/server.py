@@ -38,6 +38,7 @@ from rag_mspoe.connectors.request_guard import LOOPBACK_HOSTS, UNEXPECTED, Guard
 from rag_mspoe.engine import Engine, GenerationResult, GenerationTimeout, PromptTooLongError
 from rag_mspoe.loading import model_display_name
 from rag_mspoe.methods import CALIBRATED, NAMED_METHODS, MethodConfig, method_name, parse_method
+from rag_mspoe.tool_calls import ToolAnswer, generate_with_tools
 
 DEFAULT_MAX_TOKENS = 256
 logger = logging.getLogger(__name__)
@@ -238,6 +239,33 @@ def create_app(
             )
         return work.result()
 
+    async def call_tools(body: schema.ChatCompletionRequest, options: dict[str, Any]) -> ToolAnswer:
+        options = {k: v for k, v in options.items() if k != "raw"}  # tools need the chat template
+        try:
+            return await asyncio.to_thread(
+                generate_with_tools,
+                engine,
+                body.prompt(),
+                body.tool_list(),
+                tool_choice=body.chosen_tool(),
+                parallel_tool_calls=body.parallel_tool_calls,
+                **options,
+            )
+        except PromptTooLongError as exc:
+            raise too_long("messages") from exc
+        except GenerationTimeout as exc:
+            raise timed_out() from exc
+        except (ValueError, TypeError) as exc:  # our own message on a tool or a tool choice
+            raise ApiError(400, str(exc), param="tools") from exc
+
+    def constraints(body: schema.ChatCompletionRequest) -> dict[str, Any]:
+        try:
+            return body.constraints()
+        except ValueError as exc:
+            raise ApiError(
+                400, str(exc), param="response_format" if body.response_format else "tools"
+            ) from exc
+
     def open_stream(prompt: Any, options: dict[str, Any], prompt_field: str) -> Any:
         try:
             return engine.astream(prompt, **options)
@@ -283,7 +311,9 @@ def create_app(
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(request: Request) -> Any:
         body = await read_body(request, schema.ChatCompletionRequest)
-        options = settings(body, raw=False)
+        options = {**settings(body, raw=False), **constraints(body)}
+        if body.calls_tools():
+            return await tool_reply(body, options)
         if not body.stream:
             return schema.chat_completion(
                 await answer(request, body.prompt(), options, "messages"), body.model
@@ -300,6 +330,24 @@ def create_app(
             yield schema.chat_chunk(chunk_id, body.model, {}, stream.result.finish_reason)
             if include_usage:
                 yield schema.usage_chunk(chunk_id, body.model, stream.result, "chat.completion.chunk")
+
+        return sse(events)
+
+    async def tool_reply(body: schema.ChatCompletionRequest, options: dict[str, Any]) -> Any:
+        """An answer that may call tools; streamed whole, as a partial call would not parse."""
+        answer = await call_tools(body, options)
+        if not body.stream:
+            return schema.tool_call_completion(answer, body.model)
+        chunk_id = schema.new_id("chatcmpl")
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+        async def events() -> AsyncIterator[dict[str, Any]]:
+            yield schema.chat_chunk(chunk_id, body.model, {"role": "assistant", "content": ""})
+            for delta in schema.tool_call_deltas(answer):
+                yield schema.chat_chunk(chunk_id, body.model, delta)
+            yield schema.chat_chunk(chunk_id, body.model, {}, answer.finish_reason)
+            if include_usage:
+                yield schema.usage_chunk(chunk_id, body.model, answer.result, "chat.completion.chunk")
 
         return sse(events)
 

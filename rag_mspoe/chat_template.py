@@ -1,22 +1,30 @@
-"""Turn a prompt (text or chat messages) into the token ids the model sees.
+"""Turn a prompt (text or chat messages, tools included) into the token ids the model sees.
 
 A string becomes one user turn of the model's chat template; a list of {"role", "content"} dicts
 is rendered as a conversation. `raw=True` skips the template for plain text continuation.
+
+Tool use follows the OpenAI message shapes: an assistant message may carry `tool_calls`
+([{"id", "type": "function", "function": {"name", "arguments"}}]) and a "tool" message answers
+one call (`tool_call_id`). Templates that know tools get them (`tools=`) and these messages as they
+are; for the others `rag_mspoe.tool_format` writes them into the conversation as text.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-Message = Mapping[str, str]
+from rag_mspoe import tool_format
+
+Message = Mapping[str, Any]
 Prompt = str | Sequence[Message]
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 
 
-def as_messages(prompt: Prompt) -> list[dict[str, str]]:
-    """Check a prompt and return it as a list of {"role", "content"} dicts."""
+def as_messages(prompt: Prompt) -> list[dict[str, Any]]:
+    """Check a prompt and return it as a list of message dicts (tool calls with dict arguments)."""
     if isinstance(prompt, str):
         return [{"role": "user", "content": prompt}]
     if not isinstance(prompt, Sequence) or not prompt:
@@ -31,29 +39,86 @@ def as_messages(prompt: Prompt) -> list[dict[str, str]]:
         role, content = message["role"], message["content"]
         if role not in ROLES:
             raise ValueError(f"Message {i} has role {role!r}; use one of {', '.join(ROLES)}.")
+        calls = message.get("tool_calls") or []
+        if role == "assistant" and content is None and calls:
+            content = ""  # an assistant turn that only calls tools
         if not isinstance(content, str):
             raise TypeError(
                 f"Message {i} content must be a string (this model reads text only), got {content!r}."
             )
-        messages.append({"role": role, "content": content})
+        converted: dict[str, Any] = {"role": role, "content": content}
+        if calls:
+            if role != "assistant":
+                raise ValueError(f"Message {i}: only assistant messages carry tool_calls, not {role!r}.")
+            converted["tool_calls"] = [_tool_call(call, i) for call in calls]
+        if role == "tool" and message.get("tool_call_id"):
+            converted["tool_call_id"] = str(message["tool_call_id"])
+        if role == "tool" and message.get("name"):
+            converted["name"] = str(message["name"])
+        messages.append(converted)
     return messages
 
 
-def render(tokenizer: Any, prompt: Prompt, *, raw: bool = False, prefix: str = "") -> list[int]:
+def _tool_call(call: Any, index: int) -> dict[str, Any]:
+    function = call.get("function") if isinstance(call, Mapping) else None
+    if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+        raise TypeError(
+            f"Message {index}: a tool call is "
+            f"{{'id', 'type': 'function', 'function': {{'name', 'arguments'}}}}, got {call!r}."
+        )
+    arguments = function.get("arguments") or {}
+    if isinstance(arguments, str):  # the OpenAI wire format sends arguments as JSON text
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"Message {index}: tool call arguments are not JSON: {arguments!r}.") from exc
+    return {
+        "id": str(call.get("id") or ""),
+        "type": "function",
+        "function": {"name": function["name"], "arguments": arguments},
+    }
+
+
+def knows_tools(tokenizer: Any) -> bool:
+    """Whether the model's chat template renders tools itself (Qwen2.5, Llama 3.1, Mistral, ...)."""
+    template = getattr(tokenizer, "chat_template", None)
+    return isinstance(template, str) and "tools" in template
+
+
+def render(
+    tokenizer: Any,
+    prompt: Prompt,
+    *,
+    raw: bool = False,
+    prefix: str = "",
+    tools: Sequence[Mapping[str, Any]] = (),
+) -> list[int]:
     """Token ids for a prompt: the chat template with the assistant turn opened, or plain text if raw.
 
     prefix: text the answer starts with, tokenized together with the prompt so the boundary
     splits into tokens the way the model would have written it.
+    tools: OpenAI-style tool definitions the model may call.
     """
     if raw:
         if not isinstance(prompt, str):
             raise TypeError("raw=True takes a plain string prompt; pass messages without raw=True.")
+        if tools:
+            raise ValueError(
+                "raw=True cannot show tools to the model; send messages through the chat template."
+            )
         return list(tokenizer(prompt + prefix, add_special_tokens=True)["input_ids"])
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
             "This tokenizer has no chat template; set tokenizer.chat_template, "
             "or pass raw=True for plain text."
         )
-    text = tokenizer.apply_chat_template(as_messages(prompt), add_generation_prompt=True, tokenize=False)
+    messages = as_messages(prompt)
+    uses_tools = bool(tools) or any(m["role"] == "tool" or "tool_calls" in m for m in messages)
+    options: dict[str, Any] = {}
+    if uses_tools and knows_tools(tokenizer):
+        options["tools"] = list(tools) or None
+    elif uses_tools:
+        messages = tool_format.fold_into_text(messages, tools)
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **options)
     # The template already writes any special tokens (BOS included) the model expects.
     return list(tokenizer(text + prefix, add_special_tokens=False)["input_ids"])

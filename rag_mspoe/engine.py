@@ -21,13 +21,14 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
 from rag_mspoe.chat_template import Prompt, render
+from rag_mspoe.grammar import Grammar, GrammarProcessor, grammar_tokenizer
 from rag_mspoe.methods import MethodSpec
 from rag_mspoe.stopping import GenerationWatch, TextTracker
 
@@ -113,6 +114,8 @@ class GenerationSettings:
     prefix: str = ""  # text the answer is made to start with; the result holds only what follows
     truncate: Literal["error", "middle"] = "error"
     timeout: float | None = None  # seconds for the whole call, waiting for the model included
+    grammar: Grammar | None = None  # what the answer must match (rag_mspoe.grammar); None: free text
+    tools: tuple[Mapping[str, Any], ...] = ()  # OpenAI-style tools shown to the model by the chat template
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -132,6 +135,17 @@ class GenerationSettings:
             raise ValueError(f"truncate must be 'error' or 'middle', got {self.truncate!r}.")
         if self.timeout is not None and self.timeout <= 0:
             raise ValueError(f"timeout must be a positive number of seconds or None, got {self.timeout}.")
+        if self.grammar is not None and not isinstance(self.grammar, Grammar):
+            raise TypeError(
+                f"grammar must be a rag_mspoe.grammar.Grammar, got {type(self.grammar).__name__}."
+            )
+        if self.grammar is not None and self.prefix:
+            raise ValueError(
+                "prefix cannot be combined with grammar: the grammar decides how the answer starts."
+            )
+        if isinstance(self.tools, Mapping) or not all(isinstance(t, Mapping) for t in self.tools or ()):
+            raise TypeError(f"tools must be a list of tool dicts, got {self.tools!r}.")
+        object.__setattr__(self, "tools", tuple(self.tools or ()))
 
     @classmethod
     def of(cls, settings: dict[str, Any]) -> GenerationSettings:
@@ -506,12 +520,14 @@ class Engine:
     def _resolve_method(self, spec: MethodSpec) -> Any:
         return self._method if spec is None else self.method_config(spec)
 
-    def _render(self, prompt: Prompt, raw: bool, prefix: str) -> list[int]:
+    def _render(
+        self, prompt: Prompt, raw: bool, prefix: str, tools: Sequence[Mapping[str, Any]] = ()
+    ) -> list[int]:
         with self._tokenizer_lock:
-            return render(self.tokenizer, prompt, raw=raw, prefix=prefix)
+            return render(self.tokenizer, prompt, raw=raw, prefix=prefix, tools=tools)
 
     def _prepare(self, prompt: Prompt, config: GenerationSettings) -> _Prepared:
-        ids = self._render(prompt, config.raw, config.prefix)
+        ids = self._render(prompt, config.raw, config.prefix, config.tools)
         budget = self.context_window - config.max_new_tokens
         if budget < 1:
             raise PromptTooLongError(
@@ -571,6 +587,9 @@ class Engine:
         try:
             trackers = [TextTracker(self.tokenizer, config.stop, self._eos_ids) for _ in prepared]
             watch = GenerationWatch(trackers, on_text=on_text, cancel=cancel, deadline=deadline)
+            constraints = (
+                [] if config.grammar is None else [self._grammar_processor(config.grammar, len(prepared))]
+            )
             with self._method_applied(method), self._seeded(config.seed), torch.inference_mode():
                 self.model.generate(
                     **self._batch(prepared),
@@ -578,6 +597,7 @@ class Engine:
                     max_new_tokens=config.max_new_tokens,
                     pad_token_id=self._pad_id,
                     stopping_criteria=[watch],
+                    logits_processor=constraints,
                     **self._decoding(),
                 )
         finally:
@@ -623,6 +643,12 @@ class Engine:
                 return True
             if left == 0:
                 return False
+
+    def _grammar_processor(self, grammar: Grammar, rows: int) -> GrammarProcessor:
+        vocab_size = int(self.model.get_output_embeddings().weight.shape[0])  # the width of the logits
+        with self._tokenizer_lock:
+            tokenizer = grammar_tokenizer(self.tokenizer, vocab_size, self._eos_ids)
+        return GrammarProcessor(grammar, tokenizer, rows)
 
     def _batch(self, prepared: list[_Prepared]) -> dict[str, torch.Tensor]:
         """Left-padded input ids and attention mask, so every row ends where generation begins."""

@@ -1,80 +1,70 @@
-"""Schema-guided JSON: the schema writes the structure, the model writes only the values.
+"""Schema-constrained JSON: one generation whose answer is always valid JSON for a schema.
 
-A small model seldom writes valid JSON for a schema on its own. Here the braces, keys, quotes
-and commas come from the schema, and the model fills one value at a time, seeing the request and
-all the JSON written so far (as the start of its own answer), so the result always parses and
-always has every key.
-
-Supported: objects (nested too), strings, numbers, integers, booleans, string enums, and the
-nullable forms of these (which get a value). Arrays and objects without listed properties are
-refused by `check_schema` with the path of the field.
+The request gets an instruction naming the keys, their types and descriptions (small models
+follow that better than a raw schema), and the engine decodes under the schema's grammar
+(`rag_mspoe.grammar`): every token that would break the JSON or the schema is masked, so the
+answer parses and validates (arrays, nested objects, enums, `$ref`, quotes inside strings),
+unless max_new_tokens cuts it short (finish_reason "length"). One prefill per answer.
+Objects take only their listed keys unless the schema allows more (`additionalProperties`).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from rag_mspoe.chat_template import Prompt, as_messages
 from rag_mspoe.engine import Engine, GenerationResult
-
-_NUMBER = re.compile(r"\s*(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)")
-_INTEGER = re.compile(r"\s*(-?\d+)")
-_SCALAR_END = [",", "}", "\n"]  # where the model would end a number or a boolean
+from rag_mspoe.grammar import Grammar, GrammarError, closed_objects
 
 
-class UnsupportedSchemaError(ValueError):
-    """The schema uses a construct schema-guided JSON cannot fill."""
+class UnsupportedSchemaError(GrammarError):
+    """The schema uses a construct the grammar compiler cannot turn into a grammar."""
 
 
-def check_schema(schema: Mapping[str, Any]) -> None:
-    """Raise UnsupportedSchemaError naming the first field this module cannot fill."""
-    _kind(_resolve(schema, schema), schema, "$")
+def check_schema(schema: Mapping[str, Any]) -> Grammar:
+    """The grammar for `schema`; UnsupportedSchemaError naming the problem if there is none."""
+    try:
+        return Grammar.json_schema(closed_objects(schema))
+    except GrammarError as exc:
+        raise UnsupportedSchemaError(f"{exc} Simplify the schema or drop the construct named.") from exc
 
 
 def describe(schema: Mapping[str, Any]) -> str:
     """The instruction appended to the request: the keys, their types and descriptions."""
     root = _resolve(schema, schema)
+    properties = root.get("properties") if root.get("type", "object") == "object" else None
+    if not properties:
+        return f"Reply with only JSON valid for this JSON schema: {json.dumps(schema)}"
     lines = ["Reply with only a JSON object with these keys:"]
-    for key, field in root["properties"].items():
+    for key, field in properties.items():
         field = _resolve(field, schema)
-        kind = _kind(field, schema, key)
-        detail = f" one of {field['enum']}" if kind == "enum" else ""
         about = f": {field['description']}" if field.get("description") else ""
-        lines.append(f'- "{key}" ({kind}{detail}){about}')
+        lines.append(f'- "{key}" ({_kind(field, schema)}){about}')
     return "\n".join(lines)
 
 
 def generate_json(
     engine: Engine, prompt: Prompt, schema: Mapping[str, Any], **settings: Any
 ) -> GenerationResult:
-    """Answer a prompt with a JSON object for `schema` (the JSON is the result's text).
+    """Answer a prompt with JSON valid for `schema` (the JSON is the result's text).
 
-    settings are the engine's; max_new_tokens caps each value, and stop/prefix/raw are taken
-    over by the schema. completion_tokens counts the tokens the model wrote (the values).
+    settings are the engine's; max_new_tokens caps the whole answer, and stop/prefix/raw are
+    taken over by the schema.
     """
-    check_schema(schema)
-    taken = sorted({"stop", "prefix", "raw"} & set(settings))
+    grammar = check_schema(schema)
+    taken = sorted({"stop", "prefix", "raw", "grammar"} & set(settings))
     if taken:
         raise TypeError(f"generate_json sets {taken} itself from the schema; leave them out.")
     messages = _with_instruction(as_messages(prompt), describe(schema))
-    writer = _Writer(engine, messages, schema, settings)
-    writer.value(schema, "$")
-    return GenerationResult(
-        text=writer.text,
-        prompt_tokens=engine.count_tokens(messages),
-        completion_tokens=writer.generated,
-        finish_reason="length" if writer.hit_length else "stop",
-        method=writer.method,
-    )
+    return engine.generate(messages, grammar=grammar, **settings)
 
 
-def _with_instruction(messages: list[dict[str, str]], instruction: str) -> list[dict[str, str]]:
+def _with_instruction(messages: list[dict[str, Any]], instruction: str) -> list[dict[str, Any]]:
     if messages[-1]["role"] == "user":
         last = messages[-1]
-        return [*messages[:-1], {"role": "user", "content": f"{last['content']}\n\n{instruction}"}]
+        return [*messages[:-1], {**last, "content": f"{last['content']}\n\n{instruction}"}]
     return [*messages, {"role": "user", "content": instruction}]
 
 
@@ -85,7 +75,7 @@ def _resolve(schema: Mapping[str, Any], root: Mapping[str, Any]) -> Mapping[str,
         target: Any = root
         for part in ref[2:].split("/"):
             target = target[part]
-        return _resolve(target, root)
+        return _resolve({**target, **{k: v for k, v in schema.items() if k == "description"}}, root)
     options = schema.get("anyOf") or schema.get("oneOf")
     if options:
         concrete = [o for o in options if o.get("type") != "null"]
@@ -94,82 +84,16 @@ def _resolve(schema: Mapping[str, Any], root: Mapping[str, Any]) -> Mapping[str,
     return schema
 
 
-def _kind(schema: Mapping[str, Any], root: Mapping[str, Any], path: str) -> str:
+def _kind(schema: Mapping[str, Any], root: Mapping[str, Any]) -> str:
+    """A short human description of a field's type, for the instruction."""
     if "enum" in schema:
-        if not all(isinstance(v, str) for v in schema["enum"]):
-            raise UnsupportedSchemaError(
-                f"{path}: only enums of strings are supported, got {schema['enum']}."
-            )
-        return "enum"
+        return f"one of {json.dumps(schema['enum'])}"
+    if "const" in schema:
+        return f"exactly {json.dumps(schema['const'])}"
     kind = schema.get("type")
-    if isinstance(kind, list):  # ["string", "null"]
-        concrete = [k for k in kind if k != "null"]
-        kind = concrete[0] if len(concrete) == 1 else kind
-    if kind == "object":
-        properties = schema.get("properties")
-        if not properties:
-            raise UnsupportedSchemaError(f"{path}: objects need listed properties for schema-guided JSON.")
-        for key, field in properties.items():
-            _kind(_resolve(field, root), root, f"{path}.{key}")
-        return "object"
-    if kind in ("string", "number", "integer", "boolean"):
-        return str(kind)
-    raise UnsupportedSchemaError(
-        f"{path}: type {kind or schema!r} is not supported by schema-guided JSON "
-        "(objects, strings, numbers, integers, booleans and string enums are)."
-    )
-
-
-class _Writer:
-    """Builds the JSON text, asking the model for each value in turn."""
-
-    def __init__(
-        self,
-        engine: Engine,
-        messages: list[dict[str, str]],
-        root: Mapping[str, Any],
-        settings: dict[str, Any],
-    ) -> None:
-        self.engine = engine
-        self.messages = messages
-        self.root = root
-        self.settings = settings
-        self.text = ""
-        self.generated = 0
-        self.hit_length = False
-        self.method = "none"
-
-    def value(self, schema: Mapping[str, Any], path: str) -> None:
-        schema = _resolve(schema, self.root)
-        kind = _kind(schema, self.root, path)
-        if kind == "object":
-            self.text += "{"
-            for i, (key, field) in enumerate(schema["properties"].items()):
-                self.text += (", " if i else "") + json.dumps(key) + ": "
-                self.value(field, f"{path}.{key}")
-            self.text += "}"
-        elif kind == "string":
-            self.text += '"'
-            self.text += json.dumps(self._ask(['"']))[1:]  # escaped, with the closing quote
-        elif kind in ("enum", "boolean"):
-            # Fixed options: take the one the model finds most likely, so the answer is always valid.
-            options = [json.dumps(o) for o in schema["enum"]] if kind == "enum" else ["true", "false"]
-            self.text += self._pick(options)
-        else:
-            written = self._ask(_SCALAR_END)
-            match = (_INTEGER if kind == "integer" else _NUMBER).match(written)
-            if match is None:
-                raise ValueError(f"The model wrote {written!r} where {path} needs a number ({kind}).")
-            self.text += match.group(1)
-
-    def _ask(self, stop: list[str]) -> str:
-        result = self.engine.generate(self.messages, prefix=self.text, stop=stop, **self.settings)
-        self.generated += result.completion_tokens
-        self.hit_length = self.hit_length or result.finish_reason == "length"
-        self.method = result.method
-        return result.text
-
-    def _pick(self, options: list[str]) -> str:
-        method = self.settings.get("method")
-        scores = self.engine.loglikelihood(self.messages, options, prefix=self.text, method=method)
-        return options[scores.index(max(scores))]
+    if kind == "array":
+        items = schema.get("items")
+        return f"list of {_kind(_resolve(items, root), root)}" if isinstance(items, Mapping) else "list"
+    if isinstance(kind, list):
+        return " or ".join(map(str, kind))
+    return str(kind or "any JSON value")

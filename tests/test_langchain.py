@@ -8,7 +8,7 @@ import threading
 from typing import Literal
 
 import pytest
-from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages import AIMessage, FunctionMessage, HumanMessage, SystemMessage
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from pydantic import BaseModel, Field, ValidationError
@@ -183,8 +183,8 @@ def test_bad_input_is_named(tiny):
         chat.invoke(QUESTION, frequency_penalty=1.0)
     with pytest.raises(ValueError, match="cannot switch to model 'gpt-4o'"):
         chat.invoke(QUESTION, model="gpt-4o")
-    with pytest.raises(ValueError, match="ToolMessage is not supported"):
-        chat.invoke([HumanMessage("hi"), ToolMessage("3", tool_call_id="1")])
+    with pytest.raises(ValueError, match="FunctionMessage is not supported"):
+        chat.invoke([HumanMessage("hi"), FunctionMessage("3", name="add")])
     image = {"type": "image", "url": "https://example.com/cat.png"}
     with pytest.raises(ValueError, match=r"\['image'\] is not supported: this model reads text only"):
         chat.invoke([HumanMessage(content=[{"type": "text", "text": "What is this?"}, image])])
@@ -195,11 +195,9 @@ def test_bad_input_is_named(tiny):
 
 
 def test_structured_output_refuses_schemas_it_cannot_fill(tiny):
-    class Basket(BaseModel):
-        fruits: list[str]
-
-    with pytest.raises(UnsupportedSchemaError, match=r"\$\.fruits: type 'array' is not supported"):
-        ChatRagMsPoE(engine=tiny).with_structured_output(Basket)
+    basket = {"title": "Basket", "type": "object", "properties": {"fruits": {"type": "frobnicate"}}}
+    with pytest.raises(UnsupportedSchemaError, match="Invalid type: frobnicate"):
+        ChatRagMsPoE(engine=tiny).with_structured_output(basket)
 
 
 @pytest.mark.slow
@@ -224,7 +222,7 @@ def test_structured_output_fills_a_schema_from_the_request(real):
         likes_cats: bool
         mood: Literal["happy", "sad"]
 
-    chat = ChatRagMsPoE(engine=real, max_tokens=12)
+    chat = ChatRagMsPoE(engine=real, max_tokens=48)  # the whole JSON answer, not one value
     text = "Alice is 31 years old, loves cats and is cheerful today. Describe her."
     person = chat.with_structured_output(Person).invoke(text)
     assert person == Person(name="Alice", age=31, likes_cats=True, mood="happy")

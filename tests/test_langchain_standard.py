@@ -32,11 +32,11 @@ class EmbeddedEngine:
 
     @property
     def has_tool_calling(self) -> bool:
-        return False
+        return True  # calls decoded under a grammar of the bound tools' schemas
 
     @property
     def supports_json_mode(self) -> bool:
-        return True  # served, like every structured-output method, by schema-guided JSON
+        return True  # served, like every structured-output method, by grammar-constrained JSON
 
     @property
     def supports_model_override(self) -> bool:

@@ -49,7 +49,7 @@ def test_metadata_tells_the_truth(tiny, embedded):
         True,
         "tiny-llama",
     )
-    assert not meta.is_function_calling_model
+    assert meta.is_function_calling_model  # tool calls decoded under the tools' grammar
     assert RagMsPoE(engine=Engine(*embedded)).metadata.context_window == 8192
 
 
@@ -126,8 +126,8 @@ def test_bad_input_is_named(tiny):
         RagMsPoE(engine=tiny, api_base="http://localhost")
     with pytest.raises(TypeError, match=r"Unknown call argument\(s\) \['presence_penalty'\]"):
         llm.chat(MESSAGES, presence_penalty=1.0)
-    with pytest.raises(ValueError, match="role 'tool' are not supported"):
-        llm.chat([ChatMessage(role="tool", content="3")])
+    with pytest.raises(ValueError, match="role 'function' are not supported"):
+        llm.chat([ChatMessage(role="function", content="3")])
     picture = ChatMessage(
         role="user", blocks=[TextBlock(text="What is this?"), ImageBlock(url="https://x.org/a.png")]
     )

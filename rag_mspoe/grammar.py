@@ -1,0 +1,184 @@
+"""Grammar-constrained decoding: the model may only write tokens that keep its answer valid.
+
+    engine.generate("Describe Alice.", grammar=Grammar.json_schema(Person.model_json_schema()))
+    engine.generate("Pick one.", grammar=Grammar.choice(["yes", "no"]))
+
+A `Grammar` (JSON schema, any JSON object, regex, a fixed choice, or a Lark grammar) is compiled
+by llguidance against the model's tokenizer; `GrammarProcessor` is a transformers logits
+processor that masks every token the grammar forbids at each step, so the answer comes from one
+prefill and one decoding loop, inside the engine's own `generate` (rescaling hooks, stop strings,
+streaming, timeouts and the model lock stay as they are).
+
+JSON is written compactly (", " and ": " separators, no free whitespace): a small model left
+free to add whitespace can fill its whole token budget with newlines.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import llguidance
+import numpy as np
+import torch
+from transformers import LogitsProcessor
+
+GrammarKind = Literal["json_schema", "json_object", "regex", "choice", "lark"]
+
+# Compact JSON; a schema's own "x-guidance" options still override these.
+JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+_tokenizers: weakref.WeakKeyDictionary[Any, dict[tuple[int, tuple[int, ...]], Any]] = (
+    weakref.WeakKeyDictionary()
+)
+_tokenizers_guard = threading.Lock()
+
+
+class GrammarError(ValueError):
+    """A grammar (or JSON schema) that cannot be compiled; the message says what is wrong."""
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """What an answer must match. Build one with the class methods; `source` is canonical text."""
+
+    kind: GrammarKind
+    source: str
+
+    @classmethod
+    def json_schema(cls, schema: Mapping[str, Any]) -> Grammar:
+        """A JSON value valid against `schema` (objects, arrays, nesting, enums, $ref, anyOf, ...)."""
+        if not isinstance(schema, Mapping):
+            raise TypeError(f"A JSON schema is a dict, got {type(schema).__name__}.")
+        return cls._checked("json_schema", json.dumps(schema))
+
+    @classmethod
+    def json_object(cls) -> Grammar:
+        """Any JSON object (OpenAI's response_format {"type": "json_object"})."""
+        return cls._checked("json_object", json.dumps({"type": "object"}))
+
+    @classmethod
+    def regex(cls, pattern: str) -> Grammar:
+        """Text matching the whole regex (Rust `regex` syntax, close to Python's `re`)."""
+        if not isinstance(pattern, str) or not pattern:
+            raise TypeError("A regex grammar takes a non-empty pattern string.")
+        return cls._checked("regex", pattern)
+
+    @classmethod
+    def choice(cls, options: Sequence[str]) -> Grammar:
+        """Exactly one of the given strings."""
+        if isinstance(options, str) or not options or not all(isinstance(o, str) and o for o in options):
+            raise TypeError(f"A choice grammar takes a non-empty list of non-empty strings, got {options!r}.")
+        return cls._checked("choice", json.dumps(list(options)))
+
+    @classmethod
+    def lark(cls, text: str) -> Grammar:
+        """A Lark grammar in llguidance's dialect (`start:` rule, `%json {...}` for inline schemas)."""
+        return cls._checked("lark", text)
+
+    @classmethod
+    def _checked(cls, kind: GrammarKind, source: str) -> Grammar:
+        grammar = cls(kind, source)
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar.compiled())
+        if is_error:
+            raise GrammarError(f"The {kind.replace('_', ' ')} grammar cannot be compiled: {messages[0]}")
+        return grammar
+
+    def compiled(self) -> str:
+        """The grammar in llguidance's own format."""
+        if self.kind in ("json_schema", "json_object"):
+            return str(llguidance.LLMatcher.grammar_from_json_schema(self.source, defaults=JSON_OPTIONS))  # type: ignore[arg-type]
+        if self.kind == "regex":
+            return str(llguidance.LLMatcher.grammar_from_regex(self.source))
+        if self.kind == "choice":
+            options = json.loads(self.source)
+            return str(
+                llguidance.LLMatcher.grammar_from_lark("start: " + " | ".join(map(json.dumps, options)))
+            )
+        return str(llguidance.LLMatcher.grammar_from_lark(self.source))
+
+
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_VALUES = ("items", "additionalProperties", "not", "contains", "if", "then", "else")
+
+
+def closed_objects(schema: Any) -> Any:
+    """A copy of a JSON schema whose objects take only their listed properties, unless a schema
+    says otherwise (`additionalProperties`), as OpenAI's strict mode requires.
+
+    JSON Schema lets objects have any extra key by default; a model decoding under that grammar
+    may invent keys after the real ones, which helps no one reading structured output.
+    """
+    if not isinstance(schema, Mapping):
+        return schema
+    copy: dict[str, Any] = dict(schema)
+    for key in _SCHEMA_MAPS:
+        if isinstance(copy.get(key), Mapping):
+            copy[key] = {name: closed_objects(sub) for name, sub in copy[key].items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(copy.get(key), list):
+            copy[key] = [closed_objects(sub) for sub in copy[key]]
+    for key in _SCHEMA_VALUES:
+        if isinstance(copy.get(key), Mapping):
+            copy[key] = closed_objects(copy[key])
+    if "properties" in copy and "additionalProperties" not in copy:
+        copy["additionalProperties"] = False
+    return copy
+
+
+def grammar_tokenizer(tokenizer: Any, vocab_size: int, eos_ids: Iterable[int]) -> Any:
+    """llguidance's view of a Hugging Face tokenizer, built once (about a second) and cached."""
+    key = (vocab_size, tuple(sorted(eos_ids)))
+    with _tokenizers_guard:
+        per_tokenizer = _tokenizers.setdefault(tokenizer, {})
+        if key not in per_tokenizer:
+            from llguidance.hf import from_tokenizer
+
+            if not getattr(tokenizer, "is_fast", False):
+                raise GrammarError(
+                    "Constrained decoding needs a fast (Rust) tokenizer; load the model's tokenizer.json."
+                )
+            per_tokenizer[key] = from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=list(key[1]))
+        return per_tokenizer[key]
+
+
+class GrammarProcessor(LogitsProcessor):
+    """Masks, for every row of a batch, the tokens its grammar forbids next.
+
+    Each call first feeds the row's last sampled token to its matcher (from the second call on),
+    then sets the logits of forbidden tokens to -inf. A row that `generate` has finished (end of
+    turn, a stop string) keeps receiving padding; its matcher is then left alone.
+    """
+
+    def __init__(self, grammar: Grammar, tokenizer: Any, rows: int) -> None:
+        compiled = grammar.compiled()
+        self._matchers = [llguidance.LLMatcher(tokenizer, compiled, log_level=0) for _ in range(rows)]
+        for matcher in self._matchers:
+            if matcher.is_error():
+                raise GrammarError(f"The {grammar.kind} grammar cannot be used: {matcher.get_error()}")
+        self._active = [True] * rows
+        self._started = False
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self._started:
+            for row, token in enumerate(input_ids[:, -1].tolist()):
+                if self._active[row] and not self._matchers[row].is_stopped():
+                    self._active[row] = self._matchers[row].consume_token(token)
+        self._started = True
+        width = scores.shape[-1]
+        for row, matcher in enumerate(self._matchers):
+            if not self._active[row] or matcher.is_stopped() and not matcher.is_accepting():
+                continue
+            bits = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
+            allowed = np.unpackbits(bits, bitorder="little")[:width].astype(bool)
+            if not allowed.any():
+                raise GrammarError(f"The grammar allows no next token: {matcher.get_error() or 'dead end'}.")
+            forbidden = torch.from_numpy(~allowed).to(scores.device)
+            scores[row, : forbidden.shape[0]].masked_fill_(forbidden, float("-inf"))
+            scores[row, forbidden.shape[0] :] = float("-inf")
+        return scores

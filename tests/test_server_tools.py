@@ -1,0 +1,213 @@
+"""Tools and response_format on the OpenAI-compatible server, through the openai client and
+ChatOpenAI, on a tiny random model: every call and every JSON answer is valid only because the
+grammar makes it so."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import pytest
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+
+from server_helpers import running  # noqa: E402
+from tiny_models import tiny_model  # noqa: E402
+
+from rag_mspoe.connectors.server import create_app  # noqa: E402
+from rag_mspoe.engine import Engine  # noqa: E402
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 16}, "unit": {"enum": ["C", "F"]}},
+            "required": ["city", "unit"],
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"enum": ["UTC", "CET"]}},
+            "required": ["zone"],
+        },
+    },
+}
+ASK = [{"role": "user", "content": "Weather in Paris?"}]
+CITY = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3},
+    },
+    "required": ["name", "tags"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def engine(embedded):
+    tokenizer = embedded[1]
+    model = tiny_model(
+        "llama", vocab_size=len(tokenizer), max_position_embeddings=1024, initializer_range=0.3
+    )
+    return Engine(model, tokenizer, name="tiny")
+
+
+@pytest.fixture(scope="module")
+def base_url(engine):
+    with running(create_app(engine, max_tokens_limit=256)) as url:
+        yield url
+
+
+@pytest.fixture
+def client(base_url):
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+
+
+def parameters(name: str) -> dict:
+    return next(t["function"]["parameters"] for t in (WEATHER, TIME) if t["function"]["name"] == name)
+
+
+def test_tool_calls_come_back_in_the_openai_shape(client):
+    for seed in range(2):
+        reply = client.chat.completions.create(
+            model="tiny",
+            messages=ASK,
+            tools=[WEATHER, TIME],
+            tool_choice="required",
+            parallel_tool_calls=False,  # a random model would chain calls up to max_tokens
+            max_tokens=120,
+            seed=seed,
+        )
+        choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+        for call in choice.message.tool_calls:
+            assert call.id.startswith("call_") and call.type == "function"
+            jsonschema.validate(json.loads(call.function.arguments), parameters(call.function.name))
+    named = client.chat.completions.create(
+        model="tiny",
+        messages=ASK,
+        tools=[WEATHER, TIME],
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        max_tokens=60,
+    )
+    assert [c.function.name for c in named.choices[0].message.tool_calls] == ["get_time"]
+
+
+def test_a_conversation_with_tool_results_is_answered(client):
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "C"}'},
+    }
+    messages = [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "21 C, sunny"},
+    ]
+    reply = client.chat.completions.create(
+        model="tiny", messages=messages, tools=[WEATHER], tool_choice="none", max_tokens=6
+    )
+    assert reply.choices[0].message.content and not reply.choices[0].message.tool_calls
+
+
+def test_streamed_tool_calls_assemble_to_the_same_calls(client):
+    kwargs = dict(
+        model="tiny",
+        messages=ASK,
+        tools=[WEATHER, TIME],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=120,
+        seed=3,
+    )
+    whole = client.chat.completions.create(**kwargs).choices[0].message.tool_calls
+    streamed: dict[int, dict] = {}
+    finish = None
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        delta = chunk.choices[0].delta
+        for call in delta.tool_calls or []:
+            streamed.setdefault(call.index, {"name": call.function.name, "arguments": ""})
+            streamed[call.index]["arguments"] += call.function.arguments
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "tool_calls"
+    assert [(c["name"], json.loads(c["arguments"])) for c in streamed.values()] == [
+        (c.function.name, json.loads(c.function.arguments)) for c in whole
+    ]
+
+
+def test_response_format_json_schema_and_json_object(client):
+    reply = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "A city?"}],
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "city", "schema": CITY, "strict": True},
+        },
+        max_tokens=120,
+        temperature=1.0,
+        seed=1,
+    )
+    jsonschema.validate(json.loads(reply.choices[0].message.content), CITY)
+    anything = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "JSON?"}],
+        response_format={"type": "json_object"},
+        max_tokens=40,
+    )
+    assert anything.choices[0].message.content.startswith("{")
+
+
+def test_chat_openai_bind_tools_against_the_server(base_url):
+    from langchain_openai import ChatOpenAI
+
+    chat = ChatOpenAI(
+        model="tiny", base_url=f"{base_url}/v1", api_key="unused", max_tokens=120, max_retries=0
+    )
+    message = chat.bind_tools([WEATHER, TIME], tool_choice="any", parallel_tool_calls=False).invoke(
+        "Weather in Paris?"
+    )
+    assert message.tool_calls and all(c["id"] for c in message.tool_calls)
+    for call in message.tool_calls:
+        jsonschema.validate(call["args"], parameters(call["name"]))
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "'nope', which is not among the tools",
+        ),
+        ({"tool_choice": "auto"}, "tool_choice needs tools"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "frobnicate"}},
+                }
+            },
+            "frobnicate",
+        ),
+        (
+            {"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}},
+            "cannot be combined",
+        ),
+        ({"tools": [{"type": "function", "function": {"name": "x", "bogus": 1}}]}, "tools.0.function.bogus"),
+    ],
+)
+def test_bad_tool_requests_get_a_400_that_names_the_problem(base_url, extra, message):
+    body = {"model": "tiny", "messages": ASK, "max_tokens": 8, **extra}
+    response = httpx.post(f"{base_url}/v1/chat/completions", json=body)
+    assert response.status_code == 400
+    assert message in response.json()["error"]["message"]
