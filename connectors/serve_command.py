@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from rag_mspoe.cli import add_engine_options, engine_options
+from rag_mspoe.loading import source_name
 from rag_mspoe.methods import UNMODIFIED_NAMES, MethodConfig, method_name, parse_method
 
 API_KEY_ENV = "RAG_MSPOE_API_KEY"
@@ -134,7 +135,7 @@ def allowed_hosts(host: str, extra: list[str]) -> list[str]:
 def _serve(args: argparse.Namespace) -> int:
     api_key = args.api_key or None  # an empty key (an unset variable's value) is no key
     check_exposure(args.host, api_key, args.allow_unauthenticated)
-    parse_method(args.method)  # a bad default method fails before the model loads
+    parse_method(args.method, source_name(args.model))  # a bad default method fails before the model loads
     try:
         import uvicorn
 
