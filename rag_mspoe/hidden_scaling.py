@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers.cache_utils import StaticLayer
 
 from rag_mspoe.architectures import sliding_window
 from rag_mspoe.hooks import ModelHooks, key_validity
@@ -98,6 +97,9 @@ class HiddenScaleState(ModelHooks):
         """
         if cache is None:
             return
+        # Imported here, not at the top: importing transformers would slow `import rag_mspoe` by ~1 s.
+        from transformers.cache_utils import StaticLayer
+
         layer = cache.layers[layer_idx]
         cached = layer.keys
         kept = min(cached.shape[-2], keys.shape[-2])
