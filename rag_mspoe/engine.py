@@ -580,6 +580,10 @@ class Engine:
         from rag_mspoe import method_name
 
         deadline = None if config.timeout is None else time.monotonic() + config.timeout
+        # Built before taking the model: compiling a grammar needs no model, and must not hold up others.
+        constraints = (
+            [] if config.grammar is None else [self._grammar_processor(config.grammar, len(prepared))]
+        )
         if not self._wait_for_model(deadline, cancel):
             raise GenerationTimeout(
                 f"Waited {config.timeout} s for the model, busy with other requests; raise timeout or retry."
@@ -587,9 +591,6 @@ class Engine:
         try:
             trackers = [TextTracker(self.tokenizer, config.stop, self._eos_ids) for _ in prepared]
             watch = GenerationWatch(trackers, on_text=on_text, cancel=cancel, deadline=deadline)
-            constraints = (
-                [] if config.grammar is None else [self._grammar_processor(config.grammar, len(prepared))]
-            )
             with self._method_applied(method), self._seeded(config.seed), torch.inference_mode():
                 self.model.generate(
                     **self._batch(prepared),
