@@ -8,6 +8,7 @@ indexes, and never reads its own folder as documents.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import time
@@ -105,20 +106,23 @@ def index_documents(
         )
 
     folder_was_there, lock_was_there = folder.exists(), (folder / LOCK_FILE).exists()
-    try:
-        with writer_lock(folder):
+    with writer_lock(folder):
+        try:
             index, embedder = _open_or_create(
                 folder, embedder, embedding_model, chunk_size, chunk_overlap, kind
             )
             new_documents = _new_documents(ingested.documents, index.documents, report)
             _embed_and_save(index, embedder, new_documents, report, batch_size, checkpoint_chunks, progress)
-    except BaseException:
-        if not ChunkIndex.exists(folder):  # nothing saved: leave no folder holding only a lock
-            if not lock_was_there:
-                (folder / LOCK_FILE).unlink(missing_ok=True)
-            if not folder_was_there and folder.is_dir() and not any(folder.iterdir()):
-                folder.rmdir()
-        raise
+        except BaseException:
+            # Nothing saved: leave no folder holding only a lock. Tidied while the lock is held, so
+            # no other writer can have locked the file being removed.
+            if not ChunkIndex.exists(folder):
+                with contextlib.suppress(OSError):  # best effort; the run's own error is what matters
+                    if not lock_was_there:
+                        (folder / LOCK_FILE).unlink()
+                    if not folder_was_there and not any(folder.iterdir()):
+                        folder.rmdir()
+            raise
     report.total_chunks = len(index)
     report.seconds = time.perf_counter() - started
     return report
