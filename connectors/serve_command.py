@@ -36,8 +36,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--method",
         default="mspoe",
-        help="default method: none, pi, mspoe, ..., calibrated (the config shipped for the model) "
-        "or a config path",
+        help="default method: none, pi, pi:2, mspoe, layerwise+pi, ..., calibrated (the config shipped "
+        "for the model) or a config path",
     )
     parser.add_argument(
         "--method-config",

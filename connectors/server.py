@@ -35,7 +35,14 @@ from rag_mspoe.calibrated import calibrated_config_path
 from rag_mspoe.connectors import openai_schema as schema
 from rag_mspoe.connectors.batching import RequestBatcher
 from rag_mspoe.connectors.request_guard import LOOPBACK_HOSTS, UNEXPECTED, GuardSettings, RequestGuard
-from rag_mspoe.engine import Engine, GenerationResult, GenerationTimeout, PromptTooLongError
+from rag_mspoe.engine import (
+    ENGINE_DEFAULT,
+    Engine,
+    EngineDefault,
+    GenerationResult,
+    GenerationTimeout,
+    PromptTooLongError,
+)
 from rag_mspoe.loading import model_display_name
 from rag_mspoe.methods import CALIBRATED, NAMED_METHODS, MethodConfig, method_name, parse_method
 from rag_mspoe.tool_calls import ToolAnswer, generate_with_tools
@@ -98,8 +105,8 @@ class ModelRoutes:
     def names(self) -> list[str]:
         return [self.engine.name] + [f"{self.engine.name}+{name}" for name in self.methods]
 
-    def method_for(self, model: str) -> MethodConfig | None | str:
-        """The method a model name asks for; the string "default" for the server's default."""
+    def method_for(self, model: str) -> MethodConfig | None | EngineDefault:
+        """The method a model name asks for (None: unmodified); ENGINE_DEFAULT for the server's default."""
         base, _, suffix = model.partition("+")
         if base != self.engine.name or (suffix and suffix not in self.methods):
             raise ApiError(
@@ -108,7 +115,7 @@ class ModelRoutes:
                 code="model_not_found",
                 param="model",
             )
-        return self.methods[suffix] if suffix else "default"
+        return self.methods[suffix] if suffix else ENGINE_DEFAULT
 
 
 def create_app(
@@ -174,7 +181,7 @@ def create_app(
                 param="max_tokens",
             )
         method = routes.method_for(body.model)
-        out: dict[str, Any] = {
+        return {
             "max_new_tokens": requested or min(DEFAULT_MAX_TOKENS, max_tokens_limit),
             "temperature": body.temperature,
             "top_p": body.top_p,
@@ -182,10 +189,9 @@ def create_app(
             "seed": body.seed,
             "raw": raw,
             "timeout": request_timeout_s,
+            # A call's method=None would mean the engine's default, so the unmodified model goes as "none".
+            "method": "none" if method is None else method,
         }
-        if method != "default":
-            out["method"] = method if method is not None else "none"
-        return out
 
     def too_long(prompt_field: str) -> ApiError:
         return ApiError(

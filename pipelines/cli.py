@@ -94,7 +94,8 @@ def _register_ask(subparsers: Any) -> None:
     parser.add_argument(
         "--method",
         default="mspoe",
-        help="none, pi, mspoe, layerwise, calibrated (the config shipped for the model) or a config path",
+        help="none, pi, pi:2, mspoe, layerwise, layerwise+pi, calibrated (the config shipped for the "
+        "model) or a config path",
     )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument(

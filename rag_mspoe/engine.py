@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import enum
 import os
 import queue
 import threading
@@ -33,6 +34,20 @@ from rag_mspoe.methods import MethodSpec
 from rag_mspoe.stopping import GenerationWatch, TextTracker
 
 FinishReason = Literal["stop", "length"]
+
+
+class EngineDefault(enum.Enum):
+    """The type of `ENGINE_DEFAULT` (an enum member: one value, kept by pickling and copying)."""
+
+    ENGINE_DEFAULT = "the engine's default method"
+
+
+# A call's `method` that means "the engine's default method" (`Engine(method=...)`,
+# `set_method`). Every other spec, None included, is resolved as `parse_method` resolves it,
+# except that a call's method=None also means the engine's default: the adapters' `method`
+# field and older callers pass None for that.
+ENGINE_DEFAULT = EngineDefault.ENGINE_DEFAULT
+CallMethod = MethodSpec | EngineDefault
 
 # One lock per model object, shared by every engine that wraps it: rescaling hooks and the
 # KV cache are model state, so two generations on one model must never overlap.
@@ -109,7 +124,7 @@ class GenerationSettings:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
-    method: MethodSpec = None  # None: the engine's default method
+    method: CallMethod = ENGINE_DEFAULT  # None means the engine's default too (see ENGINE_DEFAULT)
     raw: bool = False  # plain text continuation, without the chat template
     prefix: str = ""  # text the answer is made to start with; the result holds only what follows
     truncate: Literal["error", "middle"] = "error"
@@ -259,9 +274,11 @@ class AsyncTextStream:
 class Engine:
     """Generation over one loaded causal LM and its tokenizer.
 
-    method: the default rescaling method. None keeps the model as it was handed over (whatever
-    `rescale` applied to it, or nothing); "none" forces the unmodified model. Each call can pass
-    its own `method`; it applies for that call only.
+    method: the default rescaling method, any spec `parse_method` takes ("mspoe", "pi:2",
+    "layerwise+pi", a config, a saved config's path). None keeps the model as it was handed over
+    (whatever `rescale` applied to it, or nothing); "none" forces the unmodified model. Each call
+    can pass its own `method`; it applies for that call only, and ENGINE_DEFAULT (the default)
+    or None there means this default.
 
     compile: decode on a static KV cache with a compiled forward (the prompt's prefill stays
     eager, where Ms-PoE ranks heads). "auto" turns it on for models on a CUDA GPU and off on
@@ -392,7 +409,7 @@ class Engine:
         *,
         prefix: str = "",
         raw: bool = False,
-        method: MethodSpec = None,
+        method: CallMethod = ENGINE_DEFAULT,
     ) -> list[float]:
         """Log-probability of each continuation right after the prompt (and the answer prefix).
 
@@ -409,7 +426,7 @@ class Engine:
         *,
         prefix: str = "",
         raw: bool = False,
-        method: MethodSpec = None,
+        method: CallMethod = ENGINE_DEFAULT,
     ) -> list[tuple[float, int]]:
         """(sum of log-probabilities, number of tokens) of each continuation right after the prompt.
 
@@ -470,7 +487,7 @@ class Engine:
         self,
         prompt: Prompt | Sequence[int],
         *,
-        method: MethodSpec = None,
+        method: CallMethod = ENGINE_DEFAULT,
         raw: bool = False,
         hidden_states: bool = False,
     ) -> Prefill:
@@ -517,8 +534,11 @@ class Engine:
         ids.add(self.tokenizer.eos_token_id)
         return {int(i) for i in ids if i is not None}
 
-    def _resolve_method(self, spec: MethodSpec) -> Any:
-        return self._method if spec is None else self.method_config(spec)
+    def _resolve_method(self, spec: CallMethod) -> Any:
+        """A call's method config: the engine's default for ENGINE_DEFAULT (or None), else the spec's."""
+        if spec is ENGINE_DEFAULT or spec is None:
+            return self._method
+        return self.method_config(spec)
 
     def _render(
         self, prompt: Prompt, raw: bool, prefix: str, tools: Sequence[Mapping[str, Any]] = ()

@@ -302,41 +302,26 @@ UNMODIFIED_NAMES = {"none", "unmodified", "original", "baseline"}
 CALIBRATED = "calibrated"
 
 
-# What every `method=` argument takes: a config, a short name, a saved config's path, or None.
+# What every `method=` argument takes: a config, a spec string (rag_mspoe.method_spec), a saved
+# config's path, or None (the unmodified model).
 MethodSpec = MethodConfig | str | os.PathLike[str] | None
 
 
 def parse_method(spec: MethodSpec, model_name: str | None = None) -> MethodConfig | None:
-    """A method from a config, a short name ("none", "pi", "mspoe", ...) or a saved JSON path.
+    """The rescaling config a method spec means; None (like "none") is the unmodified model.
 
+    `spec` is a config, a saved config's path, or a spec string in the grammar of
+    `rag_mspoe.method_spec` ("mspoe", "pi:2", "layerwise+pi", "cal=runs/cal.json", ...).
     "calibrated" is the config calibrated for the model `model_name` (the name `load_model`
-    gives it, see `model_display_name`); it needs that name.
+    gives it, see `model_display_name`); it needs that name. RoPE types and document orders
+    are refused: only the evaluation commands can apply them.
     """
     if spec is None or isinstance(spec, MethodConfig):
         return spec
-    text = str(spec).strip()
-    if text.lower() in UNMODIFIED_NAMES:
-        return None
-    if text.lower() == CALIBRATED:
-        if model_name is None:
-            raise ValueError(
-                "'calibrated' is the config calibrated for one model, so it needs the model: use it "
-                "where a model is at hand (rescale(model, 'calibrated'), Engine, --method calibrated), "
-                "or pass model_name."
-            )
-        from rag_mspoe.calibrated import calibrated_method  # it reads configs with this module
+    # Imported here: the spec parser is built on this module's configs.
+    from rag_mspoe.method_spec import rescaling_config
 
-        return calibrated_method(model_name)
-    if text.lower() in NAMED_METHODS:
-        return dataclasses.replace(NAMED_METHODS[text.lower()])
-    path = Path(text).expanduser()
-    if path.suffix == ".json" or path.is_dir():
-        return load_method(path)
-    names = sorted(UNMODIFIED_NAMES | set(NAMED_METHODS) | {CALIBRATED})
-    raise ValueError(
-        f"Unknown method {text!r}. Use one of {names}, "
-        "or the path of a saved method config (.json or its folder)."
-    )
+    return rescaling_config(spec, model_name)
 
 
 def method_name(method: MethodConfig | None) -> str:

@@ -12,6 +12,7 @@ from rag_mspoe import calibrated as calibrated_configs
 from rag_mspoe.calibrated import NoCalibratedMethodError
 from rag_mspoe.cli import main
 from rag_mspoe.engine import Engine
+from rag_mspoe.method_spec import resolve_all
 
 CONFIG = LayerWise(factors=[1.0, 1.3, 1.6, 1.2])
 
@@ -55,6 +56,14 @@ def test_engine_takes_calibrated_as_default_and_per_call(shipped):
     assert per_call == engine.generate("abcabc", raw=True, max_new_tokens=3)
     plain.set_method("calibrated")
     assert plain.method == Uniform(factor=1.25)
+
+
+def test_evaluation_specs_resolve_calibrated_for_the_model_named(shipped):
+    CONFIG.save(shipped / "tiny-cal.json", base_model="tiny-cal")
+    calibrated, on_pi = resolve_all(["calibrated", "cal-pi=calibrated+pi+random"], "tiny-cal")
+    assert calibrated.name == "calibrated" and calibrated.method == CONFIG
+    assert on_pi.name == "cal-pi" and on_pi.method == parse_method("calibrated+pi", "tiny-cal")
+    assert on_pi.order == "random"
 
 
 def test_no_shipped_config_names_the_calibrate_command_and_the_option(shipped):

@@ -12,8 +12,14 @@ import pytest
 import torch
 from tiny_models import tiny_model
 
-from rag_mspoe import current_method, parse_method, rescale, unrescale
-from rag_mspoe.engine import Engine, GenerationCancelled, GenerationTimeout, PromptTooLongError
+from rag_mspoe import Compose, LayerWise, Uniform, current_method, parse_method, rescale, unrescale
+from rag_mspoe.engine import (
+    ENGINE_DEFAULT,
+    Engine,
+    GenerationCancelled,
+    GenerationTimeout,
+    PromptTooLongError,
+)
 from rag_mspoe.stopping import TextTracker
 
 PROMPTS = [
@@ -302,6 +308,36 @@ def test_engine_default_method_and_set_method(engine, tokenizer):
     assert current_method(engine.model) is None
     mspoe.set_method("none")
     assert mspoe.generate(PROMPTS[0], max_new_tokens=8) == engine.generate(PROMPTS[0], max_new_tokens=8)
+
+
+def test_engine_methods_take_the_spec_grammar(engine, tokenizer):
+    assert Engine(engine.model, tokenizer, method="pi:2").method == Uniform(factor=2.0)
+    stacked = Engine(engine.model, tokenizer, method="layerwise+pi")
+    assert isinstance(stacked.method, Compose)
+    assert [type(m) for m in stacked.method.methods] == [LayerWise, Uniform]
+    long_prompt = " ".join(f"item {i}" for i in range(40))
+    by_spec = engine.generate(long_prompt, max_new_tokens=12, method="layerwise+pi")
+    assert by_spec == engine.generate(long_prompt, max_new_tokens=12, method=stacked.method)
+    assert by_spec.text != engine.generate(long_prompt, max_new_tokens=12).text
+    assert current_method(engine.model) is None
+
+
+def test_engine_refuses_model_variants_and_orders_where_it_names_them(engine, tokenizer):
+    with pytest.raises(ValueError, match="'yarn:2' .* is a RoPE type.*rag-mspoe sweep"):
+        Engine(engine.model, tokenizer, method="pi+yarn:2")
+    with pytest.raises(ValueError, match="'longcontextreorder' .* is a document order"):
+        engine.generate(PROMPTS[0], max_new_tokens=4, method="longcontextreorder")
+
+
+def test_a_calls_engine_default_and_none_both_mean_the_engines_method(engine, tokenizer):
+    pi = Engine(engine.model, tokenizer, method="pi")
+    default = pi.generate(PROMPTS[0], max_new_tokens=8)
+    assert default.method == "pi"
+    assert pi.generate(PROMPTS[0], max_new_tokens=8, method=ENGINE_DEFAULT) == default
+    assert pi.generate(PROMPTS[0], max_new_tokens=8, method=None) == default
+    assert pi.generate(PROMPTS[0], max_new_tokens=8, method="none").method == "none"
+    pi.set_method(None)  # a spec, not a call: None is the unmodified model
+    assert pi.method is None
 
 
 def test_engine_adopts_the_method_already_on_the_model(engine, tokenizer):

@@ -1,0 +1,293 @@
+"""Method specs: the one language every `method=` argument, `--method` and `--methods` option speaks.
+
+A spec is '[label=]part+part+...'. Each part is one of:
+- a rescaling config applied per call through hooks: a name (`pi`, `mspoe`, `layerwise`, ...),
+  a name with arguments (`pi:2`, `mspoe:1.2-1.8`, `hidden:DIM,FACTOR`), `calibrated` (the config
+  shipped for the model, so it needs the model's name) or a saved config (.json file or its
+  folder); several compose into one `Compose`;
+- RoPE parameters of transformers' own RoPE types (`dynamic-ntk`, `yarn`, with `:factor`): these
+  need a model variant, a second model object with its own config and rotary module;
+- a prompt-level document order (`longcontextreorder`, `random`);
+- an unmodified name (`none`, `baseline`, ...), which adds nothing.
+
+    resolve("layerwise+pi")              # layer-wise factors on top of uniform PI
+    resolve("pi:2")                      # PI with factor 2
+    resolve("mspoe:1.2-1.8")             # Ms-PoE with its ratio range
+    resolve("dynamic-ntk:2+layerwise")   # evaluation only: a model variant plus per-call hooks
+    resolve("hidden:17,-1")              # positional hidden-state scaling of dimension 17 by -1
+    resolve("cal=runs/cal/method.json")  # a saved config under its own label
+
+`resolve` gives a `ResolvedMethod` (all three parts); `parse_method` (rag_mspoe.methods) gives
+only the rescaling config and refuses the parts a per-call rescaling cannot apply.
+None and every unmodified name mean the unmodified model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from rag_mspoe.methods import (
+    CALIBRATED,
+    NAMED_METHODS,
+    UNMODIFIED_NAMES,
+    Compose,
+    HiddenScale,
+    MethodConfig,
+    MsPoE,
+    Uniform,
+    load_method,
+    method_name,
+)
+
+T = TypeVar("T")
+Order = Literal["given", "reorder", "random"]
+PartKind = Literal["rescaling", "rope", "order", "none"]
+
+DEFAULT_ROPE_FACTOR = 2.0
+ORDER_NAMES: dict[str, Order] = {"longcontextreorder": "reorder", "reorder": "reorder", "random": "random"}
+ROPE_NAMES = {"dynamic-ntk": "dynamic", "dynamic": "dynamic", "ntk": "dynamic", "yarn": "yarn"}
+# Where the parts a per-call rescaling cannot apply (model variants, document orders) work.
+EVALUATION_COMMANDS = "the evaluation commands' --methods (rag-mspoe sweep, e2e; perplexity for RoPE types)"
+
+
+@dataclass(frozen=True)
+class ResolvedMethod:
+    """A spec resolved once: its label, rescaling config, transformers RoPE parameters, document order.
+
+    Plain data, so it pickles to worker processes as it is.
+    """
+
+    name: str
+    method: MethodConfig | None = None
+    rope: tuple[tuple[str, Any], ...] = ()  # rope_parameters overrides, as sorted items (hashable)
+    order: Order = "given"
+
+    @property
+    def needs_variant(self) -> bool:
+        """True when the model itself must differ (another RoPE type), not only the per-call hooks."""
+        return bool(self.rope)
+
+    @property
+    def rope_parameters(self) -> dict[str, Any]:
+        return dict(self.rope)
+
+    def arrange(self, items: Sequence[T], seed: int) -> tuple[list[T], list[int]]:
+        """The items in prompt order, and for each prompt slot the index of the item it holds.
+
+        Items come best first (the retrieval order a sweep's gold position stands for).
+        """
+        # Imported here: the pipelines package imports its whole RAG pipeline on first import.
+        from rag_mspoe.pipelines.packing import long_context_reorder
+
+        indices = list(range(len(items)))
+        if self.order == "reorder":
+            indices = long_context_reorder(indices)
+        elif self.order == "random":
+            random.Random(seed).shuffle(indices)
+        return [items[i] for i in indices], indices
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "method": self.method.to_dict() if self.method is not None else None,
+            "rope_parameters": self.rope_parameters or None,
+            "order": self.order,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ResolvedMethod:
+        config = data.get("method")
+        return cls(
+            name=data["name"],
+            method=MethodConfig.from_dict(config) if config else None,
+            rope=tuple(sorted((data.get("rope_parameters") or {}).items())),
+            order=data.get("order", "given"),
+        )
+
+
+@dataclass(frozen=True)
+class SpecPart:
+    """One '+'-separated part of a spec, as written and as parsed."""
+
+    text: str
+    kind: PartKind
+    value: Any = None  # a MethodConfig, a rope_parameters dict or an Order
+
+
+def known_names() -> list[str]:
+    """Every name a spec part may be (the error messages of both entry points list these)."""
+    return sorted({*UNMODIFIED_NAMES, CALIBRATED, *NAMED_METHODS, *ORDER_NAMES, *ROPE_NAMES})
+
+
+def resolve(spec: str | os.PathLike[str] | ResolvedMethod, model_name: str | None = None) -> ResolvedMethod:
+    """A method from a spec (see the module docstring); `model_name` is needed only by 'calibrated'."""
+    if isinstance(spec, ResolvedMethod):
+        return spec
+    label, parts = split_spec(spec, model_name)
+    configs: list[MethodConfig] = []
+    rope: dict[str, Any] = {}
+    order: Order = "given"
+    for part in parts:
+        if part.kind == "rescaling":
+            configs.extend(part.value.methods if isinstance(part.value, Compose) else [part.value])
+        elif part.kind == "rope":
+            if rope:
+                raise ValueError(f"{str(spec)!r} sets two RoPE types; keep one of them.")
+            rope = part.value
+        elif part.kind == "order":
+            if order != "given":
+                raise ValueError(f"{str(spec)!r} sets two document orders; keep one of them.")
+            order = part.value
+    method = combine(configs)
+    name = label or _display_name(parts, method, rope, order)
+    return ResolvedMethod(name=name, method=method, rope=tuple(sorted(rope.items())), order=order)
+
+
+def resolve_all(specs: Sequence[str], model_name: str | None = None) -> list[ResolvedMethod]:
+    """Resolve several specs; names must be unique, since records are keyed by them."""
+    methods = [resolve(s, model_name) for s in specs]
+    names = [m.name for m in methods]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"Methods {duplicates} appear twice; give each a label, e.g. 'pi2=pi:2'.")
+    return methods
+
+
+def split_spec(spec: str | os.PathLike[str], model_name: str | None = None) -> tuple[str, list[SpecPart]]:
+    """The label ('' when none) and the parsed parts of a spec."""
+    text = os.fspath(spec).strip()
+    if not isinstance(spec, str) or (_may_split(text) and Path(text).expanduser().exists()):
+        # A path object, or an existing path whose name holds '+' or '=': one saved config.
+        return "", [SpecPart(text, "rescaling", load_method(Path(text).expanduser()))]
+    label, sep, body = text.partition("=")
+    if not sep:
+        label, body = "", text
+    if not body.strip():
+        raise ValueError(f"Empty method spec {text!r}; use e.g. 'none', 'pi' or 'layerwise+pi'.")
+    return label.strip(), [_parse_part(part.strip(), model_name) for part in body.split("+")]
+
+
+def combine(configs: Sequence[MethodConfig]) -> MethodConfig | None:
+    """One config for several rescaling parts: None for none, the config itself for one, else Compose."""
+    if not configs:
+        return None
+    return configs[0] if len(configs) == 1 else Compose(methods=list(configs))
+
+
+def _may_split(text: str) -> bool:
+    return "+" in text or "=" in text
+
+
+def _parse_part(part: str, model_name: str | None) -> SpecPart:
+    name, sep, arg = part.lower().partition(":")
+    argument = arg if sep else None
+    if argument is None:
+        # Names before paths: a folder called "pi" in the working directory does not shadow PI.
+        if name in UNMODIFIED_NAMES:
+            return SpecPart(part, "none")
+        if name in ORDER_NAMES:
+            return SpecPart(part, "order", ORDER_NAMES[name])
+        if name == CALIBRATED:
+            return SpecPart(part, "rescaling", _calibrated(model_name))
+        if name in NAMED_METHODS:
+            return SpecPart(part, "rescaling", dataclasses.replace(NAMED_METHODS[name]))
+    if name in ROPE_NAMES:
+        factor = DEFAULT_ROPE_FACTOR if argument is None else _number(part, argument)
+        if factor < 1:
+            raise ValueError(f"{part!r}: the RoPE scaling factor must be at least 1.")
+        return SpecPart(part, "rope", {"rope_type": ROPE_NAMES[name], "factor": factor})
+    if argument is not None and name in _ARGUMENT_PARSERS:
+        return SpecPart(part, "rescaling", _ARGUMENT_PARSERS[name](part, argument))
+    path = Path(part).expanduser()
+    if path.suffix == ".json" or path.is_dir():
+        return SpecPart(part, "rescaling", load_method(path))
+    if argument is not None and name in known_names():
+        raise ValueError(f"{part!r}: {name!r} takes no ':' argument.")
+    raise ValueError(
+        f"Unknown method {part!r}. Use {', '.join(known_names())}, "
+        "'name:arg' (pi:2, mspoe:1.2-1.8, dynamic-ntk:2, yarn:2, hidden:DIM,FACTOR), "
+        "the path of a saved method config (.json or its folder), "
+        "or combine parts with '+' (layerwise+pi)."
+    )
+
+
+def _calibrated(model_name: str | None) -> MethodConfig:
+    if model_name is None:
+        raise ValueError(
+            "'calibrated' is the config calibrated for one model, so it needs the model: use it "
+            "where a model is at hand (rescale(model, 'calibrated'), Engine, --method calibrated), "
+            "or pass model_name."
+        )
+    from rag_mspoe.calibrated import calibrated_method  # it reads configs with rag_mspoe.methods
+
+    return calibrated_method(model_name)
+
+
+def _number(part: str, text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{part!r}: {text!r} is not a number; write e.g. 'pi:2' or 'yarn:1.5'.") from None
+
+
+def _uniform(part: str, arg: str) -> MethodConfig:
+    return Uniform(factor=_number(part, arg))
+
+
+def _mspoe(part: str, arg: str) -> MethodConfig:
+    low, sep, high = arg.partition("-")
+    if not sep:
+        raise ValueError(f"{part!r}: give Ms-PoE's ratio range as min-max, e.g. 'mspoe:1.2-1.8'.")
+    return MsPoE(min_ratio=_number(part, low), max_ratio=_number(part, high))
+
+
+def _hidden(part: str, arg: str) -> MethodConfig:
+    dimension, _, factor = arg.partition(",")
+    return HiddenScale(dimension=int(_number(part, dimension)), factor=_number(part, factor or "0"))
+
+
+_ARGUMENT_PARSERS = {"pi": _uniform, "mspoe": _mspoe, "hidden": _hidden}
+
+
+def _display_name(
+    parts: Sequence[SpecPart], method: MethodConfig | None, rope: dict[str, Any], order: Order
+) -> str:
+    """The parts as written, lower-cased; with a saved config among them, names built from the values."""
+    if not any(Path(p.text).suffix == ".json" for p in parts):
+        return "+".join(p.text.lower() for p in parts)
+    names = [method_name(method)] if method is not None else []
+    if rope:
+        names.append(f"{rope['rope_type']}:{rope['factor']:g}")
+    if order != "given":
+        names.append("longcontextreorder" if order == "reorder" else order)
+    return "+".join(names) or "none"
+
+
+# What a per-call rescaling cannot do with the other kinds of part.
+_NOT_PER_CALL = {
+    "rope": "is a RoPE type: it needs a second model built with another config",
+    "order": "is a document order: it reorders retrieved documents",
+}
+
+
+def rescaling_config(spec: str | os.PathLike[str], model_name: str | None = None) -> MethodConfig | None:
+    """The rescaling config of a spec, for the places that apply one per call (see `parse_method`).
+
+    RoPE types and document orders are refused, naming the part: a per-call rescaling can
+    neither build another model nor reorder documents.
+    """
+    _, parts = split_spec(spec, model_name)
+    for part in parts:
+        if part.kind in _NOT_PER_CALL:
+            raise ValueError(
+                f"{part.text!r} (in {str(spec)!r}) {_NOT_PER_CALL[part.kind]}, which a per-call rescaling "
+                f"(Engine, rescale(), the server, ask --method) cannot do. Use it in {EVALUATION_COMMANDS}, "
+                "or drop it."
+            )
+    return combine([p.value for p in parts if p.kind == "rescaling"])

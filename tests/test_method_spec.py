@@ -1,0 +1,100 @@
+"""The one method-spec language: parse_method and resolve read the same grammar, per-call places
+refuse what only evaluation can apply, and resolved methods travel between processes as they are."""
+
+from __future__ import annotations
+
+import pickle
+import re
+
+import pytest
+from tiny_models import tiny_model
+
+from rag_mspoe import Compose, LayerWise, MsPoE, Uniform, parse_method, rescale
+from rag_mspoe.eval.registry import EvalMethod
+from rag_mspoe.eval.registry import resolve as eval_resolve
+from rag_mspoe.method_spec import ResolvedMethod, known_names, resolve, resolve_all
+
+
+def test_parse_method_reads_the_full_grammar_for_rescaling_parts(tmp_path):
+    assert parse_method("pi:2") == Uniform(factor=2.0)
+    assert parse_method("mspoe:1.1-1.4") == MsPoE(min_ratio=1.1, max_ratio=1.4)
+    composed = parse_method("layerwise+pi")
+    assert isinstance(composed, Compose)
+    assert [type(m) for m in composed.methods] == [LayerWise, Uniform]
+    assert parse_method("mine=pi:3") == Uniform(factor=3.0)
+    assert parse_method("none+pi") == Uniform(factor=1.5)
+    assert parse_method("none+baseline") is None
+    path = Uniform(factor=1.7).save(tmp_path / "cal.json")
+    assert parse_method(f"cal={path}+mspoe") == Compose([Uniform(factor=1.7), MsPoE()])
+    assert parse_method("hidden:7,-1").dimension == 7
+
+
+def test_a_saved_config_whose_path_holds_plus_or_equals_is_one_config(tmp_path):
+    path = Uniform(factor=1.7).save(tmp_path / "a+b=c" / "method.json")
+    assert parse_method(str(path)) == Uniform(factor=1.7)
+    assert parse_method(path) == Uniform(factor=1.7)
+    assert resolve(str(path)).method == Uniform(factor=1.7)
+
+
+def test_names_win_over_folders_of_the_same_name(tmp_path, monkeypatch):
+    (tmp_path / "pi").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert parse_method("pi") == Uniform(factor=1.5)
+    assert resolve("pi").method == Uniform(factor=1.5)
+
+
+@pytest.mark.parametrize(
+    ("spec", "part", "kind"),
+    [
+        ("dynamic-ntk:2", "dynamic-ntk:2", "RoPE type"),
+        ("pi+yarn", "yarn", "RoPE type"),
+        ("mine=mspoe+longcontextreorder", "longcontextreorder", "document order"),
+        ("random", "random", "document order"),
+    ],
+)
+def test_per_call_places_refuse_model_variants_and_orders_naming_the_part(spec, part, kind):
+    with pytest.raises(
+        ValueError, match=re.escape(f"'{part}' (in '{spec}') is a {kind}") + ".*rag-mspoe sweep, e2e"
+    ):
+        parse_method(spec)
+    with pytest.raises(ValueError, match=rf"'{part}'.*{kind}"):
+        rescale(tiny_model("llama"), spec)
+    resolve(spec)  # the evaluation commands take it
+
+
+def test_both_entry_points_list_the_same_known_names():
+    names = ", ".join(known_names())
+    for parse in (parse_method, resolve):
+        with pytest.raises(ValueError, match="Unknown method 'warp-drive'") as error:
+            parse("warp-drive")
+        assert names in str(error.value)
+    assert {"none", "calibrated", "pi", "mspoe", "layerwise", "yarn", "longcontextreorder"} <= set(
+        known_names()
+    )
+
+
+def test_arguments_only_where_a_name_takes_them():
+    with pytest.raises(ValueError, match="'layerwise' takes no ':' argument"):
+        parse_method("layerwise:2")
+    with pytest.raises(ValueError, match="'none' takes no ':' argument"):
+        resolve("none:2")
+
+
+def test_eval_keeps_its_names_for_the_core_objects():
+    assert EvalMethod is ResolvedMethod and eval_resolve is resolve
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["none", "pi:2", "layerwise+pi", "mine=mspoe:1.1-1.4+random", "dynamic-ntk:3+layerwise", "hidden:7,-1"],
+)
+def test_resolved_methods_pickle_round_trip_equal(spec):
+    method = resolve(spec)
+    copied = pickle.loads(pickle.dumps(method))
+    assert copied == method and type(copied) is ResolvedMethod
+    assert copied.arrange(list(range(6)), seed=3) == method.arrange(list(range(6)), seed=3)
+
+
+def test_resolve_all_passes_the_model_name_for_calibrated():
+    with pytest.raises(ValueError, match="'calibrated' is the config calibrated for one model"):
+        resolve_all(["none", "calibrated"])
