@@ -50,9 +50,9 @@ from rag_mspoe.eval.registry import (
     require_given_order,
     resolve,
     resolve_all,
-    rope_variant,
 )
 from rag_mspoe.eval.results import ResultsFile, read_records, run_lock
+from rag_mspoe.rope.variants import rope_variant
 
 logger = logging.getLogger(__name__)
 

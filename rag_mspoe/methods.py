@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from rag_mspoe.bezier import bezier_layer_factors
+from rag_mspoe.rope.bezier import bezier_layer_factors
 
 logger = logging.getLogger(__name__)
 
