@@ -43,7 +43,6 @@ from rag_mspoe.eval.manifest import (
     record_methods,
     write_manifest,
 )
-from rag_mspoe.eval.progress import progress_bar
 from rag_mspoe.eval.registry import (
     EngineSet,
     EvalMethod,
@@ -52,6 +51,7 @@ from rag_mspoe.eval.registry import (
     resolve_all,
 )
 from rag_mspoe.eval.results import ResultsFile, read_records, run_lock
+from rag_mspoe.progress import progress_bar
 from rag_mspoe.rope.variants import rope_variant
 
 logger = logging.getLogger(__name__)
