@@ -29,7 +29,7 @@ import transformers
 from transformers import DynamicCache, StaticCache
 
 from rag_mspoe import Compose, HiddenScale, LayerWise, MsPoE, Uniform, rescaled
-from rag_mspoe.awareness import position_awareness
+from rag_mspoe.rope.awareness import position_awareness
 
 SHAPES: dict[str, Callable[[], Any]] = {
     "llama3-8b": lambda: transformers.LlamaConfig(

@@ -21,7 +21,7 @@ import time
 import torch
 
 from rag_mspoe import Compose, LayerWise, MsPoE, Uniform, load_model, rescaled
-from rag_mspoe.awareness import position_awareness
+from rag_mspoe.rope.awareness import position_awareness
 
 METHODS = {
     "none": None,

@@ -25,10 +25,10 @@ from typing import Any
 from rag_mspoe.eval.loaders import read_jsonl
 from rag_mspoe.eval.manifest import check_resume, record_session
 from rag_mspoe.eval.metrics import best_subspan_em, normalize_answer
-from rag_mspoe.eval.progress import progress_bar
 from rag_mspoe.eval.registry import EngineSet, EvalMethod, resolve_all, stable_seed
 from rag_mspoe.eval.report import line_plot
 from rag_mspoe.eval.results import ResultsFile, read_records, run_lock
+from rag_mspoe.progress import progress_bar
 
 KEY_FIELDS = ("method", "example_id")
 # What every record depends on besides its method: a resumed run must keep all of it.

@@ -43,16 +43,16 @@ from rag_mspoe.eval.manifest import (
     record_methods,
     write_manifest,
 )
-from rag_mspoe.eval.progress import progress_bar
 from rag_mspoe.eval.registry import (
     EngineSet,
     EvalMethod,
     require_given_order,
     resolve,
     resolve_all,
-    rope_variant,
 )
 from rag_mspoe.eval.results import ResultsFile, read_records, run_lock
+from rag_mspoe.progress import progress_bar
+from rag_mspoe.rope.variants import rope_variant
 
 logger = logging.getLogger(__name__)
 

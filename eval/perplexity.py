@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from rag_mspoe.eval.manifest import check_resume, record_session
-from rag_mspoe.eval.progress import progress_bar
 from rag_mspoe.eval.registry import EngineSet, require_given_order, resolve_all
 from rag_mspoe.eval.report import line_plot
 from rag_mspoe.eval.results import ResultsFile, read_records, run_lock
+from rag_mspoe.progress import progress_bar
 
 KEY_FIELDS = ("method", "length", "window")
 PLOT_FILE = "perplexity_by_length.png"

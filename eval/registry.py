@@ -12,12 +12,12 @@ This module adds what only evaluation needs: RoPE-type model variants (`rope_var
 
 from __future__ import annotations
 
-import copy
 import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from rag_mspoe.method_spec import ResolvedMethod, known_names, resolve, resolve_all
+from rag_mspoe.rope.variants import rope_variant
 
 # The evaluation modules' name for a resolved method: the same class.
 EvalMethod = ResolvedMethod
@@ -45,49 +45,6 @@ def stable_seed(*parts: object) -> int:
     """A seed from any values, the same in every process (Python's hash() is salted per process)."""
     digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
     return int.from_bytes(digest[:8], "big")
-
-
-# -- model variants for transformers RoPE types -----------------------------------------------------
-def rope_variant(model: Any, rope_parameters: dict[str, Any]) -> Any:
-    """A second model object with the same weight tensors (no copy) whose config sets `rope_parameters`.
-
-    Its module tree is its own, so hooks and rotary buffers never leak into the original model.
-    """
-    import torch
-
-    config = copy.deepcopy(model.config)
-    params = config.rope_parameters
-    per_type = all(isinstance(v, dict) for v in params.values())
-    for target in params.values() if per_type else [params]:
-        target.update(rope_parameters)
-    with torch.device("meta"):
-        variant = type(model)(config)
-    variant.load_state_dict(model.state_dict(), assign=True)
-    device = next(model.parameters()).device
-    _rebuild_rotary_modules(variant, config, device)
-    buffers = dict(model.named_buffers())
-    for name, buffer in list(variant.named_buffers()):
-        if buffer.is_meta:
-            if name not in buffers:
-                raise RuntimeError(f"Cannot build a RoPE variant of {type(model).__name__}: buffer {name}.")
-            owner, _, leaf = name.rpartition(".")
-            variant.get_submodule(owner)._buffers[leaf] = buffers[name]
-    variant.generation_config = copy.deepcopy(model.generation_config)
-    variant.eval()
-    base_name = getattr(model, "_rag_mspoe_name", None) or model.config.name_or_path
-    variant._rag_mspoe_name = f"{base_name}[{rope_parameters.get('rope_type')}]"
-    return variant
-
-
-def _rebuild_rotary_modules(variant: Any, config: Any, device: Any) -> None:
-    import torch
-
-    for name, module in list(variant.named_modules()):
-        if type(module).__name__.endswith("RotaryEmbedding"):
-            with torch.device(device):
-                rebuilt = type(module)(config=config)
-            owner, _, leaf = name.rpartition(".")
-            setattr(variant.get_submodule(owner) if owner else variant, leaf, rebuilt)
 
 
 class EngineSet:

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from rag_mspoe.eval.manifest import finish_session, model_facts, start_session, write_manifest
-from rag_mspoe.eval.progress import progress_bar
 from rag_mspoe.eval.registry import EngineSet, EvalMethod, resolve_all
 from rag_mspoe.eval.results import ResultsFile, run_lock
 from rag_mspoe.eval.scorer import BatchScorer
 from rag_mspoe.eval.sweep import Batch, Example, SweepConfig, load_examples, plan_batches
+from rag_mspoe.progress import progress_bar
 
 EXAMPLES_FILE = "examples.jsonl.gz"
 

@@ -31,10 +31,10 @@ from rag_mspoe.eval.manifest import (
     record_methods,
     write_manifest,
 )
-from rag_mspoe.eval.progress import progress_bar
 from rag_mspoe.eval.registry import EngineSet, EvalMethod, require_given_order, resolve_all
 from rag_mspoe.eval.results import ResultsFile, run_lock
 from rag_mspoe.eval.text_metrics import score_text
+from rag_mspoe.progress import progress_bar
 
 Kind = Literal["longbench", "zeroscrolls", "mmlu"]
 KINDS: tuple[Kind, ...] = ("longbench", "zeroscrolls", "mmlu")

@@ -8,8 +8,11 @@ answer with citations.
     answer = answer_question("When was the light first lit?", Retriever.load("my-index"), Engine.load())
     print(answer.text, [(c.number, c.source) for c in answer.citations])
 
-FAISS, sentence-transformers, LangChain and LlamaIndex are imported only when used.
+FAISS, sentence-transformers, LangChain and LlamaIndex are imported only when used. The LangChain
+and LlamaIndex retrievers live with the other adapters, in `rag_mspoe.connectors.retrievers`.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from rag_mspoe.pipelines.answer import Answer, Citation, answer_question, generate_answer, parse_citations
 from rag_mspoe.pipelines.chunking import Chunk, chunk_documents
@@ -19,7 +22,9 @@ from rag_mspoe.pipelines.indexing import IndexReport, index_documents
 from rag_mspoe.pipelines.ingest import Document, load_documents
 from rag_mspoe.pipelines.packing import PackedPrompt, long_context_reorder, pack, render_prompt
 from rag_mspoe.pipelines.retrieval import RetrievedChunk, Retriever
-from rag_mspoe.pipelines.retrievers import langchain_retriever, llamaindex_retriever
+
+if TYPE_CHECKING:
+    from rag_mspoe.connectors.retrievers import langchain_retriever, llamaindex_retriever
 
 __all__ = [
     "DEFAULT_EMBEDDING_MODEL",
@@ -48,3 +53,13 @@ __all__ = [
     "parse_citations",
     "render_prompt",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The retriever factories are read on first use: their module imports these pipelines, so
+    # importing it here, while they load, would be circular.
+    if name in ("langchain_retriever", "llamaindex_retriever"):
+        from rag_mspoe.connectors import retrievers
+
+        return getattr(retrievers, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

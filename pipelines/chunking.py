@@ -15,7 +15,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from rag_mspoe.pipelines.ingest import Document, document_key
-from rag_mspoe.pipelines.progress import tqdm_disable
+from rag_mspoe.progress import tqdm_disable
 
 DEFAULT_CHUNK_SIZE = 200
 DEFAULT_CHUNK_OVERLAP = 40

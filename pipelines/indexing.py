@@ -35,7 +35,7 @@ from rag_mspoe.pipelines.index import (
     writer_lock,
 )
 from rag_mspoe.pipelines.ingest import Document, Skipped, load_documents
-from rag_mspoe.pipelines.progress import tqdm_disable
+from rag_mspoe.progress import tqdm_disable
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from rag_mspoe.pipelines.progress import tqdm_disable
+from rag_mspoe.progress import tqdm_disable
 
 logger = logging.getLogger(__name__)
 

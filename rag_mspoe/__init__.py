@@ -6,7 +6,6 @@ rescale(model, MsPoE())                  # or Uniform(1.5), LayerWise(factors=[.
 unrescale(model)                         # back to the unmodified model, exactly
 """
 
-from rag_mspoe.architectures import ARCHITECTURES, UnsupportedArchitectureError
 from rag_mspoe.devices import DeviceError
 from rag_mspoe.loading import ModelLoadError, load_model, model_display_name
 from rag_mspoe.methods import (
@@ -21,7 +20,8 @@ from rag_mspoe.methods import (
     method_name,
     parse_method,
 )
-from rag_mspoe.patching import (
+from rag_mspoe.rope.architectures import ARCHITECTURES, UnsupportedArchitectureError
+from rag_mspoe.rope.rescaling import (
     current_method,
     frozen_head_order,
     head_ratios,

@@ -8,11 +8,6 @@ import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
-try:
-    import fcntl
-except ImportError:  # not POSIX: writers are not serialised there
-    fcntl = None  # type: ignore[assignment]
-
 LOCK_FILE = ".lock"
 
 
@@ -38,13 +33,24 @@ def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:
 
 @contextlib.contextmanager
 def folder_lock(folder: str | os.PathLike[str], busy_message: str) -> Iterator[None]:
-    """Hold `folder` for one writer; a second one fails at once with `busy_message`."""
+    """Hold `folder` for one writer; a second one fails at once with `busy_message`.
+
+    An OS lock on `folder/.lock` (flock on POSIX, msvcrt on Windows), so a killed writer never
+    leaves the folder locked. On POSIX the file stays after release: removing a file another
+    writer may have opened would let two writers lock the same path.
+    """
+    # Imported here: only writers need it, and `import rag_mspoe` stays light.
+    from filelock import FileLock, Timeout
+
     path = Path(folder)
     path.mkdir(parents=True, exist_ok=True)
-    with open(path / LOCK_FILE, "a") as handle:
-        if fcntl is not None:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise RuntimeError(busy_message) from None
+    # Not thread-local: the lock belongs to this block, whichever thread ends it.
+    lock = FileLock(path / LOCK_FILE, thread_local=False)
+    try:
+        lock.acquire(blocking=False)
+    except Timeout:
+        raise RuntimeError(busy_message) from None
+    try:
         yield
+    finally:
+        lock.release()

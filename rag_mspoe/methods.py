@@ -1,6 +1,6 @@
 """Method configs: small validated dataclasses that save to and load from JSON next to a model.
 
-A config only describes a method; `rag_mspoe.patching.rescale` applies it to a model.
+A config only describes a method; `rag_mspoe.rope.rescaling.rescale` applies it to a model.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from rag_mspoe.bezier import bezier_layer_factors
+from rag_mspoe.files import atomic_write
+from rag_mspoe.rope.bezier import bezier_layer_factors
 
 logger = logging.getLogger(__name__)
 
@@ -73,11 +74,8 @@ class MethodConfig:
         target = Path(path)
         if target.suffix != ".json":
             target = target / METHOD_FILE
-        target.parent.mkdir(parents=True, exist_ok=True)
         payload = {**self.to_dict(), "rag_mspoe_version": _package_version(), "base_model": base_model}
-        tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_text(json.dumps(payload, indent=2) + "\n")
-        os.replace(tmp, target)
+        atomic_write(target, (json.dumps(payload, indent=2) + "\n").encode())
         return target
 
 

@@ -9,10 +9,10 @@ import random
 
 import pytest
 
-from rag_mspoe.bezier import bezier_layer_factors
 from rag_mspoe.calibration.bezier_ga import BezierGA, GASettings, crossover, individual_key, mutate
 from rag_mspoe.calibration.fitness import FitnessWeights
 from rag_mspoe.calibration.optimizers import make_optimizer
+from rag_mspoe.rope.bezier import bezier_layer_factors
 
 LAYERS = 30
 TARGET = bezier_layer_factors([(0, 1.0), (8, 2.0), (20, 1.9), (29, 1.1)], LAYERS)

@@ -17,7 +17,7 @@ from rag_mspoe import (
     method_name,
     parse_method,
 )
-from rag_mspoe.bezier import bezier_layer_factors
+from rag_mspoe.rope.bezier import bezier_layer_factors
 
 ROUND_TRIP = [
     Uniform(1.5, layers=[2, 3]),

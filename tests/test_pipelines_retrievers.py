@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from pipelines_helpers import embedder, write_corpus
 
+from rag_mspoe.pipelines import langchain_retriever, llamaindex_retriever
 from rag_mspoe.pipelines.index import ChunkIndex
 from rag_mspoe.pipelines.indexing import index_documents
 from rag_mspoe.pipelines.retrieval import Retriever
-from rag_mspoe.pipelines.retrievers import langchain_retriever, llamaindex_retriever
 
 QUESTION = "How long does the Gannet take to cross the Pell Sound?"
 

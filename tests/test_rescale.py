@@ -10,6 +10,7 @@ import transformers
 from tiny_models import ARCH_NAMES, prompt_ids, tiny_model, with_rope_parameters
 
 from rag_mspoe import (
+    ARCHITECTURES,
     Compose,
     LayerWise,
     MsPoE,
@@ -21,7 +22,6 @@ from rag_mspoe import (
     rescaled,
     unrescale,
 )
-from rag_mspoe.architectures import ARCHITECTURES
 
 METHODS = {
     "uniform": Uniform(1.7),

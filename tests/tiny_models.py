@@ -8,7 +8,9 @@ from typing import Any
 import torch
 import transformers
 
-ARCH_NAMES = ["llama", "mistral", "qwen2", "qwen3", "gemma3_text"]
+from rag_mspoe import ARCHITECTURES
+
+ARCH_NAMES = list(ARCHITECTURES)
 VOCAB = 96
 COMMON = dict(
     vocab_size=VOCAB,

@@ -2,7 +2,7 @@
 
 An individual is a Bezier curve over layer index, given by its control points on the paper's
 grid (Table 1): x an integer layer index in [0, n - 1], y a factor in [y_min, y_max] in steps
-of y_step. The curve gives one RoPE interpolation factor per layer (`rag_mspoe.bezier`).
+of y_step. The curve gives one RoPE interpolation factor per layer (`rag_mspoe.rope.bezier`).
 
     ga = BezierGA(GASettings(seed=0), num_layers=30)
     while not ga.finished:

@@ -38,6 +38,7 @@ from rag_mspoe.calibration.fitness import (
     utility,
 )
 from rag_mspoe.calibration.optimizers import OPTIMIZERS, CMAESSettings, Optimizer, make_optimizer
+from rag_mspoe.files import atomic_write
 from rag_mspoe.methods import NAMED_METHODS, LayerWise, MethodConfig
 
 logger = logging.getLogger(__name__)
@@ -92,10 +93,7 @@ def layerwise_config(individual: Individual) -> LayerWise:
 
 def write_json(path: Path, data: Any) -> None:
     """Write JSON atomically: a reader (or a killed writer) never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    atomic_write(path, (json.dumps(data, indent=2) + "\n").encode())
 
 
 class LayerSearch:
@@ -244,9 +242,7 @@ class LayerSearch:
         log = "".join(
             json.dumps({k: v for k, v in row.items() if k != "population"}) + "\n" for row in state["history"]
         )
-        tmp = folder / ".generations.jsonl.tmp"
-        tmp.write_text(log)
-        os.replace(tmp, folder / "generations.jsonl")
+        atomic_write(folder / "generations.jsonl", log.encode())
 
     def _result(
         self, name: str, state: dict[str, Any], evaluated: dict[Individual, float], folder: Path

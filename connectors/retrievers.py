@@ -19,8 +19,8 @@ from rag_mspoe.pipelines.embedding import canonical_model_name
 from rag_mspoe.pipelines.retrieval import DEFAULT_TOP_K, Retriever
 
 if TYPE_CHECKING:
-    from rag_mspoe.pipelines.langchain_retriever import LangChainRetriever
-    from rag_mspoe.pipelines.llamaindex_retriever import LlamaIndexRetriever
+    from rag_mspoe.connectors.langchain_retriever import LangChainRetriever
+    from rag_mspoe.connectors.llamaindex_retriever import LlamaIndexRetriever
 
 
 def langchain_retriever(
@@ -28,7 +28,7 @@ def langchain_retriever(
 ) -> LangChainRetriever:
     """A LangChain `BaseRetriever` over an index folder (or an open Retriever)."""
     try:
-        from rag_mspoe.pipelines.langchain_retriever import LangChainRetriever
+        from rag_mspoe.connectors.langchain_retriever import LangChainRetriever
     except ImportError as exc:
         raise ImportError(
             f"{exc}. The LangChain retriever needs: pip install 'rag-mspoe[langchain]'"
@@ -41,7 +41,7 @@ def llamaindex_retriever(
 ) -> LlamaIndexRetriever:
     """A LlamaIndex `BaseRetriever` over an index folder (or an open Retriever)."""
     try:
-        from rag_mspoe.pipelines.llamaindex_retriever import LlamaIndexRetriever
+        from rag_mspoe.connectors.llamaindex_retriever import LlamaIndexRetriever
     except ImportError as exc:
         raise ImportError(
             f"{exc}. The LlamaIndex retriever needs: pip install 'rag-mspoe[llamaindex]'"

@@ -16,9 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from rag_mspoe.architectures import sliding_window
-from rag_mspoe.hooks import ModelHooks, key_validity
 from rag_mspoe.methods import HiddenScale
+from rag_mspoe.rope.hooks import ModelHooks, key_validity
 
 
 class HiddenScaleState(ModelHooks):
@@ -64,8 +63,7 @@ class HiddenScaleState(ModelHooks):
 
         q = heads(module.q_proj(scaled[:, -rows:]))
         k = heads(module.k_proj(scaled))
-        if hasattr(module, "q_norm"):  # Qwen3, Gemma 3 normalise q and k per head before RoPE
-            q, k = module.q_norm(q), module.k_norm(k)
+        q, k = self.arch.normalise_qk(module, q, k)
         apply_rotary = self.arch.module().apply_rotary_pos_emb
         q, _ = apply_rotary(q, q, cos[:, -rows:], sin[:, -rows:])
         k, _ = apply_rotary(k, k, cos, sin)
@@ -74,10 +72,10 @@ class HiddenScaleState(ModelHooks):
         groups = q.shape[1] // k.shape[1]
         keys, values = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         logits = (q.float() @ keys.float().transpose(-1, -2)) * module.scaling
-        cap = getattr(self.model.config, "attn_logit_softcapping", None)
+        cap = self.arch.logit_softcap(self.model.config)
         if cap:
             logits = torch.tanh(logits / cap) * cap
-        window = sliding_window(module, self.model.config)
+        window = self.arch.sliding_window(module, self.model.config)
         valid = key_validity(self.forward.attention_mask, batch, length, window, hidden.device, rows)
         weights = torch.softmax(logits.masked_fill(~valid[:, None], float("-inf")), dim=-1)
         attended = (weights @ values.float()).to(hidden.dtype)  # [B, H, rows, D]

@@ -1,10 +1,15 @@
-"""The progress bar of every long evaluation job."""
+"""Progress bars of the long jobs: reading, chunking and embedding documents, evaluation runs."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterable
 from typing import Any
+
+
+def tqdm_disable(progress: bool | None) -> bool | None:
+    """tqdm's `disable` argument: True/False force bars on/off, None shows them only on a terminal."""
+    return None if progress is None else not progress
 
 
 def progress_bar(
@@ -17,7 +22,7 @@ def progress_bar(
         iterable,
         desc=desc,
         unit=unit,
-        disable=None if progress is None else not progress,
+        disable=tqdm_disable(progress),
         mininterval=1 if sys.stderr.isatty() else 30,
         **options,
     )

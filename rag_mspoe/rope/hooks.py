@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from rag_mspoe.architectures import Architecture, architecture_of, decoder
 from rag_mspoe.methods import MethodConfig
+from rag_mspoe.rope.architectures import Architecture, architecture_of
 
 
 @dataclass
@@ -30,7 +30,7 @@ class ModelHooks:
         self.model = model
         self.method = method
         self.arch: Architecture = architecture_of(model)
-        self.decoder = decoder(model)
+        self.decoder = self.arch.decoder(model)
         self.forward = ForwardInfo()
         self._handles: list[Any] = []
         self._undo: list[Callable[[], None]] = []

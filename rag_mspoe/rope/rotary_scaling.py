@@ -1,0 +1,149 @@
+"""Hooks of the RoPE rescaling methods: uniform, layer-wise, Ms-PoE, or a composition of them.
+
+How it works, for every supported architecture (no copied modeling code):
+- A pre-hook on the decoder notes, per forward, the attention mask and whether the forward
+  starts from an empty KV cache (a prefill) (`hooks.ModelHooks`).
+- A hook on the decoder's rotary module notes the position ids the model uses.
+- Per layer, a pre-hook on `self_attn` swaps its `position_embeddings`:
+  * one factor for the layer: cos/sin recomputed at `position_ids / factor` (`layer_tables`);
+  * per-head ratios (Ms-PoE): a `HeadwiseRotation` in place of cos (`head_rotation`).
+Keys are rotated before the cache stores them, so cached decoding stays exact.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from rag_mspoe.methods import Compose, LayerWise, MethodConfig, MsPoE, Uniform
+from rag_mspoe.rope.head_rotation import (
+    HeadPlan,
+    HeadRanking,
+    HeadwiseRotation,
+    head_plan,
+    unwrap_apply_rotary,
+    wrap_apply_rotary,
+)
+from rag_mspoe.rope.hooks import ModelHooks
+from rag_mspoe.rope.layer_tables import RotaryTables
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    factor: float = 1.0
+    heads: HeadPlan | None = None
+
+    def divisors(self) -> tuple[float, ...]:
+        return self.heads.ratios if self.heads else (self.factor,)
+
+
+def _uniform_factors(part: Uniform, num_layers: int) -> list[float]:
+    factors = [1.0] * num_layers
+    for layer in part.layers if part.layers is not None else range(num_layers):
+        if layer >= num_layers:
+            raise ValueError(f"Uniform.layers has layer {layer}; the model has {num_layers} layers.")
+        factors[layer] *= part.factor
+    return factors
+
+
+def _layerwise_factors(part: LayerWise, num_layers: int) -> list[float]:
+    return part.layer_factors(num_layers)
+
+
+# Per `MethodConfig.kind`, the per-layer RoPE factors of a part that scales whole layers.
+_LAYER_FACTORS: dict[str, Callable[[Any, int], list[float]]] = {
+    Uniform.kind: _uniform_factors,
+    LayerWise.kind: _layerwise_factors,
+}
+
+
+def layer_plans(method: MethodConfig, config: Any) -> dict[int, LayerPlan]:
+    """The plan of every layer the method changes; layer factors multiply, Ms-PoE ratios on top."""
+    num_layers = config.num_hidden_layers
+    num_q = config.num_attention_heads
+    num_kv = getattr(config, "num_key_value_heads", None) or num_q
+    factors = [1.0] * num_layers
+    mspoe: MsPoE | None = None
+    for part in method.methods if isinstance(method, Compose) else [method]:
+        if isinstance(part, MsPoE):
+            mspoe = part
+        elif part.kind in _LAYER_FACTORS:
+            part_factors = _LAYER_FACTORS[part.kind](part, num_layers)
+            factors = [f * g for f, g in zip(factors, part_factors, strict=True)]
+        else:
+            raise TypeError(
+                f"{type(part).__name__} is not a RoPE rescaling method this model hook can apply."
+            )
+
+    plans: dict[int, LayerPlan] = {}
+    for layer in range(num_layers):
+        heads = None
+        if mspoe is not None and layer >= mspoe.skip_layers:
+            heads = head_plan(mspoe, layer, factors[layer], num_q, num_kv, num_layers)
+        if heads is not None or factors[layer] != 1.0:
+            plans[layer] = LayerPlan(factors[layer], heads)
+    return plans
+
+
+class RotaryScaleState(ModelHooks):
+    """The hooks of a RoPE rescaling method on one model."""
+
+    def __init__(self, model: nn.Module, method: MethodConfig) -> None:
+        super().__init__(model, method)
+        self.plans = layer_plans(method, model.config)
+        self.tables = RotaryTables(
+            self.arch, self.decoder, {index: plan.divisors() for index, plan in self.plans.items()}
+        )
+        self.ranking = HeadRanking(self.arch, model.config)
+
+    def _install(self) -> None:
+        self._handles.append(self.tables.rotary.register_forward_hook(self._on_rotary, with_kwargs=True))
+        for index, plan in self.plans.items():
+            attention = self.decoder.layers[index].self_attn
+            hook = functools.partial(self._on_attention, index)
+            self._handles.append(attention.register_forward_pre_hook(hook, with_kwargs=True))
+            if plan.heads and plan.heads.expand_kv:
+                self._expand_kv(attention)
+        if any(plan.heads for plan in self.plans.values()):
+            wrap_apply_rotary(self.arch)
+            self._undo.append(lambda: unwrap_apply_rotary(self.arch))
+
+    def _expand_kv(self, attention: Any) -> None:
+        groups = attention.num_key_value_groups
+        head_dim = attention.head_dim
+
+        def repeat_heads(_module: nn.Module, _inputs: Any, output: torch.Tensor) -> torch.Tensor:
+            heads = output.view(*output.shape[:-1], -1, head_dim).repeat_interleave(groups, dim=-2)
+            return heads.flatten(-2)
+
+        self._handles.append(attention.k_proj.register_forward_hook(repeat_heads))
+        self._handles.append(attention.v_proj.register_forward_hook(repeat_heads))
+        attention.num_key_value_groups = 1
+
+        def restore() -> None:
+            attention.num_key_value_groups = groups
+
+        self._undo.append(restore)
+
+    def _on_rotary(self, _module: nn.Module, args: tuple, kwargs: dict, _output: Any) -> None:
+        self.forward.position_ids = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
+
+    def _on_attention(self, index: int, module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        plan = self.plans[index]
+        hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        if plan.heads is None:
+            cos, sin = self.tables.for_layer(self.forward, index, hidden, (plan.factor,))
+            # A model spread over GPUs (device_map="auto") computes tables where its rotary module
+            # sits; each layer reads them on its own device. No copy on a single device.
+            kwargs["position_embeddings"] = (cos[0].to(hidden.device), sin[0].to(hidden.device))
+        else:
+            rotation = HeadwiseRotation(
+                index, plan.heads, module, hidden, self.forward, self.ranking, self.tables
+            )
+            kwargs["position_embeddings"] = (rotation, None)
+        return args, kwargs
