@@ -138,3 +138,14 @@ def test_structured_output_every_method(chat, method):
     )
     assert isinstance(raw["raw"], AIMessage) and raw["parsing_error"] is None
     City.model_validate(raw["parsed"])
+
+
+def test_stop_reaches_the_constrained_call(chat):
+    bound = chat.bind_tools([multiply], tool_choice="multiply")
+    invoked = bound.invoke("Compute 6 x 7.", seed=1, stop=['"b"'])
+    streamed = list(bound.stream("Compute 6 x 7.", seed=1, stop=['"b"']))
+    # The call stops where its second argument would start: no call, the text up to there.
+    assert not invoked.tool_calls and invoked.content.endswith(",")
+    assert '"arguments": {"a": ' in invoked.content
+    assert invoked.response_metadata["finish_reason"] == "stop"
+    assert streamed[-1].response_metadata["finish_reason"] == "stop"

@@ -158,3 +158,9 @@ def test_function_agent_runs_two_tools_and_answers(embedded):
     assert {call.tool_name for call in result.tool_calls} == {"price_of", "rate_of"}
     assert all(not call.tool_output.is_error for call in result.tool_calls)
     assert not result.response.additional_kwargs.get("tool_calls") and result.response.content
+
+
+def test_stop_reaches_the_constrained_call(llm):
+    response = llm.chat_with_tools(TOOLS, "Tea?", tool_choice="price_of", stop=['"item"'])
+    assert not llm.get_tool_calls_from_response(response, error_on_no_tool_call=False)
+    assert response.message.content.endswith('"arguments": {') and response.raw["finish_reason"] == "stop"
