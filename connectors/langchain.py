@@ -11,6 +11,8 @@ template, stop strings, streaming, token counts and the lock that keeps concurre
 Tools (`bind_tools`) reach the model through its chat template, and its calls are decoded under
 a grammar that admits only calls with arguments valid for their tool (`rag_mspoe.tool_calls`);
 they come back as `AIMessage.tool_calls`, and `ToolMessage`s carry the results back in.
+Streaming with bound tools sends text as it is written and each call as `tool_call_chunks` (id
+and name first, then the arguments' JSON in fragments); the chunks add up to `invoke`'s calls.
 Structured output (`with_structured_output`) is grammar-constrained too: "json_schema" and
 "json_mode" decode JSON valid for the schema (`rag_mspoe.json_output`), "function_calling" forces
 a call of the schema as a tool, so the answer always parses.
@@ -21,7 +23,6 @@ a call of the schema as a tool, so the answer always parses.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from operator import itemgetter
 from typing import Any, Literal
@@ -59,7 +60,8 @@ from pydantic import ConfigDict, Field
 from rag_mspoe.connectors.settings import EngineFields, aretrying, engine_settings, retrying
 from rag_mspoe.engine import GenerationResult
 from rag_mspoe.json_output import check_schema, generate_json
-from rag_mspoe.tool_calls import ToolAnswer, generate_with_tools
+from rag_mspoe.tool_calls import ToolAnswer, astream_with_tools, generate_with_tools, stream_with_tools
+from rag_mspoe.tool_stream import ToolCallDelta
 
 PROVIDER = "rag_mspoe"
 _ROLES = {HumanMessage: "user", SystemMessage: "system", AIMessage: "assistant", ToolMessage: "tool"}
@@ -226,8 +228,18 @@ class ChatRagMsPoE(EngineParams, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        if self._constrained(kwargs):  # a partial object or call would not validate: send it whole
+        if "json_schema" in kwargs:  # a partial object would not validate: send it whole
             yield from self._whole(self._answer(messages, stop, kwargs))
+            return
+        if kwargs.get("tools"):
+            tool_stream = self._tool_stream(stream_with_tools, messages, stop, kwargs)
+            for event in tool_stream:
+                chunk = self._event_chunk(event)
+                if run_manager:
+                    run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+                yield chunk
+            assert tool_stream.answer is not None
+            yield self._last_chunk(tool_stream.answer)
             return
         stream = self.engine.stream(to_chat_messages(messages), **self._settings(stop, kwargs))
         for piece in stream:
@@ -245,9 +257,19 @@ class ChatRagMsPoE(EngineParams, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        if self._constrained(kwargs):
+        if "json_schema" in kwargs:
             for chunk in self._whole(await asyncio.to_thread(self._answer, messages, stop, kwargs)):
                 yield chunk
+            return
+        if kwargs.get("tools"):
+            tool_stream = self._tool_stream(astream_with_tools, messages, stop, kwargs)
+            async for event in tool_stream:
+                chunk = self._event_chunk(event)
+                if run_manager:
+                    await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+                yield chunk
+            assert tool_stream.answer is not None
+            yield self._last_chunk(tool_stream.answer)
             return
         stream = self.engine.astream(to_chat_messages(messages), **self._settings(stop, kwargs))
         async for piece in stream:
@@ -328,10 +350,6 @@ class ChatRagMsPoE(EngineParams, BaseChatModel):
         unparsed = RunnablePassthrough.assign(parsed=lambda _: None)
         return RunnableMap(raw=llm) | parsed.with_fallbacks([unparsed], exception_key="parsing_error")
 
-    @staticmethod
-    def _constrained(kwargs: dict[str, Any]) -> bool:
-        return "json_schema" in kwargs or bool(kwargs.get("tools"))
-
     def _answer(
         self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
     ) -> ToolAnswer:
@@ -349,12 +367,27 @@ class ChatRagMsPoE(EngineParams, BaseChatModel):
             result = generate_json(self.engine, prompt, schema, **settings)
         return ToolAnswer(result.text, (), result)
 
+    def _tool_stream(
+        self,
+        start: Callable[..., Any],
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """A tool-calling stream (`stream_with_tools` or `astream_with_tools`) for bound tools."""
+        tool_options = {key: kwargs.pop(key) for key in _TOOL_ARGUMENTS if key in kwargs}
+        return start(self.engine, to_chat_messages(messages), **tool_options, **self._settings(stop, kwargs))
+
+    @staticmethod
+    def _event_chunk(event: str | ToolCallDelta) -> ChatGenerationChunk:
+        """A piece of text, or a piece of a call (LangChain joins the pieces of one index)."""
+        if isinstance(event, str):
+            return ChatGenerationChunk(message=AIMessageChunk(content=event))
+        piece = ToolCallChunk(name=event.name, args=event.arguments, id=event.id, index=event.index)
+        return ChatGenerationChunk(message=AIMessageChunk(content="", tool_call_chunks=[piece]))
+
     def _whole(self, answer: ToolAnswer) -> Iterator[ChatGenerationChunk]:
-        chunks = [
-            ToolCallChunk(name=call.name, args=json.dumps(call.arguments), id=call.id, index=index)
-            for index, call in enumerate(answer.tool_calls)
-        ]
-        yield ChatGenerationChunk(message=AIMessageChunk(content=answer.content, tool_call_chunks=chunks))
+        yield ChatGenerationChunk(message=AIMessageChunk(content=answer.content))
         yield self._last_chunk(answer)
 
     def _chat_result(self, answer: ToolAnswer) -> ChatResult:

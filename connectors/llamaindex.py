@@ -13,7 +13,9 @@ model is a chat model, so query engines send chat messages through its chat temp
 It is a `FunctionCallingLLM`: tools reach the model through its chat template and its calls are
 decoded under a grammar of the tools' schemas (`rag_mspoe.tool_calls`), so `predict_and_call`
 and agents (`FunctionAgent`) get calls whose arguments validate. `structured_predict` decodes
-JSON valid for the output class (`rag_mspoe.json_output`) in one generation.
+JSON valid for the output class (`rag_mspoe.json_output`) in one generation. `stream_chat` with
+tools (what `stream_chat_with_tools` and agents use) streams the text as it is written; each
+response lists the calls finished so far in `additional_kwargs["tool_calls"]`, the last one all.
 
     llm.predict_and_call([FunctionTool.from_defaults(fn=add)], "What is 2 + 3?", tool_required=True)
 """
@@ -49,7 +51,8 @@ from rag_mspoe.chat_template import Prompt
 from rag_mspoe.connectors.settings import EngineFields, aretrying, engine_settings, retrying
 from rag_mspoe.engine import GenerationResult
 from rag_mspoe.json_output import generate_json
-from rag_mspoe.tool_calls import ToolAnswer, generate_with_tools
+from rag_mspoe.tool_calls import ToolAnswer, astream_with_tools, generate_with_tools, stream_with_tools
+from rag_mspoe.tool_stream import ToolCallDelta
 
 _ROLES = {
     MessageRole.SYSTEM: "system",
@@ -142,13 +145,17 @@ class RagMsPoE(EngineFields, FunctionCallingLLM):
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        if kwargs.get("tools"):  # a partial call would not parse: the answer comes whole
-            whole = self._answer(messages, dict(kwargs))
+        if kwargs.get("tools"):
+            tool_stream = self._tool_stream(stream_with_tools, messages, dict(kwargs))
 
-            def single() -> ChatResponseGen:
-                yield self._chat_response(whole.content, whole.content, whole)
+            def tool_responses() -> ChatResponseGen:
+                so_far = _StreamedAnswer()
+                for event in tool_stream:
+                    yield self._chat_response(so_far.text, so_far.add(event), None, so_far.finished_calls())
+                assert tool_stream.answer is not None
+                yield self._chat_response(tool_stream.answer.content, "", tool_stream.answer)
 
-            return single()
+            return tool_responses()
         stream = self.engine.stream(to_chat_messages(messages), **engine_settings(self, kwargs))
 
         def responses() -> ChatResponseGen:
@@ -163,12 +170,16 @@ class RagMsPoE(EngineFields, FunctionCallingLLM):
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
         if kwargs.get("tools"):
-            whole = await asyncio.to_thread(self._answer, messages, dict(kwargs))
+            tool_stream = self._tool_stream(astream_with_tools, messages, dict(kwargs))
 
-            async def single() -> ChatResponseAsyncGen:
-                yield self._chat_response(whole.content, whole.content, whole)
+            async def tool_responses() -> ChatResponseAsyncGen:
+                so_far = _StreamedAnswer()
+                async for event in tool_stream:
+                    yield self._chat_response(so_far.text, so_far.add(event), None, so_far.finished_calls())
+                assert tool_stream.answer is not None
+                yield self._chat_response(tool_stream.answer.content, "", tool_stream.answer)
 
-            return single()
+            return tool_responses()
         stream = self.engine.astream(to_chat_messages(messages), **engine_settings(self, kwargs))
 
         async def responses() -> ChatResponseAsyncGen:
@@ -250,6 +261,13 @@ class RagMsPoE(EngineFields, FunctionCallingLLM):
         return await asyncio.to_thread(
             lambda: self.structured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
         )
+
+    def _tool_stream(
+        self, start: Callable[..., Any], messages: Sequence[ChatMessage], kwargs: dict[str, Any]
+    ) -> Any:
+        """A tool-calling stream (`stream_with_tools` or `astream_with_tools`) for the offered tools."""
+        tool_options = {key: kwargs.pop(key) for key in _TOOL_ARGUMENTS if key in kwargs}
+        return start(self.engine, to_chat_messages(messages), **tool_options, **engine_settings(self, kwargs))
 
     def _answer(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ToolAnswer:
         """One blocking answer: plain text, or tool calls when tools are offered."""
@@ -335,9 +353,15 @@ class RagMsPoE(EngineFields, FunctionCallingLLM):
         return raw
 
     def _chat_response(
-        self, text: str, delta: str, answer: GenerationResult | ToolAnswer | None
+        self,
+        text: str,
+        delta: str,
+        answer: GenerationResult | ToolAnswer | None,
+        calls: list[dict[str, Any]] | None = None,
     ) -> ChatResponse:
-        calls = [call.openai() for call in answer.tool_calls] if isinstance(answer, ToolAnswer) else []
+        """calls: the OpenAI-shaped calls of a response mid-stream; by default the answer's."""
+        if calls is None:
+            calls = [call.openai() for call in answer.tool_calls] if isinstance(answer, ToolAnswer) else []
         message = ChatMessage(
             role=MessageRole.ASSISTANT, content=text, additional_kwargs={"tool_calls": calls} if calls else {}
         )
@@ -347,3 +371,35 @@ class RagMsPoE(EngineFields, FunctionCallingLLM):
         self, text: str, delta: str, result: GenerationResult | None
     ) -> CompletionResponse:
         return CompletionResponse(text=text, delta=delta, raw=self._raw(result))
+
+
+class _StreamedAnswer:
+    """A tool-calling answer as its stream goes: the text so far, and the calls whose arguments
+    are complete (LlamaIndex reads calls from every streamed response, and parses their arguments)."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self._calls: dict[int, dict[str, Any]] = {}
+
+    def add(self, event: str | ToolCallDelta) -> str:
+        """Take one event of the stream; returns its text (empty for a piece of a call)."""
+        if isinstance(event, str):
+            self.text += event
+            return event
+        if event.id is not None:
+            function = {"name": event.name, "arguments": ""}
+            self._calls[event.index] = {"id": event.id, "type": "function", "function": function}
+        self._calls[event.index]["function"]["arguments"] += event.arguments
+        return ""
+
+    def finished_calls(self) -> list[dict[str, Any]]:
+        # Arguments that parse are whole: no fragment follows them.
+        return [call for call in self._calls.values() if _is_json(call["function"]["arguments"])]
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return True

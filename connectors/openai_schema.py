@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from rag_mspoe.engine import GenerationResult
 from rag_mspoe.grammar import Grammar
 from rag_mspoe.tool_calls import ToolAnswer
+from rag_mspoe.tool_stream import ToolCallDelta
 
 
 class _Request(BaseModel):
@@ -230,11 +231,15 @@ def tool_call_completion(answer: ToolAnswer, model: str) -> dict[str, Any]:
     return body
 
 
-def tool_call_deltas(answer: ToolAnswer) -> list[dict[str, Any]]:
-    """The stream deltas of a whole tool-calling answer: its text, then each call with its index."""
-    deltas: list[dict[str, Any]] = [{"content": answer.content}] if answer.content else []
-    deltas += [{"tool_calls": [{"index": i, **call.openai()}]} for i, call in enumerate(answer.tool_calls)]
-    return deltas
+def tool_stream_delta(event: str | ToolCallDelta) -> dict[str, Any]:
+    """The stream delta of a piece of a tool-calling answer: text, or a piece of one call (its first
+    with id, type and name, each with a fragment of the arguments), as the OpenAI API streams them."""
+    if isinstance(event, str):
+        return {"content": event}
+    call: dict[str, Any] = {"index": event.index, "function": {"arguments": event.arguments}}
+    if event.id is not None:
+        call.update(id=event.id, type="function", function={"name": event.name, "arguments": event.arguments})
+    return {"tool_calls": [call]}
 
 
 def text_completion(result: GenerationResult, model: str, prefix: str = "") -> dict[str, Any]:

@@ -12,6 +12,8 @@ under concurrency equal answers one at a time. With max_batch_size > 1, greedy r
 equal settings that wait together run as one batch (`rag_mspoe.connectors.batching`): more
 throughput under load, at the price of bf16 answers that can drift from a request alone.
 
+With `tools`, calls come back in the OpenAI shape; streamed, as `delta.tool_calls` chunks (index,
+id, type and name first, then the arguments' JSON in fragments) ending in finish_reason "tool_calls".
 Every request first passes `request_guard` (Host, Origin, API key, body size and deadline).
 A client that goes away has its generation stopped at the next token, or never started.
 """
@@ -19,12 +21,13 @@ A client that goes away has its generation stopped at the next token, or never s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -39,15 +42,15 @@ from rag_mspoe.engine import (
     ENGINE_DEFAULT,
     Engine,
     EngineDefault,
-    GenerationResult,
     GenerationTimeout,
     PromptTooLongError,
 )
 from rag_mspoe.loading import model_display_name
 from rag_mspoe.methods import CALIBRATED, NAMED_METHODS, MethodConfig, method_name, parse_method
-from rag_mspoe.tool_calls import ToolAnswer, generate_with_tools
+from rag_mspoe.tool_calls import astream_with_tools, generate_with_tools
 
 DEFAULT_MAX_TOKENS = 256
+T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 
@@ -211,11 +214,11 @@ def create_app(
             code="timeout",
         )
 
-    async def run(
-        prompt: Any, options: dict[str, Any], prompt_field: str, cancel: threading.Event
-    ) -> GenerationResult:
+    @contextlib.contextmanager
+    def client_errors(prompt_field: str, tools: bool = False) -> Iterator[None]:
+        """Errors a request caused, as the 400s and 503s that tell the client what to change."""
         try:
-            return await batcher.generate(prompt, options, cancel)
+            yield
         except PromptTooLongError as exc:
             raise too_long(prompt_field) from exc
         except TemplateError as exc:  # e.g. a template that wants user and assistant turns to alternate
@@ -224,13 +227,27 @@ def create_app(
             ) from exc
         except GenerationTimeout as exc:
             raise timed_out() from exc
+        except (ValueError, TypeError) as exc:
+            if not tools:
+                raise
+            raise ApiError(400, str(exc), param="tools") from exc  # our own message on a tool or a choice
 
     async def answer(
-        request: Request, prompt: Any, options: dict[str, Any], prompt_field: str
-    ) -> GenerationResult:
-        """One non-streamed answer, given up (its generation cancelled) if the client disconnects first."""
+        request: Request,
+        start: Callable[[threading.Event], Awaitable[T]],
+        prompt_field: str,
+        tools: bool = False,
+    ) -> T:
+        """One non-streamed answer, given up (its generation cancelled) if the client disconnects first.
+
+        start: begins the generation, which stops once the event it is handed is set."""
+
+        async def run(cancel: threading.Event) -> T:
+            with client_errors(prompt_field, tools):
+                return await start(cancel)
+
         cancel = threading.Event()
-        work = asyncio.ensure_future(run(prompt, options, prompt_field, cancel))
+        work = asyncio.ensure_future(run(cancel))
         gone = asyncio.ensure_future(disconnected(request))
         try:
             done, _ = await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -245,24 +262,14 @@ def create_app(
             )
         return work.result()
 
-    async def call_tools(body: schema.ChatCompletionRequest, options: dict[str, Any]) -> ToolAnswer:
-        options = {k: v for k, v in options.items() if k != "raw"}  # tools need the chat template
-        try:
-            return await asyncio.to_thread(
-                generate_with_tools,
-                engine,
-                body.prompt(),
-                body.tool_list(),
-                tool_choice=body.chosen_tool(),
-                parallel_tool_calls=body.parallel_tool_calls,
-                **options,
-            )
-        except PromptTooLongError as exc:
-            raise too_long("messages") from exc
-        except GenerationTimeout as exc:
-            raise timed_out() from exc
-        except (ValueError, TypeError) as exc:  # our own message on a tool or a tool choice
-            raise ApiError(400, str(exc), param="tools") from exc
+    def tool_arguments(body: schema.ChatCompletionRequest, options: dict[str, Any]) -> dict[str, Any]:
+        """Keyword arguments of `generate_with_tools` and `astream_with_tools` for a request."""
+        return {
+            "tools": body.tool_list(),
+            "tool_choice": body.chosen_tool(),
+            "parallel_tool_calls": body.parallel_tool_calls,
+            **{k: v for k, v in options.items() if k != "raw"},  # tools need the chat template
+        }
 
     def constraints(body: schema.ChatCompletionRequest) -> dict[str, Any]:
         try:
@@ -273,14 +280,8 @@ def create_app(
             ) from exc
 
     def open_stream(prompt: Any, options: dict[str, Any], prompt_field: str) -> Any:
-        try:
+        with client_errors(prompt_field):
             return engine.astream(prompt, **options)
-        except PromptTooLongError as exc:
-            raise too_long(prompt_field) from exc
-        except TemplateError as exc:  # e.g. a template that wants user and assistant turns to alternate
-            raise ApiError(
-                400, f"The model's chat template refused these messages: {exc}", param=prompt_field
-            ) from exc
 
     def sse(events: Callable[[], AsyncIterator[dict[str, Any]]]) -> StreamingResponse:
         async def body() -> AsyncIterator[str]:
@@ -319,11 +320,12 @@ def create_app(
         body = await read_body(request, schema.ChatCompletionRequest)
         options = {**settings(body, raw=False), **constraints(body)}
         if body.calls_tools():
-            return await tool_reply(body, options)
+            return await tool_reply(request, body, options)
         if not body.stream:
-            return schema.chat_completion(
-                await answer(request, body.prompt(), options, "messages"), body.model
+            result = await answer(
+                request, lambda cancel: batcher.generate(body.prompt(), options, cancel), "messages"
             )
+            return schema.chat_completion(result, body.model)
         stream = open_stream(body.prompt(), options, "messages")
         chunk_id = schema.new_id("chatcmpl")
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -339,21 +341,34 @@ def create_app(
 
         return sse(events)
 
-    async def tool_reply(body: schema.ChatCompletionRequest, options: dict[str, Any]) -> Any:
-        """An answer that may call tools; streamed whole, as a partial call would not parse."""
-        answer = await call_tools(body, options)
+    async def tool_reply(
+        request: Request, body: schema.ChatCompletionRequest, options: dict[str, Any]
+    ) -> Any:
+        """An answer that may call tools; streamed, its calls come as OpenAI's delta.tool_calls."""
+        arguments = tool_arguments(body, options)
         if not body.stream:
-            return schema.tool_call_completion(answer, body.model)
+            reply = await answer(
+                request,
+                lambda cancel: asyncio.to_thread(
+                    generate_with_tools, engine, body.prompt(), cancel=cancel, **arguments
+                ),
+                "messages",
+                tools=True,
+            )
+            return schema.tool_call_completion(reply, body.model)
+        with client_errors("messages", tools=True):
+            stream = astream_with_tools(engine, body.prompt(), **arguments)
         chunk_id = schema.new_id("chatcmpl")
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
         async def events() -> AsyncIterator[dict[str, Any]]:
             yield schema.chat_chunk(chunk_id, body.model, {"role": "assistant", "content": ""})
-            for delta in schema.tool_call_deltas(answer):
-                yield schema.chat_chunk(chunk_id, body.model, delta)
-            yield schema.chat_chunk(chunk_id, body.model, {}, answer.finish_reason)
+            async for event in stream:
+                yield schema.chat_chunk(chunk_id, body.model, schema.tool_stream_delta(event))
+            assert stream.answer is not None
+            yield schema.chat_chunk(chunk_id, body.model, {}, stream.answer.finish_reason)
             if include_usage:
-                yield schema.usage_chunk(chunk_id, body.model, answer.result, "chat.completion.chunk")
+                yield schema.usage_chunk(chunk_id, body.model, stream.answer.result, "chat.completion.chunk")
 
         return sse(events)
 
@@ -363,9 +378,10 @@ def create_app(
         options = settings(body, raw=True)
         prefix = body.text() if body.echo else ""
         if not body.stream:
-            return schema.text_completion(
-                await answer(request, body.text(), options, "prompt"), body.model, prefix
+            result = await answer(
+                request, lambda cancel: batcher.generate(body.text(), options, cancel), "prompt"
             )
+            return schema.text_completion(result, body.model, prefix)
         stream = open_stream(body.text(), options, "prompt")
         chunk_id = schema.new_id("cmpl")
         include_usage = bool(body.stream_options and body.stream_options.include_usage)

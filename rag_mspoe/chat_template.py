@@ -107,6 +107,13 @@ def render(
                 "raw=True cannot show tools to the model; send messages through the chat template."
             )
         return list(tokenizer(prompt + prefix, add_special_tokens=True)["input_ids"])
+    text = render_text(tokenizer, prompt, tools=tools)
+    # The template already writes any special tokens (BOS included) the model expects.
+    return list(tokenizer(text + prefix, add_special_tokens=False)["input_ids"])
+
+
+def render_text(tokenizer: Any, prompt: Prompt, *, tools: Sequence[Mapping[str, Any]] = ()) -> str:
+    """The chat template's text for a prompt, up to the opened assistant turn."""
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
             "This tokenizer has no chat template; set tokenizer.chat_template, "
@@ -119,6 +126,4 @@ def render(
         options["tools"] = list(tools) or None
     elif uses_tools:
         messages = tool_format.fold_into_text(messages, tools)
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **options)
-    # The template already writes any special tokens (BOS included) the model expects.
-    return list(tokenizer(text + prefix, add_special_tokens=False)["input_ids"])
+    return str(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **options))

@@ -7,19 +7,28 @@ calls whose arguments always validate against each tool's schema, and gets them 
 tool_choice, as in the OpenAI API: "auto" (the model answers in text or calls tools), "required"
 (at least one call), a tool's name or {"type": "function", "function": {"name": ...}} (that tool),
 "none" (text only; the tools are still shown, as the conversation may refer to them).
+
+`stream_with_tools` streams the same answer: text as it is written and, once the model writes a
+call, its id and name, then its arguments' JSON in fragments (`tool_stream.ToolCallDelta`).
+
+    for event in stream_with_tools(engine, "Weather in Paris?", [weather_tool]):
+        ...                                    # str, or ToolCallDelta(index, id, name, arguments)
+
+Calls are read back with transformers' response parsing where the tokenizer declares a response
+template, else in the project's own format (`tool_parsing`).
 """
 
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rag_mspoe import tool_format
+from rag_mspoe import tool_format, tool_parsing
 from rag_mspoe.chat_template import Prompt
-from rag_mspoe.engine import Engine, GenerationResult
+from rag_mspoe.engine import AsyncTextStream, Engine, GenerationResult, TextStream
+from rag_mspoe.tool_stream import CallSplitter, ToolCallDelta, new_call_id
 
 ToolChoice = str | Mapping[str, Any]
 
@@ -119,22 +128,146 @@ def generate_with_tools(
     parallel_tool_calls: bool = True,
     **settings: Any,
 ) -> ToolAnswer:
-    """Answer a conversation that offers tools; settings are the engine's (stop excepted)."""
+    """Answer a conversation that offers tools; settings are the engine's generate() arguments
+    (cancel included)."""
+    checked, call = _engine_settings(tools, tool_choice, parallel_tool_calls, settings)
+    result = engine.generate(prompt, **call)
+    if "grammar" not in call:
+        return ToolAnswer(result.text, (), result)
+    return _answer(engine, prompt, checked, result, ())
+
+
+def stream_with_tools(
+    engine: Engine,
+    prompt: Prompt,
+    tools: Sequence[Mapping[str, Any]],
+    *,
+    tool_choice: ToolChoice = "auto",
+    parallel_tool_calls: bool = True,
+    **settings: Any,
+) -> ToolStream:
+    """`generate_with_tools`, streamed: text pieces and `ToolCallDelta`s as they are generated,
+    then `.answer`, the answer `generate_with_tools` gives, with the streamed calls' ids."""
+    checked, call = _engine_settings(tools, tool_choice, parallel_tool_calls, settings)
+    stream = engine.stream(prompt, **call)
+    splitter = CallSplitter() if "grammar" in call else None
+    return ToolStream(stream, splitter, lambda result: _finished(engine, prompt, checked, result, splitter))
+
+
+def astream_with_tools(
+    engine: Engine,
+    prompt: Prompt,
+    tools: Sequence[Mapping[str, Any]],
+    *,
+    tool_choice: ToolChoice = "auto",
+    parallel_tool_calls: bool = True,
+    **settings: Any,
+) -> AsyncToolStream:
+    """`stream_with_tools` for `async for`; must be called inside a running event loop."""
+    checked, call = _engine_settings(tools, tool_choice, parallel_tool_calls, settings)
+    stream = engine.astream(prompt, **call)
+    splitter = CallSplitter() if "grammar" in call else None
+    return AsyncToolStream(
+        stream, splitter, lambda result: _finished(engine, prompt, checked, result, splitter)
+    )
+
+
+class ToolStream:
+    """Text pieces (str) and `ToolCallDelta`s of one answer; `.answer` is set once it ends.
+
+    Leaving the loop early (or `close()`) stops the generation at the next token.
+    """
+
+    def __init__(self, stream: TextStream, splitter: CallSplitter | None, finish: _Finish) -> None:
+        self.answer: ToolAnswer | None = None
+        self._stream, self._splitter, self._finish = stream, splitter, finish
+
+    def __iter__(self) -> Iterator[str | ToolCallDelta]:
+        try:
+            for piece in self._stream:
+                yield from self._splitter.feed(piece) if self._splitter else [piece]
+        finally:
+            self._stream.close()
+        if self._splitter is not None:
+            yield from self._splitter.finish()
+        assert self._stream.result is not None
+        self.answer = self._finish(self._stream.result)
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+class AsyncToolStream:
+    """The async form of `ToolStream`: `async for event in stream`, then `.answer`."""
+
+    def __init__(self, stream: AsyncTextStream, splitter: CallSplitter | None, finish: _Finish) -> None:
+        self.answer: ToolAnswer | None = None
+        self._stream, self._splitter, self._finish = stream, splitter, finish
+
+    async def __aiter__(self) -> AsyncIterator[str | ToolCallDelta]:
+        try:
+            async for piece in self._stream:
+                for event in self._splitter.feed(piece) if self._splitter else [piece]:
+                    yield event
+        finally:
+            self._stream.close()
+        for event in self._splitter.finish() if self._splitter else []:
+            yield event
+        assert self._stream.result is not None
+        self.answer = self._finish(self._stream.result)
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+_Finish = Callable[[GenerationResult], ToolAnswer]
+
+
+def _engine_settings(
+    tools: Sequence[Mapping[str, Any]],
+    tool_choice: ToolChoice,
+    parallel_tool_calls: bool,
+    settings: dict[str, Any],
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(the checked tools, the engine's settings: the tools shown, and the grammar of the calls
+    the model may write unless tool_choice is "none")."""
     checked = check_tools(tools)
     mode, callable_tools = resolve_choice(tool_choice, checked)
     taken = sorted({"grammar", "tools", "prefix", "raw"} & set(settings))
     if taken:
-        raise TypeError(f"generate_with_tools sets {taken} itself; leave them out.")
+        raise TypeError(f"Tool calling sets {taken} itself; leave them out.")
     if mode == "none":
-        result = engine.generate(prompt, tools=checked, **settings)
-        return ToolAnswer(result.text, (), result)
+        return checked, {**settings, "tools": checked}
     # A named tool is called once, as in the OpenAI API; otherwise several calls may follow each other.
     parallel = parallel_tool_calls and tool_choice in ("auto", "required")
     grammar = tool_format.call_grammar(callable_tools, mode, parallel)  # type: ignore[arg-type]
-    result = engine.generate(prompt, tools=checked, grammar=grammar, **settings)
-    content, calls = tool_format.parse_calls(result.text)
+    return checked, {**settings, "tools": checked, "grammar": grammar}
+
+
+def _finished(
+    engine: Engine,
+    prompt: Prompt,
+    tools: list[dict[str, Any]],
+    result: GenerationResult,
+    splitter: CallSplitter | None,
+) -> ToolAnswer:
+    if splitter is None:
+        return ToolAnswer(result.text, (), result)
+    return _answer(engine, prompt, tools, result, splitter.ids)
+
+
+def _answer(
+    engine: Engine,
+    prompt: Prompt,
+    tools: list[dict[str, Any]],
+    result: GenerationResult,
+    ids: Sequence[str],
+) -> ToolAnswer:
+    """The answer parsed into text and calls; the calls take `ids` in order (new ones past them)."""
+    content, calls = tool_parsing.parse_answer(engine.tokenizer, result.text, prompt, tools)
+    named = list(ids)[: len(calls)] + [new_call_id() for _ in calls[len(ids) :]]
     return ToolAnswer(
         content,
-        tuple(ToolCall(f"call_{uuid.uuid4().hex[:24]}", name, args) for name, args in calls),
+        tuple(ToolCall(call_id, name, args) for call_id, (name, args) in zip(named, calls, strict=True)),
         result,
     )

@@ -4,11 +4,12 @@ are valid only because the grammar makes them so)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated
 
 import jsonschema
 import pytest
-from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import BaseModel, ConfigDict, Field
@@ -78,17 +79,54 @@ def test_tool_results_go_back_in_and_the_tool_runs(chat):
     assert isinstance(answer.content, str) and not answer.tool_calls
 
 
-def test_stream_delivers_the_calls_whole(chat):
+@pytest.mark.parametrize("settings", [{"seed": 4}, {"temperature": 0.0}])
+def test_streamed_call_chunks_add_up_to_the_invoked_calls(chat, settings):
     bound = chat.bind_tools([multiply, shout], tool_choice="any")
-    full = None
-    for chunk in bound.stream("Compute 6 x 7.", seed=4):
-        full = chunk if full is None else full + chunk
-    invoked = bound.invoke("Compute 6 x 7.", seed=4)
+    chunks = list(bound.stream("Compute 6 x 7.", **settings))
+    full = chunks[0]
+    for chunk in chunks[1:]:
+        full += chunk
+    invoked = bound.invoke("Compute 6 x 7.", **settings)
     assert [(c["name"], c["args"]) for c in full.tool_calls] == [
         (c["name"], c["args"]) for c in invoked.tool_calls
     ]
     check_calls(full, {"multiply", "shout"})
     assert full.usage_metadata["output_tokens"] > 0
+    assert full.response_metadata["finish_reason"] == "tool_calls"
+    pieces = [c for c in chunks if c.tool_call_chunks]
+    assert len(pieces) > len(full.tool_calls)  # the arguments came in fragments
+    assert all(c.tool_call_chunks[0]["name"] for c in pieces if c.tool_call_chunks[0]["id"])
+
+
+def test_async_stream_adds_up_to_the_same_calls(chat):
+    bound = chat.bind_tools([multiply, shout], tool_choice="any")
+
+    async def collect() -> AIMessageChunk:
+        full = None
+        async for chunk in bound.astream("Compute 6 x 7.", seed=4):
+            full = chunk if full is None else full + chunk
+        return full
+
+    full = asyncio.run(collect())
+    invoked = bound.invoke("Compute 6 x 7.", seed=4)
+    assert full.response_metadata["finish_reason"] == "tool_calls"  # no call cut by the token limit
+    assert [(c["name"], c["args"]) for c in full.tool_calls] == [
+        (c["name"], c["args"]) for c in invoked.tool_calls
+    ]
+
+
+def test_smollm2_streams_the_call_it_invokes(embedded):
+    chat = ChatRagMsPoE(engine=Engine(*embedded), max_tokens=60)
+    bound = chat.bind_tools([multiply], tool_choice="any", parallel_tool_calls=False)
+    full = None
+    for chunk in bound.stream("What is 6 times 7? Use the tool."):
+        full = chunk if full is None else full + chunk
+    invoked = bound.invoke("What is 6 times 7? Use the tool.")
+    assert full.tool_calls and [(c["name"], c["args"]) for c in full.tool_calls] == [
+        (c["name"], c["args"]) for c in invoked.tool_calls
+    ]
+    check_calls(full, {"multiply"})
+    assert full.response_metadata["finish_reason"] == "tool_calls"
 
 
 @pytest.mark.parametrize("method", ["function_calling", "json_schema", "json_mode"])
@@ -100,3 +138,14 @@ def test_structured_output_every_method(chat, method):
     )
     assert isinstance(raw["raw"], AIMessage) and raw["parsing_error"] is None
     City.model_validate(raw["parsed"])
+
+
+def test_stop_reaches_the_constrained_call(chat):
+    bound = chat.bind_tools([multiply], tool_choice="multiply")
+    invoked = bound.invoke("Compute 6 x 7.", seed=1, stop=['"b"'])
+    streamed = list(bound.stream("Compute 6 x 7.", seed=1, stop=['"b"']))
+    # The call stops where its second argument would start: no call, the text up to there.
+    assert not invoked.tool_calls and invoked.content.endswith(",")
+    assert '"arguments": {"a": ' in invoked.content
+    assert invoked.response_metadata["finish_reason"] == "stop"
+    assert streamed[-1].response_metadata["finish_reason"] == "stop"

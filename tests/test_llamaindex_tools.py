@@ -76,6 +76,42 @@ def test_chat_with_tools_gives_selections_with_ids(llm):
         llm.get_tool_calls_from_response(llm.chat_with_tools(TOOLS, "Hi", tool_choice="none"))
 
 
+def test_stream_chat_with_tools_lists_each_call_once_it_is_finished(llm):
+    # A seed where the random model calls two tools and stops.
+    settings = dict(tool_required=True, allow_parallel_tool_calls=True, temperature=1.0, seed=3)
+    whole = llm.get_tool_calls_from_response(llm.chat_with_tools(TOOLS, "Prices?", **settings))
+    responses = list(llm.stream_chat_with_tools(TOOLS, "Prices?", **settings))
+    seen = [
+        [s.tool_kwargs for s in llm.get_tool_calls_from_response(r, error_on_no_tool_call=False)]
+        for r in responses
+    ]
+    assert len(whole) == 2 and seen[-1] == [s.tool_kwargs for s in whole]
+    assert [] in seen and seen[-1][:1] in seen  # none, then the first alone, then both
+    assert [s.tool_id for s in llm.get_tool_calls_from_response(responses[-1])] == [
+        call["id"] for call in responses[-2].message.additional_kwargs["tool_calls"]
+    ]
+
+    async def last_of_async() -> Any:
+        stream = await llm.astream_chat_with_tools(TOOLS, "Prices?", **settings)
+        return [response async for response in stream][-1]
+
+    streamed = llm.get_tool_calls_from_response(asyncio.run(last_of_async()))
+    assert [s.tool_kwargs for s in streamed] == [s.tool_kwargs for s in whole]
+
+
+def test_smollm2_streams_the_call_it_chats(embedded):
+    llm = RagMsPoE(engine=Engine(*embedded), max_tokens=60)
+    tools = [FunctionTool.from_defaults(price_of)]
+    whole = llm.get_tool_calls_from_response(
+        llm.chat_with_tools(tools, "How much is tea?", tool_required=True)
+    )
+    responses = list(llm.stream_chat_with_tools(tools, "How much is tea?", tool_required=True))
+    streamed = llm.get_tool_calls_from_response(responses[-1])
+    assert whole and [(s.tool_name, s.tool_kwargs) for s in streamed] == [
+        (s.tool_name, s.tool_kwargs) for s in whole
+    ]
+
+
 def test_tool_results_are_rendered_back(llm):
     response = llm.chat_with_tools(TOOLS, "Tea?", tool_choice="price_of")
     (selection,) = llm.get_tool_calls_from_response(response)
@@ -122,3 +158,9 @@ def test_function_agent_runs_two_tools_and_answers(embedded):
     assert {call.tool_name for call in result.tool_calls} == {"price_of", "rate_of"}
     assert all(not call.tool_output.is_error for call in result.tool_calls)
     assert not result.response.additional_kwargs.get("tool_calls") and result.response.content
+
+
+def test_stop_reaches_the_constrained_call(llm):
+    response = llm.chat_with_tools(TOOLS, "Tea?", tool_choice="price_of", stop=['"item"'])
+    assert not llm.get_tool_calls_from_response(response, error_on_no_tool_call=False)
+    assert response.message.content.endswith('"arguments": {') and response.raw["finish_reason"] == "stop"

@@ -226,6 +226,16 @@ def test_a_non_streamed_request_whose_client_gave_up_is_cancelled(engine, max_ba
         assert answered_quickly(url, engine)
 
 
+def test_a_tool_calling_request_whose_client_gave_up_is_cancelled(engine):
+    tool = {"type": "function", "function": {"name": "noop", "parameters": {"type": "object"}}}
+    body = chat(engine, max_tokens=LONG, tools=[tool], tool_choice="auto")
+    with running(create_app(engine, max_tokens_limit=LONG)) as url, forward_lengths(engine.model) as lengths:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/v1/chat/completions", json=body, timeout=0.5)
+        assert settles(lengths) and len(lengths) < LONG / 2
+        assert answered_quickly(url, engine)
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_queued_request_whose_client_left_never_starts_its_prefill(engine, stream):
     queued_text = "word " * 300

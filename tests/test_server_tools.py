@@ -4,6 +4,7 @@ grammar makes it so."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import httpx
@@ -133,9 +134,11 @@ def test_streamed_tool_calls_assemble_to_the_same_calls(client):
     )
     whole = client.chat.completions.create(**kwargs).choices[0].message.tool_calls
     streamed: dict[int, dict] = {}
+    pieces: list = []
     finish = None
     for chunk in client.chat.completions.create(stream=True, **kwargs):
         delta = chunk.choices[0].delta
+        pieces += delta.tool_calls or []
         for call in delta.tool_calls or []:
             streamed.setdefault(call.index, {"name": call.function.name, "arguments": ""})
             streamed[call.index]["arguments"] += call.function.arguments
@@ -144,6 +147,44 @@ def test_streamed_tool_calls_assemble_to_the_same_calls(client):
     assert [(c["name"], json.loads(c["arguments"])) for c in streamed.values()] == [
         (c.function.name, json.loads(c.function.arguments)) for c in whole
     ]
+    firsts = [call for call in pieces if call.id]
+    assert len(firsts) == len(whole) and all(c.type == "function" and c.function.name for c in firsts)
+    assert len(pieces) > 2 * len(whole)  # the arguments came in fragments as they were generated
+
+
+def test_smollm2_streams_the_calls_it_answers(embedded):
+    kwargs = dict(
+        model=None,
+        messages=[{"role": "user", "content": "What is the weather in Paris, in C?"}],
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=60,
+    )
+    engine = Engine(*embedded)
+    with running(create_app(engine)) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        kwargs["model"] = engine.name
+        whole = client.chat.completions.create(**kwargs).choices[0].message.tool_calls
+        streamed = openai.lib.streaming.chat.ChatCompletionStreamState()
+        for chunk in client.chat.completions.create(stream=True, **kwargs):
+            streamed.handle_chunk(chunk)
+    calls = streamed.get_final_completion().choices[0].message.tool_calls
+    assert whole and [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        (c.function.name, json.loads(c.function.arguments)) for c in whole
+    ]
+
+
+def test_a_template_that_refuses_the_messages_is_a_400_with_tools(engine):
+    tokenizer = copy.copy(engine.tokenizer)
+    tokenizer.chat_template = "{{ raise_exception('Conversations must open with a system turn') }}"
+    refusing = Engine(engine.model, tokenizer, name="tiny")
+    body = {"model": "tiny", "messages": ASK, "tools": [WEATHER], "tool_choice": "required"}
+    with running(create_app(refusing)) as url:
+        for stream in (False, True):
+            response = httpx.post(f"{url}/v1/chat/completions", json={**body, "stream": stream})
+            assert response.status_code == 400
+            assert "refused these messages: Conversations must open" in response.json()["error"]["message"]
 
 
 def test_response_format_json_schema_and_json_object(client):
