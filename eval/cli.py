@@ -175,13 +175,10 @@ def _register_report(subparsers: Any) -> None:
 
 def _report(args: argparse.Namespace) -> int:
     """Rewrite the report of any run folder, of the kind its manifest names."""
-    from rag_mspoe.eval.manifest import read_manifest
-    from rag_mspoe.eval.run_folder import run_kind
+    from rag_mspoe.eval.run_folder import folder_kind
 
     folder = Path(args.run)
-    manifest = read_manifest(folder) or {}
-    kind = run_kind(manifest) or "sweep"  # a bare results file is a sweep's
-    order = (manifest.get(kind) or {}).get("methods", [])
+    kind = folder_kind(folder)
     if kind == "sweep":
         from rag_mspoe.eval.report import write_report
 
@@ -203,7 +200,7 @@ def _report(args: argparse.Namespace) -> int:
             "perplexity": write_perplexity_report,
             "e2e": write_e2e_report,
         }
-        print(writers[kind](folder, order)["markdown"])
+        print(writers[kind](folder)["markdown"])
     return 0
 
 

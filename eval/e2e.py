@@ -99,19 +99,13 @@ class EndToEnd(Evaluation):
     kind = "e2e"
     key_fields = KEY_FIELDS
     unit_name = "answer"
+    identity_fields = IDENTITY
     config: E2EConfig
     methods: Sequence[EvalMethod]
     index_dir: Path
     progress: bool | None = None
     questions: list[Question] = field(default_factory=list)
     retrieved: dict[str, Any] = field(default_factory=dict)
-
-    def settings(self) -> dict[str, Any]:
-        return dataclasses.asdict(self.config)
-
-    def identity(self) -> dict[str, Any]:
-        settings = self.settings()
-        return {key: settings[key] for key in IDENTITY}
 
     def inputs(self) -> Sequence[str]:
         return (self.config.questions,)

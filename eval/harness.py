@@ -28,7 +28,7 @@ import json
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +48,6 @@ logger = logging.getLogger(__name__)
 
 KEY_FIELDS = ("method", "request", "task", "metric", "filter")
 INSTALL_HINT = 'lm-evaluation-harness is not installed; pip install "rag-mspoe[harness]".'
-# Settings that change the numbers: a resumed run must keep them.
-_IDENTITY = ("include_path", "limit", "num_fewshot", "model")
 
 
 @dataclass(frozen=True)
@@ -173,16 +171,11 @@ class Harness(Evaluation):
     kind = "harness"
     key_fields = KEY_FIELDS
     growing = ("tasks", "methods")
+    identity_fields = ("include_path", "limit", "num_fewshot", "model")
     unit_name = "task"
     config: HarnessConfig
     methods: Sequence[EvalMethod]
     manager: Any = None
-
-    def settings(self) -> dict[str, Any]:
-        return asdict(self.config)
-
-    def identity(self) -> dict[str, Any]:
-        return {key: getattr(self.config, key) for key in _IDENTITY}
 
     def plan(self, folder: Path, done: set[Key]) -> list[tuple[EvalMethod, str]]:
         requested = {key[:2] for key in done}  # (method, request)

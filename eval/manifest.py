@@ -115,21 +115,18 @@ def refuse_records_without_manifest(folder: Path) -> None:
         )
 
 
-def check_methods(manifest: dict[str, Any], methods: list[EvalMethod], folder: Path) -> None:
-    """Refuse a method name that meant another config in this run folder: its records would mix."""
+def record_methods(manifest: dict[str, Any], methods: list[EvalMethod], folder: Path) -> None:
+    """Add the methods' full configs to the manifest; a name that meant another config in this
+    run folder is refused, since its records would mix."""
+    known = manifest.setdefault("methods", {})
     for method in methods:
-        known = manifest.get("methods", {}).get(method.name)
-        if known is not None and known != jsonable(method.to_dict()):
+        config = jsonable(method.to_dict())
+        if known.get(method.name, config) != config:
             raise ValueError(
                 f"Method name {method.name!r} meant another config in {folder}; "
                 "give this one another label (label=spec), or write into a new folder."
             )
-
-
-def record_methods(manifest: dict[str, Any], methods: list[EvalMethod], folder: Path) -> None:
-    """Add the methods' full configs to the manifest, after `check_methods`."""
-    check_methods(manifest, methods, folder)
-    manifest.setdefault("methods", {}).update({m.name: jsonable(m.to_dict()) for m in methods})
+        known[method.name] = config
 
 
 def new_session(**extra: Any) -> dict[str, Any]:

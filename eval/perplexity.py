@@ -13,7 +13,6 @@ resumed run skips what is there; summary.json, table.md and perplexity_by_length
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from collections import defaultdict
@@ -86,14 +85,9 @@ class Perplexity(Evaluation):
     kind = "perplexity"
     key_fields = KEY_FIELDS
     unit_name = "window"
+    identity_fields = ("text", "model")
     config: PerplexityConfig
     methods: Sequence[EvalMethod]
-
-    def settings(self) -> dict[str, Any]:
-        return dataclasses.asdict(self.config)
-
-    def identity(self) -> dict[str, Any]:
-        return {"text": self.config.text, "model": self.config.model}
 
     def inputs(self) -> Sequence[str]:
         return (self.config.text,)

@@ -20,6 +20,7 @@ from rag_mspoe.embedded_models import DEFAULT_MODEL
 from rag_mspoe.eval.manifest import read_manifest
 from rag_mspoe.eval.metrics import bootstrap_ci, paired_test, position_summary
 from rag_mspoe.eval.results import RESULTS_FILE, read_records
+from rag_mspoe.eval.run_folder import folder_kind
 
 SUMMARY_FILE = "summary.json"
 TABLE_FILE = "table.md"
@@ -251,12 +252,6 @@ PAIRINGS = {
 _PERCENT = ("choice_correct", "match", "score")
 
 
-def _kind_of(folder: Path) -> str:
-    from rag_mspoe.eval.run_folder import run_kind
-
-    return run_kind(read_manifest(folder) or {}) or "sweep"  # a bare results file is a sweep's
-
-
 def compare_runs(
     a: Path, b: Path, metric: str | None = None, out: str | Path | None = None
 ) -> dict[str, Any]:
@@ -264,9 +259,9 @@ def compare_runs(
     b - a, and a paired test on the items both runs scored (same example ids, windows, ...).
     Both runs must be of one kind."""
     a, b = Path(a), Path(b)
-    kind = _kind_of(a)
-    if _kind_of(b) != kind:
-        raise ValueError(f"{a} holds a {kind} run and {b} a {_kind_of(b)} run; compare runs of one kind.")
+    kind, other = folder_kind(a), folder_kind(b)
+    if other != kind:
+        raise ValueError(f"{a} holds a {kind} run and {b} a {other} run; compare runs of one kind.")
     pairing = PAIRINGS[kind]
     records_a, records_b = read_records(a / RESULTS_FILE), read_records(b / RESULTS_FILE)
     if not records_a or not records_b:

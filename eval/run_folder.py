@@ -11,11 +11,12 @@ records (`scorer`). `run_evaluation` does the rest the same way for all of them:
         each unit's records appended as it completes; the session recorded in manifest.json
 
 A run killed at any point loses at most the units it was scoring and duplicates nothing.
-Methods are resolved once, here, and travel resolved (also to Ray workers).
+Methods arrive resolved (each runner resolves its specs once) and travel so to Ray workers.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -47,6 +48,7 @@ class Evaluation:
 
     kind: ClassVar[str]  # the manifest section that names and describes the run
     key_fields: ClassVar[tuple[str, ...]]  # what makes a record unique in results.jsonl
+    identity_fields: ClassVar[tuple[str, ...]]  # settings the records depend on: kept on resume
     growing: ClassVar[tuple[str, ...]] = ("methods",)  # settings a resumed run may extend
     unit_name: ClassVar[str] = "batch"  # what the progress bar counts
     config: Any  # the kind's settings; `config.model` is the model to load
@@ -54,11 +56,7 @@ class Evaluation:
 
     def settings(self) -> dict[str, Any]:
         """Everything the manifest keeps about the run."""
-        raise NotImplementedError
-
-    def identity(self) -> dict[str, Any]:
-        """The settings the records depend on: a resumed run must have the same."""
-        raise NotImplementedError
+        return jsonable(dataclasses.asdict(self.config))
 
     def inputs(self) -> Sequence[str]:
         """Files the records depend on: a resumed run refuses them changed."""
@@ -87,6 +85,11 @@ class RunOutcome:
 def run_kind(manifest: dict[str, Any]) -> str | None:
     """Which kind of run a manifest describes."""
     return next((kind for kind in KINDS if manifest.get(kind) is not None), None)
+
+
+def folder_kind(folder: Path) -> str:
+    """Which kind of run a folder holds; a bare results file is a sweep's."""
+    return run_kind(read_manifest(folder) or {}) or "sweep"
 
 
 def run_evaluation(
@@ -153,6 +156,7 @@ def _checked_manifest(folder: Path, evaluation: Evaluation) -> dict[str, Any]:
     """The folder's manifest updated for this session, after refusing a run it cannot resume."""
     kind = evaluation.kind
     digests = {path: hashlib.sha256(Path(path).read_bytes()).hexdigest() for path in evaluation.inputs()}
+    settings = evaluation.settings()
     manifest = read_manifest(folder)
     if manifest is None:
         refuse_records_without_manifest(folder)
@@ -161,10 +165,8 @@ def _checked_manifest(folder: Path, evaluation: Evaluation) -> dict[str, Any]:
         found = run_kind(manifest)
         if found not in (None, kind):
             raise ValueError(f"{folder} holds a {found} run, not a {kind} run; write into a new folder.")
-        previous = manifest.get(kind) or {}
-        refuse_other_settings(
-            folder, f"a {kind} run with other settings", previous, jsonable(evaluation.identity())
-        )
+        identity = {name: settings[name] for name in evaluation.identity_fields}
+        refuse_other_settings(folder, f"a {kind} run with other settings", manifest.get(kind) or {}, identity)
         changed = [
             path for path, digest in digests.items() if (manifest.get("data") or {}).get(path) != digest
         ]
@@ -174,7 +176,6 @@ def _checked_manifest(folder: Path, evaluation: Evaluation) -> dict[str, Any]:
                 "versions of the data. Restore the files or write into a new folder."
             )
     record_methods(manifest, list(evaluation.methods), folder)
-    settings = jsonable(evaluation.settings())
     for name in evaluation.growing:
         settings[name] = list(dict.fromkeys([*(manifest.get(kind) or {}).get(name, []), *settings[name]]))
     manifest[kind] = settings

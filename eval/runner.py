@@ -62,19 +62,24 @@ class Sweep(Evaluation):
     kind = "sweep"
     key_fields = SWEEP_KEY
     growing = ("methods", "positions")
+    identity_fields = SweepConfig.IDENTITY
     config: SweepConfig
     methods: Sequence[EvalMethod]
     examples: list[Example] = field(default_factory=list)
 
-    def settings(self) -> dict[str, Any]:
-        return self.config.to_dict()
-
-    def identity(self) -> dict[str, Any]:
-        return self.config.identity()
-
     def plan(self, folder: Path, done: set[Key]) -> list[Batch]:
-        self.examples = frozen_examples(self.config, folder)
-        return pending_batches(self.config, self.examples, [m.name for m in self.methods], done)
+        self.examples = examples = frozen_examples(self.config, folder)
+        names = [m.name for m in self.methods]
+        pending = []
+        for batch in plan_batches(len(examples), names, self.config.positions, self.config.batch_size):
+            items = tuple(
+                (position, index)
+                for position, index in batch.items
+                if (batch.method, position, examples[index].id) not in done
+            )
+            if items:
+                pending.append(Batch(batch.method, items))
+        return pending
 
     def scorer(self, model: Any, tokenizer: Any) -> Scorer:
         return BatchScorer(self.config, self.examples, self.methods, EngineSet(model, tokenizer)).score
@@ -83,22 +88,6 @@ class Sweep(Evaluation):
         return {
             (m.name, p, ex.id) for m in self.methods for p in self.config.positions for ex in self.examples
         }
-
-
-def pending_batches(
-    config: SweepConfig, examples: Sequence[Example], methods: Sequence[str], done: set[Key]
-) -> list[Batch]:
-    """The sweep's batches less the items already written (a resumed run skips them)."""
-    pending = []
-    for batch in plan_batches(len(examples), methods, config.positions, config.batch_size):
-        items = tuple(
-            (position, index)
-            for position, index in batch.items
-            if (batch.method, position, examples[index].id) not in done
-        )
-        if items:
-            pending.append(Batch(batch.method, items))
-    return pending
 
 
 def run_sweep(

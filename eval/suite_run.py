@@ -13,7 +13,6 @@ started is refused. The report (summary.json, table.md) follows.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -85,9 +84,6 @@ class SuiteConfig:
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {self.batch_size}.")
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 @dataclass(frozen=True)
 class WorkItem:
@@ -113,15 +109,10 @@ class Suite(Evaluation):
 
     kind = "suite"
     key_fields = KEY_FIELDS
+    identity_fields = ("files", "samples", "max_length", "choice_scoring", "batch_size", "model")
     config: SuiteConfig
     methods: Sequence[EvalMethod]
     tasks: dict[str, list[Example]]
-
-    def settings(self) -> dict[str, Any]:
-        return self.config.to_dict()
-
-    def identity(self) -> dict[str, Any]:
-        return {key: value for key, value in self.settings().items() if key != "methods"}
 
     def inputs(self) -> Sequence[str]:
         return [data.path for data in self.config.files]
