@@ -308,7 +308,7 @@ def compare_runs(
         )
     if not rows:
         raise ValueError(f"{a} and {b} have no (method, {group_name}, item) in common to compare.")
-    scale = 100.0 if chosen in _PERCENT else 1.0
+    scale, digits = (100.0, ".1f") if chosen in _PERCENT else (1.0, ".4g")
     lines = [
         f"{METRIC_LABELS.get(chosen, chosen)}: A = {a}, B = {b}",
         "",
@@ -317,8 +317,8 @@ def compare_runs(
     ]
     for row in rows:
         lines.append(
-            f"| {row['method']} | {row[group_name]} | {row['examples']} | {scale * row['a']:.4g} | "
-            f"{scale * row['b']:.4g} | {scale * row['difference']:+.4g} | {row['p']:.3g} |"
+            f"| {row['method']} | {row[group_name]} | {row['examples']} | {scale * row['a']:{digits}} | "
+            f"{scale * row['b']:{digits}} | {scale * row['difference']:+{digits}} | {row['p']:.3g} |"
         )
     result: dict[str, Any] = {
         "kind": kind,
