@@ -50,8 +50,8 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 class ResultsFile:
     """Append-only JSONL of records with the set of keys already written."""
 
-    def __init__(self, folder: Path, key_fields: tuple[str, ...] = SWEEP_KEY) -> None:
-        self.path = folder / RESULTS_FILE
+    def __init__(self, path: Path, key_fields: tuple[str, ...] = SWEEP_KEY) -> None:
+        self.path = path
         self.key_fields = key_fields
         self._repair_tail()
         self.done: set[Key] = set()

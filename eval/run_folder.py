@@ -37,7 +37,7 @@ from rag_mspoe.eval.manifest import (
 )
 from rag_mspoe.eval.progress import progress_bar
 from rag_mspoe.eval.registry import EvalMethod
-from rag_mspoe.eval.results import Key, ResultsFile, run_lock
+from rag_mspoe.eval.results import RESULTS_FILE, Key, ResultsFile, run_lock
 
 KINDS = ("sweep", "suite", "harness", "perplexity", "e2e")
 Scorer = Callable[[Any], list[dict[str, Any]]]
@@ -115,7 +115,7 @@ def run_evaluation(
     out = Path(folder)
     with run_lock(out):
         manifest = _checked_manifest(out, evaluation)
-        results = ResultsFile(out, evaluation.key_fields)
+        results = ResultsFile(out / RESULTS_FILE, evaluation.key_fields)
         units = evaluation.plan(out, results.done)
         manifest["sessions"].append(new_session(host_cpus=os.cpu_count()))
         write_manifest(out, manifest)
