@@ -30,8 +30,6 @@ from rag_mspoe.eval.results import Key, read_records
 from rag_mspoe.eval.run_folder import Evaluation, Scorer, run_evaluation
 
 KEY_FIELDS = ("method", "example_id")
-# What every record depends on besides its method: a resumed run must keep all of it.
-IDENTITY = ("questions", "corpus", "k", "max_new_tokens", "model", "seed")
 PLOT_FILE = "accuracy_by_prompt_position.png"
 RANK_BUCKETS = ((1, 1), (2, 3), (4, 5), (6, 10), (11, 10**9))
 
@@ -99,7 +97,7 @@ class EndToEnd(Evaluation):
     kind = "e2e"
     key_fields = KEY_FIELDS
     unit_name = "answer"
-    identity_fields = IDENTITY
+    identity_fields = ("questions", "corpus", "k", "max_new_tokens", "model", "seed")
     config: E2EConfig
     methods: Sequence[EvalMethod]
     index_dir: Path

@@ -1,17 +1,14 @@
 """The one run loop of every evaluation kind: sweep, suite, harness, perplexity and e2e.
 
 A kind is an `Evaluation`: its settings (those that must match to resume, and those that may
-grow), its resolved methods, its units of work still pending (`plan`), and how a unit becomes
-records (`scorer`). `run_evaluation` does the rest the same way for all of them:
-
-    with run_lock(folder):
-        manifest checked (same kind, same identity, same input files, every label keeps its config)
-        units = evaluation.plan(folder, results.done)     # what results.jsonl does not hold yet
-        model loaded only if a unit is left (or Ray workers load their own)
-        each unit's records appended as it completes; the session recorded in manifest.json
-
-A run killed at any point loses at most the units it was scoring and duplicates nothing.
-Methods arrive resolved (each runner resolves its specs once) and travel so to Ray workers.
+grow), its resolved methods, its pending units of work (`plan`), and how a unit becomes
+records (`scorer`). `run_evaluation` does the rest the same way for all of them: it locks the
+folder, refuses a run the manifest says it cannot resume (another kind, other settings, changed
+input files, a method label bound to another config), skips what results.jsonl holds, loads the
+model only if a unit is left (Ray workers load their own), appends each unit's records as it
+completes and records the session. A run killed at any point loses at most the units it was
+scoring and duplicates nothing. Methods arrive resolved (each runner resolves its specs once)
+and travel so to Ray workers.
 """
 
 from __future__ import annotations
@@ -79,7 +76,6 @@ class RunOutcome:
     folder: Path
     written: int  # records written by this call
     done: frozenset[Key]  # keys of every record in the folder now
-    complete: bool  # every planned unit was scored
 
 
 def run_kind(manifest: dict[str, Any]) -> str | None:
@@ -149,7 +145,7 @@ def run_evaluation(
             bar.close()
             finish_session(manifest, len(results.done), scored == len(units))
             write_manifest(out, manifest)
-    return RunOutcome(out, written, frozenset(results.done), scored == len(units))
+    return RunOutcome(out, written, frozenset(results.done))
 
 
 def _checked_manifest(folder: Path, evaluation: Evaluation) -> dict[str, Any]:

@@ -118,14 +118,12 @@ class Suite(Evaluation):
         return [data.path for data in self.config.files]
 
     def plan(self, folder: Path, done: set[Key]) -> list[WorkItem]:
-        return [
-            WorkItem(method, task, tuple(batch))
-            for method in self.methods
-            for task, examples in self.tasks.items()
-            for batch in _batches(
-                [e for e in examples if (method.name, task, e.id) not in done], self.config.batch_size
-            )
-        ]
+        size, units = self.config.batch_size, []
+        for method in self.methods:
+            for task, examples in self.tasks.items():
+                pending = tuple(e for e in examples if (method.name, task, e.id) not in done)
+                units += [WorkItem(method, task, pending[i : i + size]) for i in range(0, len(pending), size)]
+        return units
 
     def scorer(self, model: Any, tokenizer: Any) -> Scorer:
         engines = EngineSet(model, tokenizer)
@@ -221,8 +219,3 @@ def _answer_choices(
             "choice": choice,
             "answer": example.answer,
         }
-
-
-def _batches(examples: list[Example], size: int) -> Iterator[list[Example]]:
-    for start in range(0, len(examples), size):
-        yield examples[start : start + size]
