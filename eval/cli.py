@@ -162,9 +162,9 @@ def _print_table(folder: Path) -> None:
 def _register_report(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "report",
-        help="summary JSON, Markdown tables (and a plot) of a sweep or suite folder (also for a partial run)",
+        help="summary JSON, Markdown tables (and a plot) of any run folder (also for a partial run)",
     )
-    parser.add_argument("run", help="sweep or suite folder")
+    parser.add_argument("run", help="run folder: sweep, suite, harness, perplexity or e2e")
     parser.add_argument(
         "--metric", default=None, help="choice_correct, match or gold_logprob (default: first)"
     )
@@ -174,24 +174,44 @@ def _register_report(subparsers: Any) -> None:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from rag_mspoe.eval.manifest import read_manifest
-    from rag_mspoe.eval.report import write_report
-    from rag_mspoe.eval.suite_report import write_suite_report
+    """Rewrite the report of any run folder, of the kind its manifest names."""
+    from rag_mspoe.eval.run_folder import folder_kind
 
-    if "suite" in (read_manifest(Path(args.run)) or {}):
-        summary = write_suite_report(Path(args.run), sweep=Path(args.sweep) if args.sweep else None)
+    folder = Path(args.run)
+    kind = folder_kind(folder)
+    if kind == "sweep":
+        from rag_mspoe.eval.report import write_report
+
+        write_report(folder, metric=args.metric, baseline=args.baseline)
+        _print_table(folder)
+    elif kind == "suite":
+        from rag_mspoe.eval.suite_report import write_suite_report
+
+        summary = write_suite_report(folder, sweep=Path(args.sweep) if args.sweep else None)
         print(summary["markdown"])
         print(summary["side_effects"])
-        return 0
-    write_report(Path(args.run), metric=args.metric, baseline=args.baseline)
-    _print_table(Path(args.run))
+    else:
+        from rag_mspoe.eval.e2e import write_e2e_report
+        from rag_mspoe.eval.harness import write_harness_report
+        from rag_mspoe.eval.perplexity import write_perplexity_report
+
+        writers = {
+            "harness": write_harness_report,
+            "perplexity": write_perplexity_report,
+            "e2e": write_e2e_report,
+        }
+        print(writers[kind](folder)["markdown"])
     return 0
 
 
 def _register_compare(subparsers: Any) -> None:
-    parser = subparsers.add_parser("compare", help="compare two sweep folders method by method, per position")
-    parser.add_argument("a", help="first sweep folder")
-    parser.add_argument("b", help="second sweep folder")
+    parser = subparsers.add_parser(
+        "compare",
+        help="compare two run folders of one kind method by method: per position (sweep), task (suite), "
+        "metric (harness), length (perplexity), or overall (e2e)",
+    )
+    parser.add_argument("a", help="first run folder")
+    parser.add_argument("b", help="second run folder")
     parser.add_argument("--out", default=None, help="folder for comparison.json and comparison.md")
     parser.add_argument("--metric", default=None, help="metric to compare (default: first both have)")
     parser.set_defaults(func=_compare)

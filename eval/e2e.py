@@ -18,21 +18,19 @@ import json
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rag_mspoe.eval.loaders import read_jsonl
-from rag_mspoe.eval.manifest import check_resume, record_session
 from rag_mspoe.eval.metrics import best_subspan_em, normalize_answer
 from rag_mspoe.eval.registry import EngineSet, EvalMethod, resolve_all, stable_seed
 from rag_mspoe.eval.report import line_plot
-from rag_mspoe.eval.results import ResultsFile, read_records, run_lock
-from rag_mspoe.progress import progress_bar
+from rag_mspoe.eval.results import Key, read_records
+from rag_mspoe.eval.run_folder import Evaluation, Scorer, run_evaluation
+from rag_mspoe.loading import source_name
 
 KEY_FIELDS = ("method", "example_id")
-# What every record depends on besides its method: a resumed run must keep all of it.
-IDENTITY = ("questions", "corpus", "k", "max_new_tokens", "model", "seed")
 PLOT_FILE = "accuracy_by_prompt_position.png"
 RANK_BUCKETS = ((1, 1), (2, 3), (4, 5), (6, 10), (11, 10**9))
 
@@ -92,59 +90,68 @@ def is_gold(question: Question, source: str, text: str) -> bool:
     return any(normalize_answer(answer) in normalized for answer in question.answers)
 
 
+@dataclass
+class EndToEnd(Evaluation):
+    """Units: (method, question). The corpus is indexed (incrementally) and every question
+    retrieved once, before the model loads."""
+
+    kind = "e2e"
+    key_fields = KEY_FIELDS
+    unit_name = "answer"
+    identity_fields = ("questions", "corpus", "k", "max_new_tokens", "model", "seed")
+    config: E2EConfig
+    methods: Sequence[EvalMethod]
+    index_dir: Path
+    progress: bool | None = None
+    questions: list[Question] = field(default_factory=list)
+    retrieved: dict[str, Any] = field(default_factory=dict)
+
+    def inputs(self) -> Sequence[str]:
+        return (self.config.questions,)
+
+    def plan(self, folder: Path, done: set[Key]) -> list[tuple[EvalMethod, Question]]:
+        self.questions = read_questions(self.config.questions)
+        return [(m, q) for q in self.questions for m in self.methods if (m.name, q.id) not in done]
+
+    def prepare(self) -> None:
+        from rag_mspoe.pipelines.indexing import index_documents
+        from rag_mspoe.pipelines.retrieval import Retriever
+
+        index_documents(list(self.config.corpus), self.index_dir, progress=self.progress)
+        found = Retriever.load(self.index_dir).retrieve_many(
+            [q.question for q in self.questions], self.config.k
+        )
+        self.retrieved = dict(zip([q.id for q in self.questions], found, strict=True))
+
+    def scorer(self, model: Any, tokenizer: Any) -> Scorer:
+        engines = EngineSet(model, tokenizer)
+
+        def score(unit: tuple[EvalMethod, Question]) -> list[dict[str, Any]]:
+            method, question = unit
+            return [
+                answer_one(
+                    self.config, method, question, self.retrieved[question.id], engines.engine_for(method)
+                )
+            ]
+
+        return score
+
+
 def run_e2e(
     config: E2EConfig,
     folder: str | Path,
     *,
     index_dir: str | Path | None = None,
-    model: Any = None,
-    tokenizer: Any = None,
-    threads: int | None = None,
-    device: str | None = "auto",
-    dtype: str | None = None,
     progress: bool | None = None,
+    **options: Any,
 ) -> dict[str, Any]:
-    """Index the corpus (incrementally), then answer every pending (method, question)."""
-    from rag_mspoe.pipelines.indexing import index_documents
-    from rag_mspoe.pipelines.retrieval import Retriever
+    """Index the corpus (incrementally), then answer every pending (method, question).
 
-    out = Path(folder)
-    methods = resolve_all(config.methods)
-    questions = read_questions(config.questions)
-    with run_lock(out):
-        settings = dataclasses.asdict(config)
-        check_resume(out, "e2e", {key: settings[key] for key in IDENTITY}, methods)
-        results = ResultsFile(out, KEY_FIELDS)
-        todo = [(m, q) for q in questions for m in methods if (m.name, q.id) not in results.done]
-        if todo:
-            index_path = Path(index_dir) if index_dir else out / "index"
-            index_documents(list(config.corpus), index_path, progress=progress)
-            retriever = Retriever.load(index_path)
-            retrieved = dict(
-                zip(
-                    [q.id for q in questions],
-                    retriever.retrieve_many([q.question for q in questions], config.k),
-                    strict=True,
-                )
-            )
-            if model is None:
-                from rag_mspoe import load_model
-
-                model, tokenizer = load_model(config.model, device=device, dtype=dtype, threads=threads)
-            engines = EngineSet(model, tokenizer)
-            record_session(out, "e2e", settings, methods, model)
-            bar = progress_bar(
-                todo,
-                unit="answer",
-                desc=f"e2e {out.name}",
-                progress=progress,
-            )
-            for method, question in bar:
-                record = answer_one(
-                    config, method, question, retrieved[question.id], engines.engine_for(method)
-                )
-                results.append([record])
-    return write_e2e_report(out, [m.name for m in methods])
+    options: those of `run_evaluation` (model, tokenizer, threads, device, dtype)."""
+    methods = resolve_all(config.methods, source_name(config.model))
+    index = Path(index_dir) if index_dir else Path(folder) / "index"
+    outcome = run_evaluation(EndToEnd(config, methods, index, progress), folder, progress=progress, **options)
+    return write_e2e_report(outcome.folder, [m.name for m in methods])
 
 
 def answer_one(

@@ -28,21 +28,11 @@ import json
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from importlib.metadata import PackageNotFoundError, version
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rag_mspoe import Compose, HiddenScale, MethodConfig, MsPoE, method_name, rescaled
-from rag_mspoe.eval.manifest import (
-    check_methods,
-    model_facts,
-    new_session,
-    package_versions,
-    read_manifest,
-    record_methods,
-    write_manifest,
-)
 from rag_mspoe.eval.registry import (
     EngineSet,
     EvalMethod,
@@ -50,16 +40,15 @@ from rag_mspoe.eval.registry import (
     resolve,
     resolve_all,
 )
-from rag_mspoe.eval.results import ResultsFile, read_records, run_lock
-from rag_mspoe.progress import progress_bar
+from rag_mspoe.eval.results import Key, read_records
+from rag_mspoe.eval.run_folder import Evaluation, Scorer, run_evaluation
+from rag_mspoe.loading import source_name
 from rag_mspoe.rope.variants import rope_variant
 
 logger = logging.getLogger(__name__)
 
 KEY_FIELDS = ("method", "request", "task", "metric", "filter")
 INSTALL_HINT = 'lm-evaluation-harness is not installed; pip install "rag-mspoe[harness]".'
-# Settings that change the numbers: a resumed run must keep them.
-_IDENTITY = ("include_path", "limit", "num_fewshot", "model")
 
 
 @dataclass(frozen=True)
@@ -176,64 +165,61 @@ def task_manager(tasks: Sequence[str], include_path: str | None = None) -> Any:
     return manager
 
 
-def run_harness(
-    config: HarnessConfig,
-    folder: str | Path,
-    *,
-    model: Any = None,
-    tokenizer: Any = None,
-    threads: int | None = None,
-    device: str | None = "auto",
-    dtype: str | None = None,
-    progress: bool | None = None,
-) -> dict[str, Any]:
+@dataclass
+class Harness(Evaluation):
+    """Units: (method, task) pairs; each gives one record per (task or group, metric, filter)."""
+
+    kind = "harness"
+    key_fields = KEY_FIELDS
+    growing = ("tasks", "methods")
+    identity_fields = ("include_path", "limit", "num_fewshot", "model")
+    unit_name = "task"
+    config: HarnessConfig
+    methods: Sequence[EvalMethod]
+    manager: Any = None
+
+    def plan(self, folder: Path, done: set[Key]) -> list[tuple[EvalMethod, str]]:
+        requested = {key[:2] for key in done}  # (method, request)
+        return [
+            (m, task) for m in self.methods for task in self.config.tasks if (m.name, task) not in requested
+        ]
+
+    def prepare(self) -> None:
+        self.manager = task_manager(self.config.tasks, self.config.include_path)
+
+    def scorer(self, model: Any, tokenizer: Any) -> Scorer:
+        lm_eval = import_lm_eval()
+        models = EngineSet(model, tokenizer)
+
+        def score(unit: tuple[EvalMethod, str]) -> list[dict[str, Any]]:
+            method, task = unit
+            target = models.model_for(method)
+            with rescaled(target, method.method):  # the model is itself again after each task
+                output = lm_eval.simple_evaluate(
+                    model=_hflm(target, tokenizer, _effective_batch_size(method, self.config.batch_size)),
+                    tasks=[task],
+                    num_fewshot=self.config.num_fewshot,
+                    limit=self.config.limit,
+                    task_manager=self.manager,
+                    log_samples=False,
+                )
+            return result_records(output, method.name, task)
+
+        return score
+
+
+def run_harness(config: HarnessConfig, folder: str | Path, **options: Any) -> dict[str, Any]:
     """Run every pending (method, task) into `folder`; returns the summary.
 
-    progress: our bar over (method, task) pairs; the harness shows its own bars regardless.
+    options: those of `run_evaluation` (model, tokenizer, threads, device, dtype, progress: our
+    bar over (method, task) pairs; the harness shows its own bars regardless).
     """
-    lm_eval = import_lm_eval()
-    out = Path(folder)
-    out.mkdir(parents=True, exist_ok=True)
-    methods = [_as_eval_method(m) for m in resolve_all(config.methods)]  # document orders refused
-    with run_lock(out):
-        _check_manifest(out, config, methods)
-        results = ResultsFile(out, KEY_FIELDS)
-        done = {(record["method"], record["request"]) for record in read_records(results.path)}
-        todo = [m for m in methods if any((m.name, task) not in done for task in config.tasks)]
-        if todo:
-            manager = task_manager(config.tasks, config.include_path)
-            if model is None:
-                from rag_mspoe import load_model
-
-                model, tokenizer = load_model(config.model, device=device, dtype=dtype, threads=threads)
-            models = EngineSet(model, tokenizer)
-            _write_manifest(out, config, methods, model)
-            pending = [(m, task) for m in todo for task in config.tasks if (m.name, task) not in done]
-            bar = progress_bar(
-                total=len(pending),
-                unit="task",
-                desc=f"harness {out.name}",
-                progress=progress,
-            )
-            for method in todo:
-                target = models.model_for(method)
-                with rescaled(target, method.method):
-                    lm = _hflm(target, tokenizer, _effective_batch_size(method, config.batch_size))
-                    for task in config.tasks:
-                        if (method.name, task) in done:
-                            continue
-                        output = lm_eval.simple_evaluate(
-                            model=lm,
-                            tasks=[task],
-                            num_fewshot=config.num_fewshot,
-                            limit=config.limit,
-                            task_manager=manager,
-                            log_samples=False,
-                        )
-                        results.append(result_records(output, method.name, task))
-                        bar.update(1)
-            bar.close()
-    return write_harness_report(out, [m.name for m in methods])
+    import_lm_eval()
+    methods = [
+        _as_eval_method(m) for m in resolve_all(config.methods, source_name(config.model))
+    ]  # document orders refused
+    outcome = run_evaluation(Harness(config, methods), folder, **options)
+    return write_harness_report(outcome.folder, [m.name for m in methods])
 
 
 def _number(value: Any) -> float | None:
@@ -265,39 +251,6 @@ def result_records(output: dict[str, Any], method: str, request: str) -> list[di
                 }
             )
     return records
-
-
-def _check_manifest(folder: Path, config: HarnessConfig, methods: list[EvalMethod]) -> None:
-    manifest = read_manifest(folder)
-    if manifest is None:
-        return
-    previous = manifest.get("harness", {})
-    for key in _IDENTITY:
-        if previous.get(key) != getattr(config, key):
-            raise ValueError(
-                f"{folder} holds a harness run with {key}={previous.get(key)!r}, not "
-                f"{getattr(config, key)!r}; use the same settings to resume, or a new folder."
-            )
-    check_methods(manifest, methods, folder)
-
-
-def _write_manifest(folder: Path, config: HarnessConfig, methods: list[EvalMethod], model: Any) -> None:
-    manifest = read_manifest(folder) or {"methods": {}, "sessions": []}
-    before = manifest.get("harness", {})
-    harness = asdict(config)
-    harness["tasks"] = list(dict.fromkeys([*before.get("tasks", []), *config.tasks]))
-    harness["methods"] = list(dict.fromkeys([*before.get("methods", []), *config.methods]))
-    manifest["harness"] = harness
-    record_methods(manifest, methods, folder)
-    manifest["model"] = model_facts(model)
-    try:
-        harness_version = version("lm-eval")
-    except PackageNotFoundError:
-        harness_version = "unknown"
-    manifest["sessions"].append(
-        new_session(versions={**package_versions(), "lm-eval": harness_version}, batch_size=config.batch_size)
-    )
-    write_manifest(folder, manifest)
 
 
 def _column(record: dict[str, Any]) -> str:

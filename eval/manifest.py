@@ -1,15 +1,15 @@
 """The manifest of a run folder: what was run, on which model, with which code.
 
-`manifest.json` holds the sweep settings, every method's full config, the model, package
-versions and the git commit, plus one entry per session of the run (a resumed run adds one).
-A resumed run must match what the manifest says made the records already there; a folder with
-records but no manifest is refused, since nothing says what made them.
+`manifest.json` holds the run's settings (under its kind: sweep, suite, harness, perplexity or
+e2e), every method's full config, the digests of its input files, the model, package versions
+and the git commit, plus one entry per session of the run (a resumed run adds one).
+A resumed run must match what the manifest says made the records already there (see
+`run_folder`); a folder with records but no manifest is refused, since nothing says what made them.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import platform
 import subprocess
 import time
@@ -19,10 +19,19 @@ from typing import Any
 
 from rag_mspoe.eval.registry import EvalMethod
 from rag_mspoe.eval.results import RESULTS_FILE
-from rag_mspoe.eval.sweep import SweepConfig
+from rag_mspoe.files import atomic_write
 
 MANIFEST_FILE = "manifest.json"
-_PACKAGES = ("rag-mspoe", "torch", "transformers", "numpy", "faiss-cpu", "sentence-transformers", "ray")
+_PACKAGES = (
+    "rag-mspoe",
+    "torch",
+    "transformers",
+    "numpy",
+    "faiss-cpu",
+    "sentence-transformers",
+    "ray",
+    "lm-eval",
+)
 
 
 def package_versions() -> dict[str, str]:
@@ -82,32 +91,7 @@ def read_manifest(folder: Path) -> dict[str, Any] | None:
 
 
 def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
-    path = folder / MANIFEST_FILE
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
-
-
-def start_session(folder: Path, config: SweepConfig, methods: list[EvalMethod]) -> dict[str, Any]:
-    """Check the folder holds this sweep (or nothing) and record a new session; returns the manifest.
-
-    A resumed run must have the same settings; it may add methods and positions. A method
-    name must keep meaning the same config.
-    """
-    manifest = read_manifest(folder)
-    if manifest is None:
-        refuse_records_without_manifest(folder)
-        manifest = {"sweep": config.to_dict(), "methods": {}, "sessions": []}
-    else:
-        previous = SweepConfig.from_dict(manifest["sweep"])
-        refuse_other_settings(folder, "a run of another sweep", previous.identity(), config.identity())
-        merged = config.to_dict()
-        merged["methods"] = list(dict.fromkeys([*previous.methods, *config.methods]))
-        merged["positions"] = sorted({*previous.positions, *config.positions})
-        manifest["sweep"] = merged
-    record_methods(manifest, methods, folder)
-    manifest["sessions"].append(new_session(host_cpus=os.cpu_count()))
-    return manifest
+    atomic_write(folder / MANIFEST_FILE, (json.dumps(manifest, indent=2, default=str) + "\n").encode())
 
 
 def refuse_other_settings(folder: Path, what: str, previous: dict[str, Any], current: dict[str, Any]) -> None:
@@ -131,49 +115,18 @@ def refuse_records_without_manifest(folder: Path) -> None:
         )
 
 
-def check_resume(folder: Path, kind: str, identity: dict[str, Any], methods: list[EvalMethod]) -> None:
-    """Refuse to resume a `kind` run (e2e, perplexity, ...) in `folder` unless `identity` (the
-    settings its records depend on) matches and every method label keeps meaning the same config."""
-    manifest = read_manifest(folder)
-    if manifest is None:
-        refuse_records_without_manifest(folder)
-        return
-    previous = manifest.get(kind) or {}
-    refuse_other_settings(folder, f"a {kind} run with other settings", previous, jsonable(identity))
-    check_methods(manifest, methods, folder)
-
-
-def record_session(
-    folder: Path, kind: str, settings: dict[str, Any], methods: list[EvalMethod], model: Any
-) -> None:
-    """Write the manifest of a `kind` run after `check_resume`: its settings (methods of earlier
-    sessions kept), the methods' configs, the model, and this session."""
-    manifest = read_manifest(folder) or {"methods": {}, "sessions": []}
-    settings = jsonable(settings)
-    earlier = (manifest.get(kind) or {}).get("methods", [])
-    settings["methods"] = list(dict.fromkeys([*earlier, *settings["methods"]]))
-    manifest[kind] = settings
-    record_methods(manifest, methods, folder)
-    manifest["model"] = model_facts(model)
-    manifest["sessions"].append(new_session())
-    write_manifest(folder, manifest)
-
-
-def check_methods(manifest: dict[str, Any], methods: list[EvalMethod], folder: Path) -> None:
-    """Refuse a method name that meant another config in this run folder: its records would mix."""
+def record_methods(manifest: dict[str, Any], methods: list[EvalMethod], folder: Path) -> None:
+    """Add the methods' full configs to the manifest; a name that meant another config in this
+    run folder is refused, since its records would mix."""
+    known = manifest.setdefault("methods", {})
     for method in methods:
-        known = manifest.get("methods", {}).get(method.name)
-        if known is not None and known != jsonable(method.to_dict()):
+        config = jsonable(method.to_dict())
+        if known.get(method.name, config) != config:
             raise ValueError(
                 f"Method name {method.name!r} meant another config in {folder}; "
-                "give this one another label (label=spec)."
+                "give this one another label (label=spec), or write into a new folder."
             )
-
-
-def record_methods(manifest: dict[str, Any], methods: list[EvalMethod], folder: Path) -> None:
-    """Add the methods' full configs to the manifest, after `check_methods`."""
-    check_methods(manifest, methods, folder)
-    manifest.setdefault("methods", {}).update({m.name: jsonable(m.to_dict()) for m in methods})
+        known[method.name] = config
 
 
 def new_session(**extra: Any) -> dict[str, Any]:
@@ -181,8 +134,7 @@ def new_session(**extra: Any) -> dict[str, Any]:
     return {"started": _now(), "versions": package_versions(), "git": git_state(), **extra}
 
 
-def finish_session(manifest: dict[str, Any], model: dict[str, Any], records: int, complete: bool) -> None:
-    manifest["model"] = model
+def finish_session(manifest: dict[str, Any], records: int, complete: bool) -> None:
     manifest["sessions"][-1].update({"finished": _now(), "records": records, "complete": complete})
 
 

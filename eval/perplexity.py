@@ -13,7 +13,6 @@ resumed run skips what is there; summary.json, table.md and perplexity_by_length
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from collections import defaultdict
@@ -22,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rag_mspoe.eval.manifest import check_resume, record_session
-from rag_mspoe.eval.registry import EngineSet, require_given_order, resolve_all
+from rag_mspoe.eval.registry import EngineSet, EvalMethod, require_given_order, resolve_all
 from rag_mspoe.eval.report import line_plot
-from rag_mspoe.eval.results import ResultsFile, read_records, run_lock
-from rag_mspoe.progress import progress_bar
+from rag_mspoe.eval.results import Key, read_records
+from rag_mspoe.eval.run_folder import Evaluation, Scorer, run_evaluation
+from rag_mspoe.loading import source_name
 
 KEY_FIELDS = ("method", "length", "window")
 PLOT_FILE = "perplexity_by_length.png"
@@ -79,63 +78,53 @@ def window_nll(model: Any, ids: Sequence[int], method: Any) -> tuple[float, int]
     return total, len(ids) - 1
 
 
-def run_perplexity(
-    config: PerplexityConfig,
-    folder: str | Path,
-    *,
-    model: Any = None,
-    tokenizer: Any = None,
-    threads: int | None = None,
-    device: str | None = "auto",
-    dtype: str | None = None,
-    progress: bool | None = None,
-) -> dict[str, Any]:
-    """Score every pending (method, length, window) into `folder`; returns the summary."""
-    out = Path(folder)
-    methods = resolve_all(config.methods)
-    require_given_order(methods, "for perplexity")
-    with run_lock(out):
-        # Lengths and windows may grow on resume; a window's tokens depend only on the text.
-        check_resume(out, "perplexity", {"text": config.text, "model": config.model}, methods)
-        results = ResultsFile(out, KEY_FIELDS)
-        todo = [
-            (method, length, window)
-            for length in config.lengths
-            for window in range(config.windows)
-            for method in methods
-            if (method.name, length, window) not in results.done
-        ]
-        if todo:
-            if model is None:
-                from rag_mspoe import load_model
+@dataclass
+class Perplexity(Evaluation):
+    """Units: (method, length, window); lengths and windows may change on resume, since a
+    window's tokens depend only on the text (which must stay the same)."""
 
-                model, tokenizer = load_model(config.model, device=device, dtype=dtype, threads=threads)
-            models = EngineSet(model, tokenizer)
-            ids = text_tokens(tokenizer, config.text, config.windows * max(config.lengths))
-            record_session(out, "perplexity", dataclasses.asdict(config), methods, model)
-            bar = progress_bar(
-                todo,
-                unit="window",
-                desc=f"perplexity {out.name}",
-                progress=progress,
+    kind = "perplexity"
+    key_fields = KEY_FIELDS
+    unit_name = "window"
+    identity_fields = ("text", "model")
+    config: PerplexityConfig
+    methods: Sequence[EvalMethod]
+
+    def inputs(self) -> Sequence[str]:
+        return (self.config.text,)
+
+    def plan(self, folder: Path, done: set[Key]) -> list[tuple[EvalMethod, int, int]]:
+        return [
+            (method, length, window)
+            for length in self.config.lengths
+            for window in range(self.config.windows)
+            for method in self.methods
+            if (method.name, length, window) not in done
+        ]
+
+    def scorer(self, model: Any, tokenizer: Any) -> Scorer:
+        models = EngineSet(model, tokenizer)
+        ids = text_tokens(tokenizer, self.config.text, self.config.windows * max(self.config.lengths))
+
+        def score(unit: tuple[EvalMethod, int, int]) -> list[dict[str, Any]]:
+            method, length, window = unit
+            nll, tokens = window_nll(
+                models.model_for(method), ids[window * length : (window + 1) * length], method.method
             )
-            for method, length, window in bar:
-                nll, tokens = window_nll(
-                    models.model_for(method), ids[window * length : (window + 1) * length], method.method
-                )
-                results.append(
-                    [
-                        {
-                            "method": method.name,
-                            "length": length,
-                            "window": window,
-                            "nll": nll,
-                            "tokens": tokens,
-                            "perplexity": math.exp(nll / tokens),
-                        }
-                    ]
-                )
-    return write_perplexity_report(out, [m.name for m in methods])
+            record = {"method": method.name, "length": length, "window": window, "nll": nll, "tokens": tokens}
+            return [{**record, "perplexity": math.exp(nll / tokens)}]
+
+        return score
+
+
+def run_perplexity(config: PerplexityConfig, folder: str | Path, **options: Any) -> dict[str, Any]:
+    """Score every pending (method, length, window) into `folder`; returns the summary.
+
+    options: those of `run_evaluation` (model, tokenizer, threads, device, dtype, progress)."""
+    methods = resolve_all(config.methods, source_name(config.model))
+    require_given_order(methods, "for perplexity")
+    outcome = run_evaluation(Perplexity(config, methods), folder, **options)
+    return write_perplexity_report(outcome.folder, [m.name for m in methods])
 
 
 def write_perplexity_report(folder: Path, method_order: Sequence[str] = ()) -> dict[str, Any]:

@@ -1,8 +1,8 @@
-"""Fan a sweep's batches out over Ray workers, each holding one model replica.
+"""Fan an evaluation's units of work out over Ray workers, each holding one model replica.
 
 Workers only score; the driver writes every record, so results.jsonl has one writer and the
-once-only guarantee of a local run holds. Each worker is kept two batches busy, so it never
-waits for the driver between batches.
+once-only guarantee of a local run holds. Each worker is kept two units busy, so it never
+waits for the driver between units.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from rag_mspoe.eval.sweep import Batch, Example, SweepConfig
+from rag_mspoe.eval.run_folder import Evaluation
 
 RAY_INSTALL = "pip install 'rag-mspoe[ray]'"
 _IN_FLIGHT_PER_WORKER = 2
@@ -25,31 +25,32 @@ def _import_ray() -> Any:
     return ray
 
 
-class SweepWorker:
-    """One model replica scoring batches (the body of a Ray actor)."""
+class Worker:
+    """One model replica scoring units of an evaluation (the body of a Ray actor).
+
+    The evaluation arrives pickled with its methods already resolved: nothing is parsed here."""
 
     def __init__(
         self,
-        config: SweepConfig,
-        examples: Sequence[Example],
+        evaluation: Evaluation,
         threads: int | None,
         device: str | None = "auto",
         dtype: str | None = None,
     ) -> None:
         from rag_mspoe import load_model
         from rag_mspoe.eval.manifest import model_facts
-        from rag_mspoe.eval.registry import EngineSet, resolve_all
-        from rag_mspoe.eval.scorer import BatchScorer
 
-        model, tokenizer = load_model(config.model, device=device, dtype=dtype, threads=threads or 1)
+        model, tokenizer = load_model(
+            evaluation.config.model, device=device, dtype=dtype, threads=threads or 1
+        )
         self.facts = model_facts(model)
-        self.scorer = BatchScorer(config, examples, resolve_all(config.methods), EngineSet(model, tokenizer))
+        self.scorer = evaluation.scorer(model, tokenizer)
 
     def model_facts(self) -> dict[str, Any]:
         return self.facts
 
-    def score(self, batch: Batch) -> list[dict[str, Any]]:
-        return self.scorer.score(batch)
+    def score(self, unit: Any) -> list[dict[str, Any]]:
+        return self.scorer(unit)
 
 
 def connect(address: str, workers: int) -> bool:
@@ -59,7 +60,7 @@ def connect(address: str, workers: int) -> bool:
         return False
     if address == "local":
         # Ray starts its workers at nice 15; on a busy machine they would then wait behind every
-        # other process (measured: a 4 s import took 50 s), though they do all of the sweep's work.
+        # other process (measured: a 4 s import took 50 s), though they do all of the run's work.
         os.environ.setdefault("RAY_worker_niceness", "0")
         ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
     else:
@@ -68,39 +69,31 @@ def connect(address: str, workers: int) -> bool:
 
 
 def score_on_ray(
-    config: SweepConfig,
-    examples: Sequence[Example],
-    batches: Sequence[Batch],
+    evaluation: Evaluation,
+    units: Sequence[Any],
     address: str,
     workers: int,
     threads: int | None,
     device: str | None = "auto",
     dtype: str | None = None,
 ) -> tuple[Iterator[list[dict[str, Any]]], dict[str, Any]]:
-    """Start `workers` replicas and return (records of each batch as it completes, model facts)."""
-    if workers < 1:
-        raise ValueError(f"--ray-workers must be at least 1, got {workers}.")
-    if not batches:
-        return iter(()), {}
+    """Start `workers` replicas and return (records of each unit as it completes, model facts)."""
     ray = _import_ray()
     started_here = connect(address, workers)
-    actor = ray.remote(num_cpus=1)(SweepWorker)
-    replicas = [
-        actor.remote(config, list(examples), threads, device, dtype)
-        for _ in range(min(workers, len(batches)))
-    ]
+    actor = ray.remote(num_cpus=1)(Worker)
+    replicas = [actor.remote(evaluation, threads, device, dtype) for _ in range(min(workers, len(units)))]
     try:
         facts = ray.get(replicas[0].model_facts.remote())
     except BaseException:
         _release(ray, replicas, started_here)
         raise
-    return _stream(ray, replicas, batches, started_here), facts
+    return _stream(ray, replicas, units, started_here), facts
 
 
 def _stream(
-    ray: Any, replicas: list[Any], batches: Sequence[Batch], started_here: bool
+    ray: Any, replicas: list[Any], units: Sequence[Any], started_here: bool
 ) -> Iterator[list[dict[str, Any]]]:
-    queue = list(batches)[::-1]
+    queue = list(units)[::-1]
     running: dict[Any, Any] = {}  # object ref -> replica scoring it
 
     def submit(replica: Any) -> None:

@@ -1,4 +1,5 @@
-"""Reports of a sweep folder: summary.json, table.md, accuracy_by_position.png; and a comparison of two runs.
+"""Reports of a sweep folder: summary.json, table.md, accuracy_by_position.png; and a comparison
+of two run folders of any one kind.
 
 Accuracy is read by the gold document's position in the retrieval order the sweep set (the
 `position` of a record). Only examples scored for every method at a position count there, so
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from rag_mspoe.embedded_models import DEFAULT_MODEL
 from rag_mspoe.eval.manifest import read_manifest
 from rag_mspoe.eval.metrics import bootstrap_ci, paired_test, position_summary
 from rag_mspoe.eval.results import RESULTS_FILE, read_records
+from rag_mspoe.eval.run_folder import folder_kind
 
 SUMMARY_FILE = "summary.json"
 TABLE_FILE = "table.md"
@@ -230,15 +233,44 @@ def write_report(folder: Path, metric: str | None = None, baseline: str = "none"
     return document
 
 
+@dataclass(frozen=True)
+class Pairing:
+    """How two runs of one kind line up: rows per (method, group), pairs by item, these metrics."""
+
+    group: str | None  # a record field (None: one row per method)
+    item: tuple[str, ...]  # the record fields naming what is scored in both runs
+    metrics: tuple[str, ...]  # in order of preference; 0/1 ones are shown in %
+
+
+PAIRINGS = {
+    "sweep": Pairing("position", ("example_id",), METRICS),
+    "suite": Pairing("task", ("example_id",), ("score",)),
+    "harness": Pairing("metric", ("task", "filter"), ("value",)),
+    "perplexity": Pairing("length", ("window",), ("perplexity",)),
+    "e2e": Pairing(None, ("example_id",), ("choice_correct", "match")),
+}
+_PERCENT = ("choice_correct", "match", "score")
+
+
 def compare_runs(
     a: Path, b: Path, metric: str | None = None, out: str | Path | None = None
 ) -> dict[str, Any]:
-    """Per method both runs have: per-position difference b - a, average difference, and
-    a paired test on the examples both runs scored (same ids)."""
-    records_a, records_b = read_records(Path(a) / RESULTS_FILE), read_records(Path(b) / RESULTS_FILE)
+    """Per method both runs have: per-group (a sweep's position, a suite's task, ...) difference
+    b - a, and a paired test on the items both runs scored (same example ids, windows, ...).
+    Both runs must be of one kind."""
+    a, b = Path(a), Path(b)
+    kind, other = folder_kind(a), folder_kind(b)
+    if other != kind:
+        raise ValueError(f"{a} holds a {kind} run and {b} a {other} run; compare runs of one kind.")
+    pairing = PAIRINGS[kind]
+    records_a, records_b = read_records(a / RESULTS_FILE), read_records(b / RESULTS_FILE)
     if not records_a or not records_b:
-        raise ValueError(f"Both {a} and {b} need results; run their sweeps first.")
-    shared = [m for m in available_metrics(records_a) if m in available_metrics(records_b)]
+        raise ValueError(f"Both {a} and {b} need results; run them first.")
+
+    def scored(records: Sequence[dict[str, Any]]) -> list[str]:
+        return [m for m in pairing.metrics if any(m in r for r in records)]
+
+    shared = [m for m in scored(records_a) if m in scored(records_b)]
     if metric is not None and metric not in shared:
         raise ValueError(
             f"{metric!r} is not scored in both runs; both have {', '.join(shared) or 'nothing'}."
@@ -246,17 +278,19 @@ def compare_runs(
     if not shared:
         raise ValueError(f"{a} and {b} share no metric to compare.")
     chosen = metric or shared[0]
+    group_name = pairing.group or "all"
 
-    def table(records: Sequence[dict[str, Any]]) -> dict[tuple[str, int], dict[str, float]]:
-        found: dict[tuple[str, int], dict[str, float]] = defaultdict(dict)
+    def table(records: Sequence[dict[str, Any]]) -> dict[tuple[str, Any], dict[str, float]]:
+        found: dict[tuple[str, Any], dict[str, float]] = defaultdict(dict)
         for r in records:
             if chosen in r:
-                found[(r["method"], int(r["position"]))][str(r["example_id"])] = float(r[chosen])
+                item = "/".join(str(r[field]) for field in pairing.item)
+                found[(r["method"], r[pairing.group] if pairing.group else "all")][item] = float(r[chosen])
         return found
 
     table_a, table_b = table(records_a), table(records_b)
     rows = []
-    for key in sorted(set(table_a) & set(table_b)):
+    for key in sorted(set(table_a) & set(table_b), key=lambda k: (k[0], _natural(str(k[1])))):
         ids = sorted(set(table_a[key]) & set(table_b[key]), key=_natural)
         if not ids:
             continue
@@ -264,7 +298,7 @@ def compare_runs(
         rows.append(
             {
                 "method": key[0],
-                "position": key[1],
+                group_name: key[1],
                 "examples": len(ids),
                 "a": sum(xs) / len(xs),
                 "b": sum(ys) / len(ys),
@@ -273,21 +307,21 @@ def compare_runs(
             }
         )
     if not rows:
-        raise ValueError(f"{a} and {b} have no (method, position, example) in common to compare.")
-    percent = chosen != "gold_logprob"
-    scale = 100.0 if percent else 1.0
+        raise ValueError(f"{a} and {b} have no (method, {group_name}, item) in common to compare.")
+    scale, digits = (100.0, ".1f") if chosen in _PERCENT else (1.0, ".4g")
     lines = [
         f"{METRIC_LABELS.get(chosen, chosen)}: A = {a}, B = {b}",
         "",
-        "| method | position | examples | A | B | B - A | p |",
+        f"| method | {group_name} | examples | A | B | B - A | p |",
         "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         lines.append(
-            f"| {row['method']} | {row['position']} | {row['examples']} | {scale * row['a']:.1f} | "
-            f"{scale * row['b']:.1f} | {scale * row['difference']:+.1f} | {row['p']:.3g} |"
+            f"| {row['method']} | {row[group_name]} | {row['examples']} | {scale * row['a']:{digits}} | "
+            f"{scale * row['b']:{digits}} | {scale * row['difference']:+{digits}} | {row['p']:.3g} |"
         )
     result: dict[str, Any] = {
+        "kind": kind,
         "metric": chosen,
         "a": str(a),
         "b": str(b),

@@ -25,7 +25,7 @@ Key = tuple[Any, ...]
 def run_lock(folder: Path) -> contextlib.AbstractContextManager[None]:
     """Hold the run folder; a second process writing the same folder would duplicate records."""
     return folder_lock(
-        folder, f"Another process is running a sweep into {folder}; wait for it or use another folder."
+        folder, f"Another process is writing a run into {folder}; wait for it or use another folder."
     )
 
 
@@ -50,8 +50,8 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 class ResultsFile:
     """Append-only JSONL of records with the set of keys already written."""
 
-    def __init__(self, folder: Path, key_fields: tuple[str, ...] = SWEEP_KEY) -> None:
-        self.path = folder / RESULTS_FILE
+    def __init__(self, path: Path, key_fields: tuple[str, ...] = SWEEP_KEY) -> None:
+        self.path = path
         self.key_fields = key_fields
         self._repair_tail()
         self.done: set[Key] = set()

@@ -11,17 +11,17 @@ Batches run in this process, or on Ray workers (one model replica each) with `ra
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rag_mspoe.eval.manifest import finish_session, model_facts, start_session, write_manifest
 from rag_mspoe.eval.registry import EngineSet, EvalMethod, resolve_all
-from rag_mspoe.eval.results import ResultsFile, run_lock
+from rag_mspoe.eval.results import SWEEP_KEY, Key
+from rag_mspoe.eval.run_folder import Evaluation, Scorer, run_evaluation
 from rag_mspoe.eval.scorer import BatchScorer
 from rag_mspoe.eval.sweep import Batch, Example, SweepConfig, load_examples, plan_batches
-from rag_mspoe.progress import progress_bar
+from rag_mspoe.loading import source_name
 
 EXAMPLES_FILE = "examples.jsonl.gz"
 
@@ -56,115 +56,58 @@ def frozen_examples(config: SweepConfig, folder: Path) -> list[Example]:
     return examples
 
 
-def pending_batches(
-    config: SweepConfig, examples: Sequence[Example], done: set[tuple[str, int, str]]
-) -> list[Batch]:
-    """The sweep's batches less the items already written (a resumed run skips them)."""
-    pending = []
-    names = [method.name for method in resolve_all(config.methods)]  # "cal=path.json" is named "cal"
-    for batch in plan_batches(len(examples), names, config.positions, config.batch_size):
-        items = tuple(
-            (position, index)
-            for position, index in batch.items
-            if (batch.method, position, examples[index].id) not in done
-        )
-        if items:
-            pending.append(Batch(batch.method, items))
-    return pending
+@dataclass
+class Sweep(Evaluation):
+    """A sweep as the run loop sees it: units are batches of one method; examples frozen in the folder."""
+
+    kind = "sweep"
+    key_fields = SWEEP_KEY
+    growing = ("methods", "positions")
+    identity_fields = SweepConfig.IDENTITY
+    config: SweepConfig
+    methods: Sequence[EvalMethod]
+    examples: list[Example] = field(default_factory=list)
+
+    def plan(self, folder: Path, done: set[Key]) -> list[Batch]:
+        self.examples = examples = frozen_examples(self.config, folder)
+        names = [m.name for m in self.methods]
+        pending = []
+        for batch in plan_batches(len(examples), names, self.config.positions, self.config.batch_size):
+            items = tuple(
+                (position, index)
+                for position, index in batch.items
+                if (batch.method, position, examples[index].id) not in done
+            )
+            if items:
+                pending.append(Batch(batch.method, items))
+        return pending
+
+    def scorer(self, model: Any, tokenizer: Any) -> Scorer:
+        return BatchScorer(self.config, self.examples, self.methods, EngineSet(model, tokenizer)).score
+
+    def expected(self) -> set[Key]:
+        return {
+            (m.name, p, ex.id) for m in self.methods for p in self.config.positions for ex in self.examples
+        }
 
 
 def run_sweep(
     config: SweepConfig,
     folder: str | Path,
     *,
-    model: Any = None,
-    tokenizer: Any = None,
-    threads: int | None = None,
-    device: str | None = "auto",
-    dtype: str | None = None,
-    ray_address: str | None = None,
-    ray_workers: int = 2,
-    progress: bool | None = None,
     report: bool = True,
+    **options: Any,
 ) -> SweepOutcome:
     """Score every pending (method, position, example) of `config` into `folder`.
 
-    model/tokenizer: an already loaded model (else `config.model` is loaded; never with Ray,
-    whose workers load their own). ray_address: "local" for a Ray instance on this machine,
-    or the address of a running cluster.
+    options: those of `run_evaluation` (model, tokenizer, threads, device, dtype, ray_address,
+    ray_workers, progress).
     """
-    out = Path(folder)
-    methods = resolve_all(config.methods)
-    with run_lock(out):
-        manifest = start_session(out, config, methods)
-        examples = frozen_examples(config, out)
-        write_manifest(out, manifest)
-        results = ResultsFile(out)
-        expected = len(methods) * len(config.positions) * len(examples)
-        done_here = sum(
-            1
-            for m in methods
-            for p in config.positions
-            for ex in examples
-            if (m.name, p, ex.id) in results.done
-        )
-        batches = pending_batches(config, examples, results.done)
-        bar = progress_bar(
-            total=expected,
-            initial=done_here,
-            unit="ex",
-            desc=f"sweep {out.name}",
-            progress=progress,
-        )
-        written = 0
-        facts: dict[str, Any] = {}
-        stream: Iterator[list[dict[str, Any]]] = iter(())
-        try:
-            if ray_address is not None:
-                from rag_mspoe.eval.ray_backend import score_on_ray
-
-                stream, facts = score_on_ray(
-                    config, examples, batches, ray_address, ray_workers, threads, device, dtype
-                )
-            else:
-                stream, facts = _score_locally(
-                    config, examples, methods, batches, model, tokenizer, threads, device, dtype
-                )
-            if facts:  # a report of a run still going can name its model
-                manifest["model"] = facts
-                write_manifest(out, manifest)
-            for records in stream:
-                written += results.append(records)
-                bar.update(len(records))
-        finally:
-            getattr(stream, "close", lambda: None)()  # stops Ray workers when the run is interrupted
-            bar.close()
-            complete = done_here + written >= expected
-            finish_session(manifest, facts or manifest.get("model", {}), len(results.done), complete)
-            write_manifest(out, manifest)
+    sweep = Sweep(config, resolve_all(config.methods, source_name(config.model)))
+    outcome = run_evaluation(sweep, folder, **options)
     if report:
         from rag_mspoe.eval.report import write_report
 
-        write_report(out)
-    return SweepOutcome(out, written, done_here + written, expected)
-
-
-def _score_locally(
-    config: SweepConfig,
-    examples: Sequence[Example],
-    methods: Sequence[EvalMethod],
-    batches: Sequence[Batch],
-    model: Any,
-    tokenizer: Any,
-    threads: int | None,
-    device: str | None,
-    dtype: str | None,
-) -> tuple[Iterator[list[dict[str, Any]]], dict[str, Any]]:
-    if model is None:
-        if not batches:
-            return iter(()), {}
-        from rag_mspoe import load_model
-
-        model, tokenizer = load_model(config.model, device=device, dtype=dtype, threads=threads)
-    scorer = BatchScorer(config, examples, methods, EngineSet(model, tokenizer))
-    return (scorer.score(batch) for batch in batches), model_facts(model)
+        write_report(outcome.folder)
+    expected = sweep.expected()
+    return SweepOutcome(outcome.folder, outcome.written, len(expected & outcome.done), len(expected))

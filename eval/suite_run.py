@@ -13,8 +13,6 @@ started is refused. The report (summary.json, table.md) follows.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -23,18 +21,11 @@ from typing import Any, Literal, TypeAlias
 
 from rag_mspoe.eval.knowledge import ChoiceExample, Scoring, choice_scores, load_choices
 from rag_mspoe.eval.long_context import LongExample, load_long, truncate_middle
-from rag_mspoe.eval.manifest import (
-    jsonable,
-    model_facts,
-    new_session,
-    read_manifest,
-    record_methods,
-    write_manifest,
-)
 from rag_mspoe.eval.registry import EngineSet, EvalMethod, require_given_order, resolve_all
-from rag_mspoe.eval.results import ResultsFile, run_lock
+from rag_mspoe.eval.results import Key
+from rag_mspoe.eval.run_folder import Evaluation, Scorer, run_evaluation
 from rag_mspoe.eval.text_metrics import score_text
-from rag_mspoe.progress import progress_bar
+from rag_mspoe.loading import source_name
 
 Kind = Literal["longbench", "zeroscrolls", "mmlu"]
 KINDS: tuple[Kind, ...] = ("longbench", "zeroscrolls", "mmlu")
@@ -94,9 +85,6 @@ class SuiteConfig:
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {self.batch_size}.")
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 @dataclass(frozen=True)
 class WorkItem:
@@ -116,63 +104,50 @@ def load_tasks(config: SuiteConfig) -> dict[str, list[Example]]:
     return tasks
 
 
-def fingerprints(config: SuiteConfig) -> dict[str, str]:
-    return {data.path: hashlib.sha256(Path(data.path).read_bytes()).hexdigest() for data in config.files}
+@dataclass
+class Suite(Evaluation):
+    """Units: a batch of one method's examples of one task; the data files must stay the same."""
+
+    kind = "suite"
+    key_fields = KEY_FIELDS
+    identity_fields = ("files", "samples", "max_length", "choice_scoring", "batch_size", "model")
+    config: SuiteConfig
+    methods: Sequence[EvalMethod]
+    tasks: dict[str, list[Example]]
+
+    def inputs(self) -> Sequence[str]:
+        return [data.path for data in self.config.files]
+
+    def plan(self, folder: Path, done: set[Key]) -> list[WorkItem]:
+        size, units = self.config.batch_size, []
+        for method in self.methods:
+            for task, examples in self.tasks.items():
+                pending = tuple(e for e in examples if (method.name, task, e.id) not in done)
+                units += [WorkItem(method, task, pending[i : i + size]) for i in range(0, len(pending), size)]
+        return units
+
+    def scorer(self, model: Any, tokenizer: Any) -> Scorer:
+        engines = EngineSet(model, tokenizer)
+        return lambda item: score_item(engines.engine_for(item.method), item, self.config)
 
 
 def run_suite(
-    config: SuiteConfig,
-    folder: str | Path,
-    *,
-    model: Any = None,
-    tokenizer: Any = None,
-    threads: int | None = None,
-    device: str | None = "auto",
-    dtype: str | None = None,
-    progress: bool | None = None,
-    sweep: Path | None = None,
+    config: SuiteConfig, folder: str | Path, *, sweep: Path | None = None, **options: Any
 ) -> dict[str, Any]:
     """Score every pending (method, task, example) into `folder`; returns the report's summary.
 
-    sweep: a gold-position sweep folder whose position-bias gains join the side-effect table."""
+    sweep: a gold-position sweep folder whose position-bias gains join the side-effect table.
+    options: those of `run_evaluation` (model, tokenizer, threads, device, dtype, progress)."""
     from rag_mspoe.eval.suite_report import position_gains, write_suite_report
 
-    out = Path(folder)
-    methods = resolve_all(config.methods)
+    methods = resolve_all(config.methods, source_name(config.model))
     # The side-effect table still shows a reordering's position-bias gain, from a sweep.
     require_given_order(methods, "in these suites")
     tasks = load_tasks(config)
     if sweep is not None:
         position_gains(sweep)  # a bad sweep folder fails now, not after the run
-    with run_lock(out):
-        _start(out, config, methods)
-        results = ResultsFile(out, KEY_FIELDS)
-        work = [
-            WorkItem(method, task, tuple(batch))
-            for method in methods
-            for task, examples in tasks.items()
-            for batch in _batches(
-                [e for e in examples if (method.name, task, e.id) not in results.done], config.batch_size
-            )
-        ]
-        if work:
-            if model is None:
-                from rag_mspoe import load_model
-
-                model, tokenizer = load_model(config.model, device=device, dtype=dtype, threads=threads)
-            _record_model(out, model)
-            engines = EngineSet(model, tokenizer)
-            bar = progress_bar(
-                total=sum(len(item.examples) for item in work),
-                unit="ex",
-                desc=f"suite {out.name}",
-                progress=progress,
-            )
-            for item in work:
-                results.append(score_item(engines.engine_for(item.method), item, config))
-                bar.update(len(item.examples))
-            bar.close()
-    return write_suite_report(out, [m.name for m in methods], sweep=sweep)
+    outcome = run_evaluation(Suite(config, methods, tasks), folder, **options)
+    return write_suite_report(outcome.folder, [m.name for m in methods], sweep=sweep)
 
 
 def score_item(engine: Any, item: WorkItem, config: SuiteConfig) -> list[dict[str, Any]]:
@@ -245,45 +220,3 @@ def _answer_choices(
             "choice": choice,
             "answer": example.answer,
         }
-
-
-def _batches(examples: list[Example], size: int) -> Iterator[list[Example]]:
-    for start in range(0, len(examples), size):
-        yield examples[start : start + size]
-
-
-def _start(folder: Path, config: SuiteConfig, methods: list[EvalMethod]) -> None:
-    """Refuse a folder holding another run, or data that changed since; record this session."""
-    manifest = read_manifest(folder) or {"suite": None, "data": None, "methods": {}, "sessions": []}
-    current = fingerprints(config)
-    previous = manifest.get("suite")
-    if previous is not None:
-        wanted = jsonable(config.to_dict())
-        same = {key: previous.get(key) == value for key, value in wanted.items() if key != "methods"}
-        if not all(same.values()):
-            changed = ", ".join(key for key, ok in same.items() if not ok)
-            raise ValueError(
-                f"{folder} holds a suite run with other settings ({changed}); rerun with the same "
-                "settings to resume it, or use a new folder."
-            )
-        changed_files = [
-            path for path, digest in current.items() if (manifest["data"] or {}).get(path) != digest
-        ]
-        if changed_files:
-            raise ValueError(
-                f"{changed_files} changed since this run started in {folder}; scores would mix two "
-                "versions of the data. Restore the files or use a new folder."
-            )
-    merged = jsonable(config.to_dict())
-    merged["methods"] = list(dict.fromkeys([*(previous or {}).get("methods", []), *config.methods]))
-    manifest["suite"] = merged
-    manifest["data"] = current
-    record_methods(manifest, methods, folder)
-    manifest["sessions"].append(new_session())
-    write_manifest(folder, manifest)
-
-
-def _record_model(folder: Path, model: Any) -> None:
-    manifest = read_manifest(folder) or {}
-    manifest["model"] = model_facts(model)
-    write_manifest(folder, manifest)

@@ -86,21 +86,6 @@ class SweepConfig:
         "model",
     )
 
-    def identity(self) -> dict[str, Any]:
-        data = self.to_dict()
-        return {key: data[key] for key in self.IDENTITY}
-
-    def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        for name in ("positions", "methods", "metrics"):
-            data[name] = list(data[name])
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SweepConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
-
 
 def load_examples(config: SweepConfig) -> list[Example]:
     """The sweep's examples: the first `samples` of the data file, or drawn from the generator."""

@@ -174,7 +174,7 @@ def test_suite_scores_every_method_task_and_example_once_and_resumes(tiny, data,
 def test_suite_refuses_changed_data_other_settings_and_reordering(tiny, data, tmp_path):
     config = suite_config(data, samples=1, methods=("none",))
     run_suite(config, tmp_path, model=tiny[0], tokenizer=tiny[1], progress=False)
-    with pytest.raises(ValueError, match="other settings \\(max_length\\)"):
+    with pytest.raises(ValueError, match="other settings \\(max_length: 300 there, 200 now\\)"):
         run_suite(suite_config(data, samples=1, methods=("none",), max_length=200), tmp_path, model=tiny[0],
                   tokenizer=tiny[1], progress=False)  # fmt: skip
     changed = tmp_path / "copy.jsonl"

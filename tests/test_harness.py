@@ -194,7 +194,7 @@ def test_run_folder_holds_every_record_resumes_and_leaves_the_model_unmodified(
     with torch.inference_mode():
         assert torch.equal(model(probe).logits, before)
 
-    with pytest.raises(ValueError, match="limit=3"):
+    with pytest.raises(ValueError, match="limit: 3 there, 2 now"):
         run_harness(HarnessConfig(tasks=(MC_TASK,), include_path=str(tasks), limit=2), tmp_path, model=model)
 
 

@@ -292,19 +292,17 @@ class RayEvaluator:
 
 
 class FitnessCache:
-    """Scores per (method, split, model), appended to a JSONL file as each evaluation ends, so a
-    killed search never evaluates the same individual twice."""
+    """Scores per (method, split, model) in a results file of the evaluation runs (one record per
+    key, a torn last line repaired), appended as each evaluation ends, so a killed search never
+    evaluates the same individual twice."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
+        from rag_mspoe.eval.results import ResultsFile, read_records
+
         self.path = Path(path)
-        self._entries: dict[str, PositionScores] = {}
-        if self.path.is_file():
-            for line in self.path.read_text().splitlines():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:  # the last line of a killed writer
-                    continue
-                self._entries[record["key"]] = PositionScores.from_dict(record["scores"])
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._results = ResultsFile(self.path, ("key",))
+        self._entries = {r["key"]: PositionScores.from_dict(r["scores"]) for r in read_records(self.path)}
 
     @staticmethod
     def key(method: MethodConfig | None, split: CalibrationSplit, model_name: str) -> str:
@@ -323,11 +321,7 @@ class FitnessCache:
 
     def put(self, key: str, scores: PositionScores, label: str) -> None:
         self._entries[key] = scores
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a") as handle:
-            handle.write(json.dumps({"key": key, "label": label, "scores": scores.to_dict()}) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        self._results.append([{"key": key, "label": label, "scores": scores.to_dict()}])
 
 
 def evaluate_cached(

@@ -1,0 +1,197 @@
+"""The one run loop of every evaluation kind: sweep, suite, harness, perplexity and e2e.
+
+A kind is an `Evaluation`: its settings (those that must match to resume, and those that may
+grow), its resolved methods, its pending units of work (`plan`), and how a unit becomes
+records (`scorer`). `run_evaluation` does the rest the same way for all of them: it locks the
+folder, refuses a run the manifest says it cannot resume (another kind, other settings, changed
+input files, a method label bound to another config), skips what results.jsonl holds, loads the
+model only if a unit is left (Ray workers load their own), appends each unit's records as it
+completes and records the session. A run killed at any point loses at most the units it was
+scoring and duplicates nothing. Methods arrive resolved (each runner resolves its specs once)
+and travel so to Ray workers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from rag_mspoe.eval.manifest import (
+    finish_session,
+    jsonable,
+    model_facts,
+    new_session,
+    read_manifest,
+    record_methods,
+    refuse_other_settings,
+    refuse_records_without_manifest,
+    write_manifest,
+)
+from rag_mspoe.eval.registry import EvalMethod
+from rag_mspoe.eval.results import RESULTS_FILE, Key, ResultsFile, run_lock
+from rag_mspoe.progress import progress_bar
+
+KINDS = ("sweep", "suite", "harness", "perplexity", "e2e")
+Scorer = Callable[[Any], list[dict[str, Any]]]
+
+
+class Evaluation:
+    """One evaluation kind, as the run loop sees it (subclasses are picklable dataclasses)."""
+
+    kind: ClassVar[str]  # the manifest section that names and describes the run
+    key_fields: ClassVar[tuple[str, ...]]  # what makes a record unique in results.jsonl
+    identity_fields: ClassVar[tuple[str, ...]]  # settings the records depend on: kept on resume
+    growing: ClassVar[tuple[str, ...]] = ("methods",)  # settings a resumed run may extend
+    unit_name: ClassVar[str] = "batch"  # what the progress bar counts
+    config: Any  # the kind's settings; `config.model` is the model to load
+    methods: Sequence[EvalMethod]
+
+    def settings(self) -> dict[str, Any]:
+        """Everything the manifest keeps about the run."""
+        return jsonable(dataclasses.asdict(self.config))
+
+    def inputs(self) -> Sequence[str]:
+        """Files the records depend on: a resumed run refuses them changed."""
+        return ()
+
+    def plan(self, folder: Path, done: set[Key]) -> list[Any]:
+        """The units of work whose records are not in `done`."""
+        raise NotImplementedError
+
+    def prepare(self) -> None:
+        """Work before the model loads, run only when units are pending (fail early, build an index)."""
+
+    def scorer(self, model: Any, tokenizer: Any) -> Scorer:
+        """unit -> its records, with this model."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    folder: Path
+    written: int  # records written by this call
+    done: frozenset[Key]  # keys of every record in the folder now
+
+
+def run_kind(manifest: dict[str, Any]) -> str | None:
+    """Which kind of run a manifest describes."""
+    return next((kind for kind in KINDS if manifest.get(kind) is not None), None)
+
+
+def folder_kind(folder: Path) -> str:
+    """Which kind of run a folder holds; a bare results file is a sweep's."""
+    return run_kind(read_manifest(folder) or {}) or "sweep"
+
+
+def run_evaluation(
+    evaluation: Evaluation,
+    folder: str | Path,
+    *,
+    model: Any = None,
+    tokenizer: Any = None,
+    threads: int | None = None,
+    device: str | None = "auto",
+    dtype: str | None = None,
+    ray_address: str | None = None,
+    ray_workers: int = 2,
+    progress: bool | None = None,
+) -> RunOutcome:
+    """Score every pending unit of `evaluation` into `folder` (see the module docstring).
+
+    model/tokenizer: an already loaded model (else `config.model` is loaded; never with Ray,
+    whose workers load their own). ray_address: "local" or a cluster address.
+    """
+    if ray_address is not None and ray_workers < 1:
+        raise ValueError(f"--ray-workers must be at least 1, got {ray_workers}.")
+    out = Path(folder)
+    with run_lock(out):
+        manifest = _checked_manifest(out, evaluation)
+        results = ResultsFile(out / RESULTS_FILE, evaluation.key_fields)
+        units = evaluation.plan(out, results.done)
+        manifest["sessions"].append(new_session(host_cpus=os.cpu_count()))
+        write_manifest(out, manifest)
+        bar = progress_bar(
+            total=len(units),
+            unit=evaluation.unit_name,
+            desc=f"{evaluation.kind} {out.name}",
+            progress=progress,
+        )
+        written = scored = 0
+        stream: Iterator[list[dict[str, Any]]] = iter(())
+        try:
+            if units:
+                evaluation.prepare()
+                if ray_address is not None:
+                    from rag_mspoe.eval.ray_backend import score_on_ray
+
+                    stream, facts = score_on_ray(
+                        evaluation, units, ray_address, ray_workers, threads, device, dtype
+                    )
+                else:
+                    stream, facts = _score_here(evaluation, units, model, tokenizer, threads, device, dtype)
+                manifest["model"] = facts  # a report of a run still going can name its model
+                write_manifest(out, manifest)
+            for records in stream:
+                written += results.append(records)
+                scored += 1
+                bar.update(1)
+        finally:
+            getattr(stream, "close", lambda: None)()  # stops Ray workers when the run is interrupted
+            bar.close()
+            finish_session(manifest, len(results.done), scored == len(units))
+            write_manifest(out, manifest)
+    return RunOutcome(out, written, frozenset(results.done))
+
+
+def _checked_manifest(folder: Path, evaluation: Evaluation) -> dict[str, Any]:
+    """The folder's manifest updated for this session, after refusing a run it cannot resume."""
+    kind = evaluation.kind
+    digests = {path: hashlib.sha256(Path(path).read_bytes()).hexdigest() for path in evaluation.inputs()}
+    settings = evaluation.settings()
+    manifest = read_manifest(folder)
+    if manifest is None:
+        refuse_records_without_manifest(folder)
+        manifest = {"methods": {}, "sessions": []}
+    else:
+        found = run_kind(manifest)
+        if found not in (None, kind):
+            raise ValueError(f"{folder} holds a {found} run, not a {kind} run; write into a new folder.")
+        identity = {name: settings[name] for name in evaluation.identity_fields}
+        refuse_other_settings(folder, f"a {kind} run with other settings", manifest.get(kind) or {}, identity)
+        changed = [
+            path for path, digest in digests.items() if (manifest.get("data") or {}).get(path) != digest
+        ]
+        if changed:
+            raise ValueError(
+                f"{changed} changed since this run started in {folder}; scores would mix two "
+                "versions of the data. Restore the files or write into a new folder."
+            )
+    record_methods(manifest, list(evaluation.methods), folder)
+    for name in evaluation.growing:
+        settings[name] = list(dict.fromkeys([*(manifest.get(kind) or {}).get(name, []), *settings[name]]))
+    manifest[kind] = settings
+    if digests:
+        manifest["data"] = digests
+    return manifest
+
+
+def _score_here(
+    evaluation: Evaluation,
+    units: Sequence[Any],
+    model: Any,
+    tokenizer: Any,
+    threads: int | None,
+    device: str | None,
+    dtype: str | None,
+) -> tuple[Iterator[list[dict[str, Any]]], dict[str, Any]]:
+    if model is None:
+        from rag_mspoe import load_model
+
+        model, tokenizer = load_model(evaluation.config.model, device=device, dtype=dtype, threads=threads)
+    score = evaluation.scorer(model, tokenizer)
+    return (score(unit) for unit in units), model_facts(model)
