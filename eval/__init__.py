@@ -1,0 +1,38 @@
+"""Position-bias evaluation: does the answer depend on where the gold document sits?
+
+Every evaluation kind runs through one loop (`runs`) and has its own plan, scorer and report:
+
+    cli.py               the commands: sweep, report, compare, perplexity, suite, suite-data,
+                         build-qa, harness, e2e
+    method_engines.py    a resolved method's model (RoPE-type variants) and engine; seeds shared
+                         across processes
+    report.py            summaries, tables, plots and `compare` for any run folder
+    runs/                the one run loop
+        loop.py          Evaluation (a kind's plan and scorer) and run_evaluation: lock, resume, refuse
+        manifest.py      what was run, on which model, with which code; sessions
+        results.py       results.jsonl: records appended batch by batch, each exactly once
+        ray_backend.py   units of work fanned out to Ray workers, one model replica each
+    data/                the examples evaluations run on
+        records.py       documents, QA and key-value examples in the lost-in-the-middle formats
+        loaders.py       JSON-lines files in and out (gzipped when named .gz)
+        synthetic.py     seeded synthetic examples (key-value retrieval, invented QA)
+        build_qa.py      multi-document QA built from an oracle file with our retriever
+        prompts.py       the lost-in-the-middle prompts, character for character
+    scoring/             turning model outputs into scores
+        model_scores.py  greedy answers, gold-answer log-likelihood, forced choice
+        metrics.py       answer accuracy, per-position summaries, bootstrap and paired tests
+        text_metrics.py  LongBench / ZeroSCROLLS metrics (F1, ROUGE, edit similarity, ...)
+    sweep/               the gold-position sweep (kind "sweep")
+        plan.py          settings, examples and batches
+        batch_scorer.py  one batch of (example, position, method) into records
+        run.py           run_sweep
+    suites/              long-context suites and a knowledge check (kind "suite")
+        long_context.py  LongBench / ZeroSCROLLS task formats
+        knowledge.py     the MMLU format, scored by log-likelihood
+        data.py          seeded local task files in those formats
+        run.py           run_suite
+        report.py        suite tables and the side-effect table beside a sweep
+    harness.py           lm-evaluation-harness tasks on a rescaled model (kind "harness")
+    perplexity.py        perplexity against context length (kind "perplexity")
+    e2e.py               questions through the real RAG pipeline (kind "e2e")
+"""

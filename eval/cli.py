@@ -115,7 +115,7 @@ def _register_sweep(subparsers: Any) -> None:
 
 
 def sweep_config(args: argparse.Namespace) -> Any:
-    from rag_mspoe.eval.sweep import SweepConfig
+    from rag_mspoe.eval.sweep.plan import SweepConfig
 
     generator = None if args.data else (args.generator or ("invented-qa" if args.task == "qa" else "kv"))
     return SweepConfig(
@@ -136,7 +136,7 @@ def sweep_config(args: argparse.Namespace) -> Any:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from rag_mspoe.eval.runner import run_sweep
+    from rag_mspoe.eval.sweep.run import run_sweep
 
     outcome = run_sweep(
         sweep_config(args),
@@ -175,7 +175,7 @@ def _register_report(subparsers: Any) -> None:
 
 def _report(args: argparse.Namespace) -> int:
     """Rewrite the report of any run folder, of the kind its manifest names."""
-    from rag_mspoe.eval.run_folder import folder_kind
+    from rag_mspoe.eval.runs.loop import folder_kind
 
     folder = Path(args.run)
     kind = folder_kind(folder)
@@ -185,7 +185,7 @@ def _report(args: argparse.Namespace) -> int:
         write_report(folder, metric=args.metric, baseline=args.baseline)
         _print_table(folder)
     elif kind == "suite":
-        from rag_mspoe.eval.suite_report import write_suite_report
+        from rag_mspoe.eval.suites.report import write_suite_report
 
         summary = write_suite_report(folder, sweep=Path(args.sweep) if args.sweep else None)
         print(summary["markdown"])
@@ -299,7 +299,7 @@ def _register_suite(subparsers: Any) -> None:
 
 
 def data_files(args: argparse.Namespace) -> tuple[Any, ...]:
-    from rag_mspoe.eval.suite_run import DataFile
+    from rag_mspoe.eval.suites.run import DataFile
 
     files = []
     for kind in ("longbench", "zeroscrolls", "mmlu"):
@@ -310,7 +310,7 @@ def data_files(args: argparse.Namespace) -> tuple[Any, ...]:
 
 
 def _suite(args: argparse.Namespace) -> int:
-    from rag_mspoe.eval.suite_run import SuiteConfig, run_suite
+    from rag_mspoe.eval.suites.run import SuiteConfig, run_suite
 
     config = SuiteConfig(
         files=data_files(args),
@@ -342,7 +342,7 @@ def _register_suite_data(subparsers: Any) -> None:
 
 
 def _suite_data(args: argparse.Namespace) -> int:
-    from rag_mspoe.eval.suite_data import write_suite_data
+    from rag_mspoe.eval.suites.data import write_suite_data
 
     files = write_suite_data(args.out, examples=args.examples, seed=args.seed)
     for path in files.values():
@@ -392,8 +392,13 @@ def _register_build_qa(subparsers: Any) -> None:
 
 
 def _build_qa(args: argparse.Namespace) -> int:
-    from rag_mspoe.eval.builder import SkippedRecord, build_from_oracle, pool_from_records, split_by_question
-    from rag_mspoe.eval.loaders import read_jsonl, save_jsonl
+    from rag_mspoe.eval.data.build_qa import (
+        SkippedRecord,
+        build_from_oracle,
+        pool_from_records,
+        split_by_question,
+    )
+    from rag_mspoe.eval.data.loaders import read_jsonl, save_jsonl
     from rag_mspoe.pipelines.embedding import DEFAULT_EMBEDDING_MODEL
 
     if args.limit is not None and args.limit < 1:

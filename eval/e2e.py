@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rag_mspoe.eval.loaders import read_jsonl
-from rag_mspoe.eval.metrics import best_subspan_em, normalize_answer
-from rag_mspoe.eval.registry import EngineSet, EvalMethod, resolve_all, stable_seed
+from rag_mspoe.eval.data.loaders import read_jsonl
+from rag_mspoe.eval.method_engines import EngineSet, EvalMethod, resolve_all, stable_seed
 from rag_mspoe.eval.report import line_plot
-from rag_mspoe.eval.results import Key, read_records
-from rag_mspoe.eval.run_folder import Evaluation, Scorer, run_evaluation
+from rag_mspoe.eval.runs.loop import Evaluation, Scorer, run_evaluation
+from rag_mspoe.eval.runs.results import Key, read_records
+from rag_mspoe.eval.scoring.metrics import best_subspan_em, normalize_answer
 from rag_mspoe.loading import source_name
 
 KEY_FIELDS = ("method", "example_id")
@@ -158,7 +158,7 @@ def answer_one(
     config: E2EConfig, method: EvalMethod, question: Question, retrieved: Sequence[Any], engine: Any
 ) -> dict[str, Any]:
     """Pack the retrieved chunks as the pipeline does, put them in the method's order, answer."""
-    from rag_mspoe.eval.scoring import score_forced_choice
+    from rag_mspoe.eval.scoring.model_scores import score_forced_choice
     from rag_mspoe.pipelines.answer import generate_answer, pack_for_engine
     from rag_mspoe.pipelines.packing import render_prompt
 

@@ -33,15 +33,15 @@ from pathlib import Path
 from typing import Any
 
 from rag_mspoe import Compose, HiddenScale, MethodConfig, MsPoE, method_name, rescaled
-from rag_mspoe.eval.registry import (
+from rag_mspoe.eval.method_engines import (
     EngineSet,
     EvalMethod,
     require_given_order,
     resolve,
     resolve_all,
 )
-from rag_mspoe.eval.results import Key, read_records
-from rag_mspoe.eval.run_folder import Evaluation, Scorer, run_evaluation
+from rag_mspoe.eval.runs.loop import Evaluation, Scorer, run_evaluation
+from rag_mspoe.eval.runs.results import Key, read_records
 from rag_mspoe.loading import source_name
 from rag_mspoe.rope.variants import rope_variant
 

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rag_mspoe.eval.registry import EngineSet, EvalMethod, require_given_order, resolve_all
+from rag_mspoe.eval.method_engines import EngineSet, EvalMethod, require_given_order, resolve_all
 from rag_mspoe.eval.report import line_plot
-from rag_mspoe.eval.results import Key, read_records
-from rag_mspoe.eval.run_folder import Evaluation, Scorer, run_evaluation
+from rag_mspoe.eval.runs.loop import Evaluation, Scorer, run_evaluation
+from rag_mspoe.eval.runs.results import Key, read_records
 from rag_mspoe.loading import source_name
 
 KEY_FIELDS = ("method", "length", "window")

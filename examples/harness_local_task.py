@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 
 from rag_mspoe.eval.harness import HarnessConfig, run_harness
-from rag_mspoe.eval.suite_data import write_suite_data
+from rag_mspoe.eval.suites.data import write_suite_data
 
 TASK_YAML = """\
 task: general_knowledge

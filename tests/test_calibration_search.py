@@ -26,7 +26,7 @@ from rag_mspoe.calibration.fitness import (
 )
 from rag_mspoe.cli import main
 from rag_mspoe.engine import Engine
-from rag_mspoe.eval.scoring import score_forced_choice
+from rag_mspoe.eval.scoring.model_scores import score_forced_choice
 
 SEARCH = [
     "calibrate", "layers", "--threads", "1", "--documents", "4", "--examples", "3", "--heldout-examples", "1",

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from rag_mspoe.cli import main
-from rag_mspoe.eval.builder import pool_from_records, split_by_question
-from rag_mspoe.eval.loaders import load_qa, read_jsonl
-from rag_mspoe.eval.metrics import normalize_answer
-from rag_mspoe.eval.records import Document, QAExample, gold_index
+from rag_mspoe.eval.data.build_qa import pool_from_records, split_by_question
+from rag_mspoe.eval.data.loaders import load_qa, read_jsonl
+from rag_mspoe.eval.data.records import Document, QAExample, gold_index
+from rag_mspoe.eval.scoring.metrics import normalize_answer
 
 DATA = Path(__file__).parent / "data"
 ORACLE = DATA / "nq-open-sample-oracle.jsonl"

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from rag_mspoe.eval.builder import build_from_oracle, pool_from_examples
-from rag_mspoe.eval.generators import generate_invented_qa
-from rag_mspoe.eval.metrics import normalize_answer
-from rag_mspoe.eval.records import Document, QAExample, gold_index, with_gold_at
+from rag_mspoe.eval.data.build_qa import build_from_oracle, pool_from_examples
+from rag_mspoe.eval.data.records import Document, QAExample, gold_index, with_gold_at
+from rag_mspoe.eval.data.synthetic import generate_invented_qa
+from rag_mspoe.eval.scoring.metrics import normalize_answer
 from rag_mspoe.pipelines.embedding import Embedder
 
 QUESTION = "In what year was the town of Velmora founded?"

@@ -9,8 +9,8 @@ from eval_run_helpers import save_tiny_chat_model
 
 from rag_mspoe.cli import main
 from rag_mspoe.eval.cli import parse_positions
-from rag_mspoe.eval.generators import generate_invented_qa
-from rag_mspoe.eval.results import read_records
+from rag_mspoe.eval.data.synthetic import generate_invented_qa
+from rag_mspoe.eval.runs.results import read_records
 
 
 @pytest.fixture(scope="module")

@@ -11,11 +11,11 @@ import re
 
 import pytest
 
-from rag_mspoe.eval.generators import KEY_WORDS, generate_invented_qa, generate_kv
-from rag_mspoe.eval.loaders import load_kv, load_qa, read_jsonl, save_jsonl
-from rag_mspoe.eval.metrics import normalize_answer
-from rag_mspoe.eval.prompts import kv_prompt, qa_prompt
-from rag_mspoe.eval.records import Document, KVExample, QAExample, gold_index, with_gold_at
+from rag_mspoe.eval.data.loaders import load_kv, load_qa, read_jsonl, save_jsonl
+from rag_mspoe.eval.data.prompts import kv_prompt, qa_prompt
+from rag_mspoe.eval.data.records import Document, KVExample, QAExample, gold_index, with_gold_at
+from rag_mspoe.eval.data.synthetic import KEY_WORDS, generate_invented_qa, generate_kv
+from rag_mspoe.eval.scoring.metrics import normalize_answer
 
 # A record as the published nq-open files write it: no id, extra keys, null flags.
 PAPER_QA_RECORD = {

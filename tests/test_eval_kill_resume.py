@@ -13,10 +13,10 @@ from cli_helpers import checksums, kill_once_written, run_cli
 from eval_run_helpers import save_tiny_chat_model
 
 from rag_mspoe.cli import main
-from rag_mspoe.eval.generators import generate_invented_qa
-from rag_mspoe.eval.results import read_records
-from rag_mspoe.eval.suite_data import write_suite_data
-from rag_mspoe.eval.suite_run import DataFile, SuiteConfig, load_tasks
+from rag_mspoe.eval.data.synthetic import generate_invented_qa
+from rag_mspoe.eval.runs.results import read_records
+from rag_mspoe.eval.suites.data import write_suite_data
+from rag_mspoe.eval.suites.run import DataFile, SuiteConfig, load_tasks
 
 COMMON = ["--no-progress", "--threads", "1"]
 

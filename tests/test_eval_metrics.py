@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from rag_mspoe.eval.metrics import (
+from rag_mspoe.eval.scoring.metrics import (
     best_subspan_em,
     bootstrap_ci,
     kv_match,

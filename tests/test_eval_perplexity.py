@@ -9,7 +9,7 @@ import torch
 from eval_run_helpers import tiny_chat_model
 
 from rag_mspoe.eval.perplexity import PerplexityConfig, run_perplexity
-from rag_mspoe.eval.results import read_records
+from rag_mspoe.eval.runs.results import read_records
 
 WINDOW = 48  # the tiny model's trained context
 

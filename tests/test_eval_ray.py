@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from eval_run_helpers import save_tiny_chat_model
 
-from rag_mspoe.eval.results import read_records
-from rag_mspoe.eval.runner import run_sweep
-from rag_mspoe.eval.sweep import SweepConfig
+from rag_mspoe.eval.runs.results import read_records
+from rag_mspoe.eval.sweep.plan import SweepConfig
+from rag_mspoe.eval.sweep.run import run_sweep
 
 pytest.importorskip("ray")
 

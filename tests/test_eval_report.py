@@ -7,7 +7,7 @@ import json
 import pytest
 
 from rag_mspoe.eval.report import compare_runs, summarize, write_report
-from rag_mspoe.eval.results import RESULTS_FILE
+from rag_mspoe.eval.runs.results import RESULTS_FILE
 
 
 def write_results(folder, scores):

@@ -13,13 +13,13 @@ from collections import Counter
 import pytest
 from eval_run_helpers import save_tiny_chat_model, tiny_chat_model
 
-from rag_mspoe.eval.generators import generate_invented_qa
-from rag_mspoe.eval.loaders import save_jsonl
-from rag_mspoe.eval.records import gold_index
-from rag_mspoe.eval.registry import resolve
-from rag_mspoe.eval.results import read_records
-from rag_mspoe.eval.runner import run_sweep
-from rag_mspoe.eval.sweep import SweepConfig
+from rag_mspoe.eval.data.loaders import save_jsonl
+from rag_mspoe.eval.data.records import gold_index
+from rag_mspoe.eval.data.synthetic import generate_invented_qa
+from rag_mspoe.eval.method_engines import resolve
+from rag_mspoe.eval.runs.results import read_records
+from rag_mspoe.eval.sweep.plan import SweepConfig
+from rag_mspoe.eval.sweep.run import run_sweep
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,7 @@ def test_a_data_file_with_more_documents_is_cut_to_the_requested_count(tiny, tmp
     save_jsonl(data, examples)
     config = SweepConfig(data=str(data), num_documents=4, positions=(3,), samples=2, metrics=("loglik",))
     run_sweep(config, tmp_path / "run", model=tiny[0], tokenizer=tiny[1], progress=False, report=False)
-    from rag_mspoe.eval.loaders import load_qa
+    from rag_mspoe.eval.data.loaders import load_qa
 
     kept = load_qa(tmp_path / "run" / "examples.jsonl.gz")
     assert all(len(ex.documents) == 4 and gold_index(ex) is not None for ex in kept)

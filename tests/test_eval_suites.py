@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from eval_run_helpers import tiny_chat_model
 
-from rag_mspoe.eval.knowledge import load_choices
-from rag_mspoe.eval.long_context import LONGBENCH_TASKS, load_long, truncate_middle
-from rag_mspoe.eval.suite_data import write_suite_data
-from rag_mspoe.eval.suite_report import position_gains, side_effect_table, summarize_suite
-from rag_mspoe.eval.suite_run import DataFile, SuiteConfig, prompt_within, run_suite
-from rag_mspoe.eval.text_metrics import score_text
+from rag_mspoe.eval.scoring.text_metrics import score_text
+from rag_mspoe.eval.suites.data import write_suite_data
+from rag_mspoe.eval.suites.knowledge import load_choices
+from rag_mspoe.eval.suites.long_context import LONGBENCH_TASKS, load_long, truncate_middle
+from rag_mspoe.eval.suites.report import position_gains, side_effect_table, summarize_suite
+from rag_mspoe.eval.suites.run import DataFile, SuiteConfig, prompt_within, run_suite
 
 
 def write_jsonl(path: Path, records: list[dict]) -> Path:

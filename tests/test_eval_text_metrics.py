@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from rag_mspoe.eval.text_metrics import (
+from rag_mspoe.eval.scoring.text_metrics import (
     classification_score,
     count_score,
     edit_similarity,

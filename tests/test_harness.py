@@ -15,7 +15,7 @@ from rag_mspoe import current_method, rescaled, unrescale
 from rag_mspoe.cli import main
 from rag_mspoe.engine import Engine
 from rag_mspoe.eval.harness import HarnessConfig, harness_lm, run_harness, task_manager
-from rag_mspoe.eval.results import read_records
+from rag_mspoe.eval.runs.results import read_records
 
 lm_eval = pytest.importorskip("lm_eval")
 

@@ -10,8 +10,8 @@ import pytest
 from tiny_models import tiny_model
 
 from rag_mspoe import Compose, LayerWise, MsPoE, Uniform, parse_method, rescale
-from rag_mspoe.eval.registry import EvalMethod
-from rag_mspoe.eval.registry import resolve as eval_resolve
+from rag_mspoe.eval.method_engines import EvalMethod
+from rag_mspoe.eval.method_engines import resolve as eval_resolve
 from rag_mspoe.method_spec import ResolvedMethod, known_names, resolve, resolve_all
 
 

@@ -108,16 +108,16 @@ class CalibrationSplit:
         return dataclasses.asdict(self)
 
     def items(self) -> list[Item]:
-        from rag_mspoe.eval import generators, prompts
-        from rag_mspoe.eval.records import KVExample, with_gold_at
+        from rag_mspoe.eval.data import prompts, synthetic
+        from rag_mspoe.eval.data.records import KVExample, with_gold_at
 
         examples: Sequence[Any]
         if self.task == "qa":
-            examples = generators.generate_invented_qa(
+            examples = synthetic.generate_invented_qa(
                 self.num_documents, self.num_examples, self.seed, self.distractor_similarity
             )
         else:
-            examples = generators.generate_kv(
+            examples = synthetic.generate_kv(
                 self.num_documents, self.num_examples, self.seed, short_keys=True
             )
         items = []
@@ -196,7 +196,7 @@ def score_items(
     engine: Any, items: Sequence[Item], method: MethodConfig | None, progress: bool = False
 ) -> PositionScores:
     """Forced choice on every item through the engine, with `method` (None: the unmodified model)."""
-    from rag_mspoe.eval.scoring import score_forced_choice
+    from rag_mspoe.eval.scoring.model_scores import score_forced_choice
 
     spec: Any = "none" if method is None else method
     results = [
@@ -297,7 +297,7 @@ class FitnessCache:
     evaluates the same individual twice."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        from rag_mspoe.eval.results import ResultsFile, read_records
+        from rag_mspoe.eval.runs.results import ResultsFile, read_records
 
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from rag_mspoe.eval.loaders import read_jsonl
+from rag_mspoe.eval.data.loaders import read_jsonl
 
 Scoring = Literal["letter", "text"]
 LETTERS = "ABCDEFGHIJ"

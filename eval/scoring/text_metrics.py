@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rag_mspoe.eval.metrics import best_subspan_em, kv_match, normalize_answer
+from rag_mspoe.eval.scoring.metrics import best_subspan_em, kv_match, normalize_answer
 
 Metric = Callable[[str, Sequence[str], Sequence[str]], float]
 _NUMBER = re.compile(r"\d+")

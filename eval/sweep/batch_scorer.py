@@ -13,10 +13,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from rag_mspoe.eval import prompts, scoring
-from rag_mspoe.eval.records import KVExample, with_gold_at
-from rag_mspoe.eval.registry import EngineSet, EvalMethod, stable_seed
-from rag_mspoe.eval.sweep import Batch, Example, SweepConfig
+from rag_mspoe.eval.data import prompts
+from rag_mspoe.eval.data.records import KVExample, with_gold_at
+from rag_mspoe.eval.method_engines import EngineSet, EvalMethod, stable_seed
+from rag_mspoe.eval.scoring import model_scores
+from rag_mspoe.eval.sweep.plan import Batch, Example, SweepConfig
 
 
 def arranged_example(method: EvalMethod, example: Example, position: int, seed: int) -> tuple[Example, int]:
@@ -84,7 +85,7 @@ class BatchScorer:
         ]
         metrics = self.config.metrics
         if "generate" in metrics:
-            scored = scoring.score_generation(
+            scored = model_scores.score_generation(
                 engine,
                 texts,
                 [example for example, _ in arranged],
@@ -98,13 +99,17 @@ class BatchScorer:
         for record, (example, _), text in zip(records, arranged, texts, strict=True):
             if "choice" in metrics:
                 options, gold = candidates_of(example)
-                choice = scoring.score_forced_choice(engine, text, list(options), gold, method=method.method)
+                choice = model_scores.score_forced_choice(
+                    engine, text, list(options), gold, method=method.method
+                )
                 record["choice"] = choice["choice"]
                 record["choice_correct"] = float(choice["correct"])
                 record["gold_logprob"] = float(choice["gold_sum"])
                 record["gold_tokens"] = int(choice["gold_tokens"])
             elif "loglik" in metrics:
-                gold = scoring.score_loglikelihood(engine, text, gold_answer(example), method=method.method)
+                gold = model_scores.score_loglikelihood(
+                    engine, text, gold_answer(example), method=method.method
+                )
                 record["gold_logprob"] = float(gold["sum"])
                 record["gold_tokens"] = int(gold["tokens"])
         seconds = (time.perf_counter() - started) / len(records)

@@ -1,6 +1,6 @@
 """Score examples with the engine: greedy answers, gold-answer log-likelihood, forced choice.
 
-Prompts go in as built by `rag_mspoe.eval.prompts` (one user message each, through the chat
+Prompts go in as built by `rag_mspoe.eval.data.prompts` (one user message each, through the chat
 template); an answer is scored as the start of the assistant's reply, since every prompt ends
 with its answer cue. `method` is any method spec the engine takes (None: the engine's default).
 """
@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from rag_mspoe.engine import Engine, MethodSpec
-from rag_mspoe.eval.metrics import best_subspan_em, kv_match
-from rag_mspoe.eval.records import KVExample, QAExample
+from rag_mspoe.eval.data.records import KVExample, QAExample
+from rag_mspoe.eval.scoring.metrics import best_subspan_em, kv_match
 
 
 def score_generation(

@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from rag_mspoe.eval.run_folder import Evaluation
+from rag_mspoe.eval.runs.loop import Evaluation
 
 RAY_INSTALL = "pip install 'rag-mspoe[ray]'"
 _IN_FLIGHT_PER_WORKER = 2
@@ -38,7 +38,7 @@ class Worker:
         dtype: str | None = None,
     ) -> None:
         from rag_mspoe import load_model
-        from rag_mspoe.eval.manifest import model_facts
+        from rag_mspoe.eval.runs.manifest import model_facts
 
         model, tokenizer = load_model(
             evaluation.config.model, device=device, dtype=dtype, threads=threads or 1

@@ -17,10 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rag_mspoe.eval.manifest import read_manifest
-from rag_mspoe.eval.metrics import paired_test
 from rag_mspoe.eval.report import available_metrics, summarize
-from rag_mspoe.eval.results import RESULTS_FILE, read_records
+from rag_mspoe.eval.runs.manifest import read_manifest
+from rag_mspoe.eval.runs.results import RESULTS_FILE, read_records
+from rag_mspoe.eval.scoring.metrics import paired_test
 
 SUMMARY_FILE = "summary.json"
 TABLE_FILE = "table.md"

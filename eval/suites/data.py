@@ -23,10 +23,10 @@ import random
 from pathlib import Path
 from typing import Any
 
-from rag_mspoe.eval.generators import generate_invented_qa, generate_kv
-from rag_mspoe.eval.long_context import LONGBENCH_TASKS
-from rag_mspoe.eval.prompts import KV_ANSWER_CUE, KV_INSTRUCTION, kv_json
-from rag_mspoe.eval.records import QAExample
+from rag_mspoe.eval.data.prompts import KV_ANSWER_CUE, KV_INSTRUCTION, kv_json
+from rag_mspoe.eval.data.records import QAExample
+from rag_mspoe.eval.data.synthetic import generate_invented_qa, generate_kv
+from rag_mspoe.eval.suites.long_context import LONGBENCH_TASKS
 from rag_mspoe.files import atomic_write
 
 # Sizes at which SmolLM2-135M still answers some questions (a third to a half with the unmodified

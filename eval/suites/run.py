@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
-from rag_mspoe.eval.knowledge import ChoiceExample, Scoring, choice_scores, load_choices
-from rag_mspoe.eval.long_context import LongExample, load_long, truncate_middle
-from rag_mspoe.eval.registry import EngineSet, EvalMethod, require_given_order, resolve_all
-from rag_mspoe.eval.results import Key
-from rag_mspoe.eval.run_folder import Evaluation, Scorer, run_evaluation
-from rag_mspoe.eval.text_metrics import score_text
+from rag_mspoe.eval.method_engines import EngineSet, EvalMethod, require_given_order, resolve_all
+from rag_mspoe.eval.runs.loop import Evaluation, Scorer, run_evaluation
+from rag_mspoe.eval.runs.results import Key
+from rag_mspoe.eval.scoring.text_metrics import score_text
+from rag_mspoe.eval.suites.knowledge import ChoiceExample, Scoring, choice_scores, load_choices
+from rag_mspoe.eval.suites.long_context import LongExample, load_long, truncate_middle
 from rag_mspoe.loading import source_name
 
 Kind = Literal["longbench", "zeroscrolls", "mmlu"]
@@ -138,7 +138,7 @@ def run_suite(
 
     sweep: a gold-position sweep folder whose position-bias gains join the side-effect table.
     options: those of `run_evaluation` (model, tokenizer, threads, device, dtype, progress)."""
-    from rag_mspoe.eval.suite_report import position_gains, write_suite_report
+    from rag_mspoe.eval.suites.report import position_gains, write_suite_report
 
     methods = resolve_all(config.methods, source_name(config.model))
     # The side-effect table still shows a reordering's position-bias gain, from a sweep.

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from rag_mspoe.eval.manifest import (
+from rag_mspoe.eval.method_engines import EvalMethod
+from rag_mspoe.eval.runs.manifest import (
     finish_session,
     jsonable,
     model_facts,
@@ -32,8 +33,7 @@ from rag_mspoe.eval.manifest import (
     refuse_records_without_manifest,
     write_manifest,
 )
-from rag_mspoe.eval.registry import EvalMethod
-from rag_mspoe.eval.results import RESULTS_FILE, Key, ResultsFile, run_lock
+from rag_mspoe.eval.runs.results import RESULTS_FILE, Key, ResultsFile, run_lock
 from rag_mspoe.progress import progress_bar
 
 KINDS = ("sweep", "suite", "harness", "perplexity", "e2e")
@@ -127,7 +127,7 @@ def run_evaluation(
             if units:
                 evaluation.prepare()
                 if ray_address is not None:
-                    from rag_mspoe.eval.ray_backend import score_on_ray
+                    from rag_mspoe.eval.runs.ray_backend import score_on_ray
 
                     stream, facts = score_on_ray(
                         evaluation, units, ray_address, ray_workers, threads, device, dtype

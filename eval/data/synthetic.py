@@ -16,8 +16,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rag_mspoe.eval.metrics import normalize_answer
-from rag_mspoe.eval.records import Document, KVExample, QAExample
+from rag_mspoe.eval.data.records import Document, KVExample, QAExample
+from rag_mspoe.eval.scoring.metrics import normalize_answer
 
 # Short, common, distinct words: keys a small model reads as single tokens or nearly.
 KEY_WORDS = (

@@ -7,7 +7,7 @@ scoring an answer means scoring it as the start of that reply, with no further p
 
 from __future__ import annotations
 
-from rag_mspoe.eval.records import KVExample, QAExample
+from rag_mspoe.eval.data.records import KVExample, QAExample
 
 QA_INSTRUCTION = (
     "Write a high-quality answer for the given question using only the provided search results "

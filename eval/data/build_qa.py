@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rag_mspoe.eval.metrics import normalize_answer
-from rag_mspoe.eval.records import Document, QAExample
+from rag_mspoe.eval.data.records import Document, QAExample
+from rag_mspoe.eval.scoring.metrics import normalize_answer
 from rag_mspoe.pipelines.chunking import Chunk
 from rag_mspoe.pipelines.embedding import DEFAULT_EMBEDDING_MODEL, Embedder
 from rag_mspoe.pipelines.index import ChunkIndex, IndexSettings

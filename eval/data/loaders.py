@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-from rag_mspoe.eval.records import KVExample, QAExample
+from rag_mspoe.eval.data.records import KVExample, QAExample
 from rag_mspoe.files import atomic_write
 
 T = TypeVar("T")

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from rag_mspoe.eval.loaders import read_jsonl
-from rag_mspoe.eval.records import string_field
-from rag_mspoe.eval.text_metrics import TEXT_METRICS
+from rag_mspoe.eval.data.loaders import read_jsonl
+from rag_mspoe.eval.data.records import string_field
+from rag_mspoe.eval.scoring.text_metrics import TEXT_METRICS
 
 Suite = Literal["longbench", "zeroscrolls"]
 SUITES: tuple[Suite, ...] = ("longbench", "zeroscrolls")

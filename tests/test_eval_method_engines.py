@@ -7,7 +7,7 @@ import torch
 from tiny_models import prompt_ids, tiny_model, with_rope_parameters
 
 from rag_mspoe import Compose, LayerWise, MsPoE, Uniform
-from rag_mspoe.eval.registry import EngineSet, EvalMethod, resolve, resolve_all
+from rag_mspoe.eval.method_engines import EngineSet, EvalMethod, resolve, resolve_all
 from rag_mspoe.rope.variants import rope_variant
 
 

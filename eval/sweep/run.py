@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rag_mspoe.eval.registry import EngineSet, EvalMethod, resolve_all
-from rag_mspoe.eval.results import SWEEP_KEY, Key
-from rag_mspoe.eval.run_folder import Evaluation, Scorer, run_evaluation
-from rag_mspoe.eval.scorer import BatchScorer
-from rag_mspoe.eval.sweep import Batch, Example, SweepConfig, load_examples, plan_batches
+from rag_mspoe.eval.method_engines import EngineSet, EvalMethod, resolve_all
+from rag_mspoe.eval.runs.loop import Evaluation, Scorer, run_evaluation
+from rag_mspoe.eval.runs.results import SWEEP_KEY, Key
+from rag_mspoe.eval.sweep.batch_scorer import BatchScorer
+from rag_mspoe.eval.sweep.plan import Batch, Example, SweepConfig, load_examples, plan_batches
 from rag_mspoe.loading import source_name
 
 EXAMPLES_FILE = "examples.jsonl.gz"
@@ -41,7 +41,7 @@ class SweepOutcome:
 def frozen_examples(config: SweepConfig, folder: Path) -> list[Example]:
     """The run's examples, saved in the folder on its first start and read back on every resume,
     so a resumed run scores the very same examples even if a generator or data file changed."""
-    from rag_mspoe.eval import loaders
+    from rag_mspoe.eval.data import loaders
 
     path = folder / EXAMPLES_FILE
     if path.is_file():

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
-from rag_mspoe.eval.records import KVExample, QAExample, gold_index
+from rag_mspoe.eval.data.records import KVExample, QAExample, gold_index
 
 Task = Literal["qa", "kv"]
 METRICS = ("choice", "loglik", "generate")
@@ -89,7 +89,7 @@ class SweepConfig:
 
 def load_examples(config: SweepConfig) -> list[Example]:
     """The sweep's examples: the first `samples` of the data file, or drawn from the generator."""
-    from rag_mspoe.eval import generators, loaders
+    from rag_mspoe.eval.data import loaders, synthetic
 
     examples: Sequence[Example]
     if config.data is not None:
@@ -101,11 +101,11 @@ def load_examples(config: SweepConfig) -> list[Example]:
             )
         examples = [_fit(ex, config.num_documents, config.data) for ex in examples[: config.samples]]
     elif config.generator == "invented-qa":
-        examples = generators.generate_invented_qa(
+        examples = synthetic.generate_invented_qa(
             config.num_documents, config.samples, config.seed, config.distractor_similarity
         )
     else:
-        examples = generators.generate_kv(
+        examples = synthetic.generate_kv(
             config.num_documents, config.samples, config.seed, short_keys=config.generator == "kv-short"
         )
     ids = [ex.id for ex in examples]

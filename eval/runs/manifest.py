@@ -4,7 +4,7 @@
 e2e), every method's full config, the digests of its input files, the model, package versions
 and the git commit, plus one entry per session of the run (a resumed run adds one).
 A resumed run must match what the manifest says made the records already there (see
-`run_folder`); a folder with records but no manifest is refused, since nothing says what made them.
+`runs.loop`); a folder with records but no manifest is refused, since nothing says what made them.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from rag_mspoe.eval.registry import EvalMethod
-from rag_mspoe.eval.results import RESULTS_FILE
+from rag_mspoe.eval.method_engines import EvalMethod
+from rag_mspoe.eval.runs.results import RESULTS_FILE
 from rag_mspoe.files import atomic_write
 
 MANIFEST_FILE = "manifest.json"

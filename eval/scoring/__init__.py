@@ -1,0 +1,1 @@
+"""Turning model outputs into scores: model-side scores, answer metrics, text metrics."""

@@ -1,0 +1,1 @@
+"""Long-context suites (LongBench, ZeroSCROLLS formats) and a knowledge check (MMLU format)."""

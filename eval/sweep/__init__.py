@@ -1,0 +1,1 @@
+"""The gold-position sweep: the gold document moved through every position, per method."""
