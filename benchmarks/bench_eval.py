@@ -33,12 +33,12 @@ def main() -> None:
 
     from rag_mspoe import load_model
     from rag_mspoe.engine import Engine
-    from rag_mspoe.eval.method_engines import resolve_all
     from rag_mspoe.eval.runs.results import read_records
     from rag_mspoe.eval.scoring.metrics import best_subspan_em
     from rag_mspoe.eval.sweep.batch_scorer import arranged_example, prompt_of
     from rag_mspoe.eval.sweep.plan import SweepConfig, load_examples
     from rag_mspoe.eval.sweep.run import run_sweep
+    from rag_mspoe.method_spec import resolve_all
 
     model, tokenizer = load_model(args.model, threads=args.threads)
     config = SweepConfig(

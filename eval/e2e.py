@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from rag_mspoe.eval.data.loaders import read_jsonl
-from rag_mspoe.eval.method_engines import EngineSet, EvalMethod, resolve_all, stable_seed
+from rag_mspoe.eval.method_engines import EngineSet, stable_seed
 from rag_mspoe.eval.report import line_plot
 from rag_mspoe.eval.runs.loop import Evaluation, Scorer, run_evaluation
 from rag_mspoe.eval.runs.results import Key, read_records
 from rag_mspoe.eval.scoring.metrics import best_subspan_em, normalize_answer
 from rag_mspoe.loading import source_name
+from rag_mspoe.method_spec import ResolvedMethod, resolve_all
 
 KEY_FIELDS = ("method", "example_id")
 PLOT_FILE = "accuracy_by_prompt_position.png"
@@ -100,7 +101,7 @@ class EndToEnd(Evaluation):
     unit_name = "answer"
     identity_fields = ("questions", "corpus", "k", "max_new_tokens", "model", "seed")
     config: E2EConfig
-    methods: Sequence[EvalMethod]
+    methods: Sequence[ResolvedMethod]
     index_dir: Path
     progress: bool | None = None
     questions: list[Question] = field(default_factory=list)
@@ -109,7 +110,7 @@ class EndToEnd(Evaluation):
     def inputs(self) -> Sequence[str]:
         return (self.config.questions,)
 
-    def plan(self, folder: Path, done: set[Key]) -> list[tuple[EvalMethod, Question]]:
+    def plan(self, folder: Path, done: set[Key]) -> list[tuple[ResolvedMethod, Question]]:
         self.questions = read_questions(self.config.questions)
         return [(m, q) for q in self.questions for m in self.methods if (m.name, q.id) not in done]
 
@@ -126,7 +127,7 @@ class EndToEnd(Evaluation):
     def scorer(self, model: Any, tokenizer: Any) -> Scorer:
         engines = EngineSet(model, tokenizer)
 
-        def score(unit: tuple[EvalMethod, Question]) -> list[dict[str, Any]]:
+        def score(unit: tuple[ResolvedMethod, Question]) -> list[dict[str, Any]]:
             method, question = unit
             return [
                 answer_one(
@@ -155,7 +156,7 @@ def run_e2e(
 
 
 def answer_one(
-    config: E2EConfig, method: EvalMethod, question: Question, retrieved: Sequence[Any], engine: Any
+    config: E2EConfig, method: ResolvedMethod, question: Question, retrieved: Sequence[Any], engine: Any
 ) -> dict[str, Any]:
     """Pack the retrieved chunks as the pipeline does, put them in the method's order, answer."""
     from rag_mspoe.eval.scoring.model_scores import score_forced_choice

@@ -33,16 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from rag_mspoe import Compose, HiddenScale, MethodConfig, MsPoE, method_name, rescaled
-from rag_mspoe.eval.method_engines import (
-    EngineSet,
-    EvalMethod,
-    require_given_order,
-    resolve,
-    resolve_all,
-)
+from rag_mspoe.eval.method_engines import EngineSet, require_given_order
 from rag_mspoe.eval.runs.loop import Evaluation, Scorer, run_evaluation
 from rag_mspoe.eval.runs.results import Key, read_records
 from rag_mspoe.loading import source_name
+from rag_mspoe.method_spec import ResolvedMethod, resolve, resolve_all
 from rag_mspoe.rope.variants import rope_variant
 
 logger = logging.getLogger(__name__)
@@ -87,17 +82,17 @@ def needs_batch_size_one(method: MethodConfig | None) -> bool:
     )
 
 
-def _as_eval_method(method: Any) -> EvalMethod:
+def _as_eval_method(method: Any) -> ResolvedMethod:
     if method is None:
         return resolve("none")
     if isinstance(method, MethodConfig):
-        return EvalMethod(name=method_name(method), method=method)
-    found = resolve(method if isinstance(method, EvalMethod) else str(method))
+        return ResolvedMethod(name=method_name(method), method=method)
+    found = resolve(method if isinstance(method, ResolvedMethod) else str(method))
     require_given_order([found], "to the harness")
     return found
 
 
-def _effective_batch_size(method: EvalMethod, batch_size: int | str) -> int | str:
+def _effective_batch_size(method: ResolvedMethod, batch_size: int | str) -> int | str:
     if batch_size != 1 and needs_batch_size_one(method.method):
         logger.warning(
             "%s ranks heads (or scales hidden states) on the last row of each sequence; the harness "
@@ -175,10 +170,10 @@ class Harness(Evaluation):
     identity_fields = ("include_path", "limit", "num_fewshot", "model")
     unit_name = "task"
     config: HarnessConfig
-    methods: Sequence[EvalMethod]
+    methods: Sequence[ResolvedMethod]
     manager: Any = None
 
-    def plan(self, folder: Path, done: set[Key]) -> list[tuple[EvalMethod, str]]:
+    def plan(self, folder: Path, done: set[Key]) -> list[tuple[ResolvedMethod, str]]:
         requested = {key[:2] for key in done}  # (method, request)
         return [
             (m, task) for m in self.methods for task in self.config.tasks if (m.name, task) not in requested
@@ -191,7 +186,7 @@ class Harness(Evaluation):
         lm_eval = import_lm_eval()
         models = EngineSet(model, tokenizer)
 
-        def score(unit: tuple[EvalMethod, str]) -> list[dict[str, Any]]:
+        def score(unit: tuple[ResolvedMethod, str]) -> list[dict[str, Any]]:
             method, task = unit
             target = models.model_for(method)
             with rescaled(target, method.method):  # the model is itself again after each task

@@ -1,13 +1,9 @@
-"""Evaluation methods: what a sweep compares, side by side, and the models they run on.
+"""The models and engines a run's methods need, once each, and what evaluation adds to a method.
 
-Specs resolve with the core's method-spec language (rag_mspoe.method_spec), re-exported here:
-
-    resolve("layerwise+pi")           # layer-wise factors on top of uniform PI
-    resolve("dynamic-ntk:2+layerwise")  # a RoPE-type model variant plus per-call hooks
-    resolve("cal=runs/cal/method.json")  # a calibrated config under its own label
-
-This module adds what only evaluation needs: RoPE-type model variants (`rope_variant`,
-`EngineSet`), seeds that agree across processes, and the check for document orders.
+Methods arrive resolved by the core's spec language (rag_mspoe.method_spec). A method with a
+transformers RoPE type runs on a model variant sharing the weights (rag_mspoe.rope.variants);
+`EngineSet` builds each variant and its engine on first use. Also: seeds that agree across
+processes, and the refusal of document orders where there are no documents to reorder.
 """
 
 from __future__ import annotations
@@ -16,25 +12,11 @@ import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rag_mspoe.method_spec import ResolvedMethod, known_names, resolve, resolve_all
+from rag_mspoe.method_spec import ResolvedMethod
 from rag_mspoe.rope.variants import rope_variant
 
-# The evaluation modules' name for a resolved method: the same class.
-EvalMethod = ResolvedMethod
 
-__all__ = [
-    "EngineSet",
-    "EvalMethod",
-    "known_names",
-    "require_given_order",
-    "resolve",
-    "resolve_all",
-    "rope_variant",
-    "stable_seed",
-]
-
-
-def require_given_order(methods: Sequence[EvalMethod], where: str) -> None:
+def require_given_order(methods: Sequence[ResolvedMethod], where: str) -> None:
     """Refuse document-order methods where there is no list of retrieved documents to reorder."""
     reordering = [m.name for m in methods if m.order != "given"]
     if reordering:
@@ -61,12 +43,12 @@ class EngineSet:
         self._models: dict[tuple[tuple[str, Any], ...], Any] = {(): model}
         self._engines: dict[tuple[tuple[str, Any], ...], Any] = {}
 
-    def model_for(self, method: EvalMethod) -> Any:
+    def model_for(self, method: ResolvedMethod) -> Any:
         if method.rope not in self._models:
             self._models[method.rope] = rope_variant(self.model, method.rope_parameters)
         return self._models[method.rope]
 
-    def engine_for(self, method: EvalMethod) -> Any:
+    def engine_for(self, method: ResolvedMethod) -> Any:
         if method.rope not in self._engines:
             self._engines[method.rope] = self._make(self.model_for(method), self.tokenizer)
         return self._engines[method.rope]

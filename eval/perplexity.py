@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rag_mspoe.eval.method_engines import EngineSet, EvalMethod, require_given_order, resolve_all
+from rag_mspoe.eval.method_engines import EngineSet, require_given_order
 from rag_mspoe.eval.report import line_plot
 from rag_mspoe.eval.runs.loop import Evaluation, Scorer, run_evaluation
 from rag_mspoe.eval.runs.results import Key, read_records
 from rag_mspoe.loading import source_name
+from rag_mspoe.method_spec import ResolvedMethod, resolve_all
 
 KEY_FIELDS = ("method", "length", "window")
 PLOT_FILE = "perplexity_by_length.png"
@@ -88,12 +89,12 @@ class Perplexity(Evaluation):
     unit_name = "window"
     identity_fields = ("text", "model")
     config: PerplexityConfig
-    methods: Sequence[EvalMethod]
+    methods: Sequence[ResolvedMethod]
 
     def inputs(self) -> Sequence[str]:
         return (self.config.text,)
 
-    def plan(self, folder: Path, done: set[Key]) -> list[tuple[EvalMethod, int, int]]:
+    def plan(self, folder: Path, done: set[Key]) -> list[tuple[ResolvedMethod, int, int]]:
         return [
             (method, length, window)
             for length in self.config.lengths
@@ -106,7 +107,7 @@ class Perplexity(Evaluation):
         models = EngineSet(model, tokenizer)
         ids = text_tokens(tokenizer, self.config.text, self.config.windows * max(self.config.lengths))
 
-        def score(unit: tuple[EvalMethod, int, int]) -> list[dict[str, Any]]:
+        def score(unit: tuple[ResolvedMethod, int, int]) -> list[dict[str, Any]]:
             method, length, window = unit
             nll, tokens = window_nll(
                 models.model_for(method), ids[window * length : (window + 1) * length], method.method

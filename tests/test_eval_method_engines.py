@@ -7,12 +7,13 @@ import torch
 from tiny_models import prompt_ids, tiny_model, with_rope_parameters
 
 from rag_mspoe import Compose, LayerWise, MsPoE, Uniform
-from rag_mspoe.eval.method_engines import EngineSet, EvalMethod, resolve, resolve_all
+from rag_mspoe.eval.method_engines import EngineSet
+from rag_mspoe.method_spec import ResolvedMethod, resolve, resolve_all
 from rag_mspoe.rope.variants import rope_variant
 
 
 def test_specs_name_model_methods_rope_types_and_orders():
-    assert resolve("none") == EvalMethod("none")
+    assert resolve("none") == ResolvedMethod("none")
     assert resolve("pi:2").method == Uniform(factor=2.0)
     assert resolve("mspoe:1.1-1.4").method == MsPoE(min_ratio=1.1, max_ratio=1.4)
     composed = resolve("layerwise+pi").method
@@ -31,7 +32,7 @@ def test_saved_config_is_a_method_and_round_trips(tmp_path):
     path = Uniform(factor=1.7).save(tmp_path / "cal.json")
     method = resolve(f"cal={path}+reorder")
     assert method.name == "cal" and method.method == Uniform(factor=1.7) and method.order == "reorder"
-    assert EvalMethod.from_dict(method.to_dict()) == method
+    assert ResolvedMethod.from_dict(method.to_dict()) == method
     assert resolve(str(path)).name == "uniform"  # unlabelled: named after its kind
 
 

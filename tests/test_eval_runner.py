@@ -16,10 +16,10 @@ from eval_run_helpers import save_tiny_chat_model, tiny_chat_model
 from rag_mspoe.eval.data.loaders import save_jsonl
 from rag_mspoe.eval.data.records import gold_index
 from rag_mspoe.eval.data.synthetic import generate_invented_qa
-from rag_mspoe.eval.method_engines import resolve
 from rag_mspoe.eval.runs.results import read_records
 from rag_mspoe.eval.sweep.plan import SweepConfig
 from rag_mspoe.eval.sweep.run import run_sweep
+from rag_mspoe.method_spec import resolve
 
 
 @pytest.fixture(scope="module")

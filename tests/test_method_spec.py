@@ -10,8 +10,6 @@ import pytest
 from tiny_models import tiny_model
 
 from rag_mspoe import Compose, LayerWise, MsPoE, Uniform, parse_method, rescale
-from rag_mspoe.eval.method_engines import EvalMethod
-from rag_mspoe.eval.method_engines import resolve as eval_resolve
 from rag_mspoe.method_spec import ResolvedMethod, known_names, resolve, resolve_all
 
 
@@ -78,10 +76,6 @@ def test_arguments_only_where_a_name_takes_them():
         parse_method("layerwise:2")
     with pytest.raises(ValueError, match="'none' takes no ':' argument"):
         resolve("none:2")
-
-
-def test_eval_keeps_its_names_for_the_core_objects():
-    assert EvalMethod is ResolvedMethod and eval_resolve is resolve
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from rag_mspoe.eval.method_engines import EvalMethod
 from rag_mspoe.eval.runs.manifest import (
     finish_session,
     jsonable,
@@ -34,6 +33,7 @@ from rag_mspoe.eval.runs.manifest import (
     write_manifest,
 )
 from rag_mspoe.eval.runs.results import RESULTS_FILE, Key, ResultsFile, run_lock
+from rag_mspoe.method_spec import ResolvedMethod
 from rag_mspoe.progress import progress_bar
 
 KINDS = ("sweep", "suite", "harness", "perplexity", "e2e")
@@ -49,7 +49,7 @@ class Evaluation:
     growing: ClassVar[tuple[str, ...]] = ("methods",)  # settings a resumed run may extend
     unit_name: ClassVar[str] = "batch"  # what the progress bar counts
     config: Any  # the kind's settings; `config.model` is the model to load
-    methods: Sequence[EvalMethod]
+    methods: Sequence[ResolvedMethod]
 
     def settings(self) -> dict[str, Any]:
         """Everything the manifest keeps about the run."""

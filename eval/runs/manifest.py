@@ -17,9 +17,9 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from rag_mspoe.eval.method_engines import EvalMethod
 from rag_mspoe.eval.runs.results import RESULTS_FILE
 from rag_mspoe.files import atomic_write
+from rag_mspoe.method_spec import ResolvedMethod
 
 MANIFEST_FILE = "manifest.json"
 _PACKAGES = (
@@ -115,7 +115,7 @@ def refuse_records_without_manifest(folder: Path) -> None:
         )
 
 
-def record_methods(manifest: dict[str, Any], methods: list[EvalMethod], folder: Path) -> None:
+def record_methods(manifest: dict[str, Any], methods: list[ResolvedMethod], folder: Path) -> None:
     """Add the methods' full configs to the manifest; a name that meant another config in this
     run folder is refused, since its records would mix."""
     known = manifest.setdefault("methods", {})

@@ -19,13 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
-from rag_mspoe.eval.method_engines import EngineSet, EvalMethod, require_given_order, resolve_all
+from rag_mspoe.eval.method_engines import EngineSet, require_given_order
 from rag_mspoe.eval.runs.loop import Evaluation, Scorer, run_evaluation
 from rag_mspoe.eval.runs.results import Key
 from rag_mspoe.eval.scoring.text_metrics import score_text
 from rag_mspoe.eval.suites.knowledge import ChoiceExample, Scoring, choice_scores, load_choices
 from rag_mspoe.eval.suites.long_context import LongExample, load_long, truncate_middle
 from rag_mspoe.loading import source_name
+from rag_mspoe.method_spec import ResolvedMethod, resolve_all
 
 Kind = Literal["longbench", "zeroscrolls", "mmlu"]
 KINDS: tuple[Kind, ...] = ("longbench", "zeroscrolls", "mmlu")
@@ -88,7 +89,7 @@ class SuiteConfig:
 
 @dataclass(frozen=True)
 class WorkItem:
-    method: EvalMethod
+    method: ResolvedMethod
     task: str
     examples: tuple[Example, ...]
 
@@ -112,7 +113,7 @@ class Suite(Evaluation):
     key_fields = KEY_FIELDS
     identity_fields = ("files", "samples", "max_length", "choice_scoring", "batch_size", "model")
     config: SuiteConfig
-    methods: Sequence[EvalMethod]
+    methods: Sequence[ResolvedMethod]
     tasks: dict[str, list[Example]]
 
     def inputs(self) -> Sequence[str]:

@@ -15,12 +15,15 @@ from typing import Any
 
 from rag_mspoe.eval.data import prompts
 from rag_mspoe.eval.data.records import KVExample, with_gold_at
-from rag_mspoe.eval.method_engines import EngineSet, EvalMethod, stable_seed
+from rag_mspoe.eval.method_engines import EngineSet, stable_seed
 from rag_mspoe.eval.scoring import model_scores
 from rag_mspoe.eval.sweep.plan import Batch, Example, SweepConfig
+from rag_mspoe.method_spec import ResolvedMethod
 
 
-def arranged_example(method: EvalMethod, example: Example, position: int, seed: int) -> tuple[Example, int]:
+def arranged_example(
+    method: ResolvedMethod, example: Example, position: int, seed: int
+) -> tuple[Example, int]:
     """The example with its gold at `position`, in the method's document order, and where the gold is now."""
     placed = with_gold_at(example, position)
     items: tuple[Any, ...] = placed.pairs if isinstance(placed, KVExample) else placed.documents
@@ -54,7 +57,7 @@ class BatchScorer:
         self,
         config: SweepConfig,
         examples: Sequence[Example],
-        methods: Sequence[EvalMethod],
+        methods: Sequence[ResolvedMethod],
         engines: EngineSet,
     ) -> None:
         self.config = config

@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rag_mspoe.eval.method_engines import EngineSet, EvalMethod, resolve_all
+from rag_mspoe.eval.method_engines import EngineSet
 from rag_mspoe.eval.runs.loop import Evaluation, Scorer, run_evaluation
 from rag_mspoe.eval.runs.results import SWEEP_KEY, Key
 from rag_mspoe.eval.sweep.batch_scorer import BatchScorer
 from rag_mspoe.eval.sweep.plan import Batch, Example, SweepConfig, load_examples, plan_batches
 from rag_mspoe.loading import source_name
+from rag_mspoe.method_spec import ResolvedMethod, resolve_all
 
 EXAMPLES_FILE = "examples.jsonl.gz"
 
@@ -65,7 +66,7 @@ class Sweep(Evaluation):
     growing = ("methods", "positions")
     identity_fields = SweepConfig.IDENTITY
     config: SweepConfig
-    methods: Sequence[EvalMethod]
+    methods: Sequence[ResolvedMethod]
     examples: list[Example] = field(default_factory=list)
 
     def plan(self, folder: Path, done: set[Key]) -> list[Batch]:
