@@ -294,17 +294,23 @@ def test_ray_workers_score_as_the_local_engine(tiny_folder):
 
     split = CalibrationSplit(num_documents=3, num_examples=1, seed=3)
     methods = [None, Uniform(2.0), LayerWise(control_points=[(0, 2.0), (3, 1.0)])]
-    local = LocalEvaluator(Engine.load(str(tiny_folder), threads=1), split, progress=False)
+    local_engine = Engine.load(str(tiny_folder), threads=1)
+    local = LocalEvaluator(local_engine, split, progress=False)
     expected = dict(local.evaluate(methods))
+    # The same replicas then score another split, as a search reuses them every generation.
+    other = CalibrationSplit(task="kv", num_documents=3, num_examples=1, seed=4)
+    expected_other = dict(LocalEvaluator(local_engine, other, progress=False).evaluate(methods[1:]))
     try:
-        evaluator = RayEvaluator(start_ray_workers(str(tiny_folder), workers=2), split, local.model_name)
-        got = dict(evaluator.evaluate(methods))
+        pool = start_ray_workers(str(tiny_folder), workers=2)
+        got = dict(RayEvaluator(pool, split, local.model_name).evaluate(methods))
+        got_other = dict(RayEvaluator(pool, other, local.model_name).evaluate(methods[1:]))
     finally:
         ray.shutdown()
-    assert sorted(got) == [0, 1, 2]
-    for index in got:
-        assert got[index].accuracy == expected[index].accuracy
-        assert got[index].probability == pytest.approx(expected[index].probability, abs=1e-6)
+    assert sorted(got) == [0, 1, 2] and sorted(got_other) == [0, 1]
+    for scores, wanted in ((got, expected), (got_other, expected_other)):
+        for index in scores:
+            assert scores[index].accuracy == wanted[index].accuracy
+            assert scores[index].probability == pytest.approx(wanted[index].probability, abs=1e-6)
 
 
 @pytest.mark.slow
