@@ -103,6 +103,43 @@ def test_fitness_scores_each_position_and_the_cache_spares_every_repeat(tiny_eng
     assert again == scores
 
 
+# Fitness of fixed methods on the tiny model, as computed before fitness scored through the
+# sweep's scorer: (accuracy, probability, loglik), each per first, middle and last position.
+PINNED_FITNESS = {
+    "qa": [
+        ([0.0, 0.0, 0.3333333], [0.1503869, 0.1283926, 0.2487640], [-14.7568995, -14.1595519, -14.0640446]),
+        (
+            [0.6666667, 0.0, 0.6666667],
+            [0.3397800, 0.1101295, 0.3192738],
+            [-13.6547794, -14.6581338, -13.6623472],
+        ),
+        ([0.0, 0.0, 0.3333333], [0.1199103, 0.0856339, 0.2739826], [-15.6445227, -14.9113448, -14.2419284]),
+    ],
+    "kv": [
+        ([0.5, 0.0, 0.0], [0.3622844, 0.2079165, 0.2138724], [-13.2039733, -13.2632484, -13.3159423]),
+        ([1.0, 0.5, 0.0], [0.4812795, 0.4220877, 0.1971443], [-13.7823610, -13.9734378, -14.3462534]),
+        ([0.5, 0.0, 0.0], [0.5122837, 0.2549010, 0.3784068], [-12.6669798, -13.0280528, -12.5327973]),
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    "split",
+    [
+        CalibrationSplit(num_documents=4, num_examples=3, seed=5),
+        CalibrationSplit(task="kv", num_documents=3, num_examples=2, seed=2),
+    ],
+    ids=["qa", "kv"],
+)
+def test_fitness_values_stay_what_they_were(tiny_engine, split):
+    methods = [None, Uniform(2.0), LayerWise(control_points=[(0, 1.0), (3, 2.0)])]
+    scores = dict(LocalEvaluator(tiny_engine, split, progress=False).evaluate(methods))
+    for index, expected in enumerate(PINNED_FITNESS[split.task]):
+        got = scores[index]
+        for values, pinned in zip((got.accuracy, got.probability, got.loglik), expected, strict=True):
+            assert [values[p] for p in ("first", "middle", "last")] == pytest.approx(pinned, abs=1e-5)
+
+
 def read_json(path: Path):
     try:
         return json.loads(path.read_text())
@@ -257,17 +294,23 @@ def test_ray_workers_score_as_the_local_engine(tiny_folder):
 
     split = CalibrationSplit(num_documents=3, num_examples=1, seed=3)
     methods = [None, Uniform(2.0), LayerWise(control_points=[(0, 2.0), (3, 1.0)])]
-    local = LocalEvaluator(Engine.load(str(tiny_folder), threads=1), split, progress=False)
+    local_engine = Engine.load(str(tiny_folder), threads=1)
+    local = LocalEvaluator(local_engine, split, progress=False)
     expected = dict(local.evaluate(methods))
+    # The same replicas then score another split, as a search reuses them every generation.
+    other = CalibrationSplit(task="kv", num_documents=3, num_examples=1, seed=4)
+    expected_other = dict(LocalEvaluator(local_engine, other, progress=False).evaluate(methods[1:]))
     try:
-        evaluator = RayEvaluator(start_ray_workers(str(tiny_folder), workers=2), split, local.model_name)
-        got = dict(evaluator.evaluate(methods))
+        pool = start_ray_workers(str(tiny_folder), workers=2)
+        got = dict(RayEvaluator(pool, split, local.model_name).evaluate(methods))
+        got_other = dict(RayEvaluator(pool, other, local.model_name).evaluate(methods[1:]))
     finally:
         ray.shutdown()
-    assert sorted(got) == [0, 1, 2]
-    for index in got:
-        assert got[index].accuracy == expected[index].accuracy
-        assert got[index].probability == pytest.approx(expected[index].probability, abs=1e-6)
+    assert sorted(got) == [0, 1, 2] and sorted(got_other) == [0, 1]
+    for scores, wanted in ((got, expected), (got_other, expected_other)):
+        for index in scores:
+            assert scores[index].accuracy == wanted[index].accuracy
+            assert scores[index].probability == pytest.approx(wanted[index].probability, abs=1e-6)
 
 
 @pytest.mark.slow

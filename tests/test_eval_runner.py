@@ -47,6 +47,7 @@ def test_sweep_scores_every_method_position_and_example_once(tiny, tmp_path):
     assert len(set(keys(records))) == len(records)
     for record in records:
         assert record["choice_correct"] in (0.0, 1.0) and record["match"] in (0.0, 1.0)
+        assert 0 < record["choice_share"] < 1
         assert record["gold_logprob"] < 0 and record["gold_tokens"] >= 1
         _, slots = resolve(record["method"]).arrange(list(range(6)), seed=0)
         assert record["prompt_position"] == slots.index(record["position"])

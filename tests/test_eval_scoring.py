@@ -5,6 +5,7 @@ scored by the paper's metrics, and a check on the real embedded model."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -114,6 +115,8 @@ def test_forced_choice_picks_the_best_mean_per_token(engine, example):
     assert result["correct"] == (1.0 if result["choice"] == gold else 0.0)
     assert result["gold_sum"] == pytest.approx(sums[options.index(gold)], abs=2e-4)
     assert result["gold_tokens"] == counts[options.index(gold)]
+    softmax = {o: math.exp(m) for o, m in means.items()}
+    assert result["gold_share"] == pytest.approx(softmax[gold] / sum(softmax.values()), abs=1e-4)
     # Forcing the other way: the gold chosen exactly when it scores best.
     loser = min(means, key=means.__getitem__)
     assert score_forced_choice(engine, prompt, options, loser, method="mspoe")["correct"] == 0.0

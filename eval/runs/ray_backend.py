@@ -2,19 +2,29 @@
 
 Workers only score; the driver writes every record, so results.jsonl has one writer and the
 once-only guarantee of a local run holds. Each worker is kept two units busy, so it never
-waits for the driver between units.
+waits for the driver between units. A `WorkerPool` keeps its replicas across calls; anything
+with a `config.model` and a `scorer(model, tokenizer)` can run on it, not only an `Evaluation`
+(calibration scores its candidates this way).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
-from rag_mspoe.eval.runs.loop import Evaluation
+from rag_mspoe.eval.runs.loop import Evaluation, Scorer
 
 RAY_INSTALL = "pip install 'rag-mspoe[ray]'"
 _IN_FLIGHT_PER_WORKER = 2
+
+
+class UnitScoring(Protocol):
+    """What a worker needs: the model to load (`config.model`) and a scorer of units with it."""
+
+    config: Any
+
+    def scorer(self, model: Any, tokenizer: Any) -> Scorer: ...
 
 
 def _import_ray() -> Any:
@@ -32,7 +42,7 @@ class Worker:
 
     def __init__(
         self,
-        evaluation: Evaluation,
+        evaluation: UnitScoring,
         threads: int | None,
         device: str | None = "auto",
         dtype: str | None = None,
@@ -68,6 +78,67 @@ def connect(address: str, workers: int) -> bool:
     return True
 
 
+class WorkerPool:
+    """`workers` model replicas kept across calls: a sweep maps its units once, calibration maps
+    each generation's methods on the same replicas (a model load per generation would cost more
+    than the generation). Close it, or use it as a context manager, to stop them.
+    """
+
+    def __init__(
+        self,
+        evaluation: UnitScoring,
+        address: str,
+        workers: int,
+        threads: int | None,
+        device: str | None = "auto",
+        dtype: str | None = None,
+    ) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1, got {workers}.")
+        self._ray = _import_ray()
+        self._started_here = connect(address, workers)
+        actor = self._ray.remote(num_cpus=1)(Worker)
+        self._replicas = [actor.remote(evaluation, threads, device, dtype) for _ in range(workers)]
+        try:
+            self.facts: dict[str, Any] = self._ray.get(self._replicas[0].model_facts.remote())
+        except BaseException:
+            self.close()
+            raise
+
+    def map(self, units: Sequence[Any]) -> Iterator[list[dict[str, Any]]]:
+        """The records of each unit, in the order the units complete."""
+        ray = self._ray
+        queue = list(units)[::-1]
+        running: dict[Any, Any] = {}  # object ref -> replica scoring it
+
+        def submit(replica: Any) -> None:
+            if queue:
+                running[replica.score.remote(queue.pop())] = replica
+
+        for replica in self._replicas:
+            for _ in range(_IN_FLIGHT_PER_WORKER):
+                submit(replica)
+        while running:
+            ready, _ = ray.wait(list(running), num_returns=1)
+            replica = running.pop(ready[0])
+            submit(replica)
+            yield ray.get(ready[0])
+
+    def close(self) -> None:
+        for replica in self._replicas:
+            self._ray.kill(replica)
+        self._replicas = []
+        if self._started_here:
+            self._ray.shutdown()
+            self._started_here = False
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def score_on_ray(
     evaluation: Evaluation,
     units: Sequence[Any],
@@ -77,44 +148,12 @@ def score_on_ray(
     device: str | None = "auto",
     dtype: str | None = None,
 ) -> tuple[Iterator[list[dict[str, Any]]], dict[str, Any]]:
-    """Start `workers` replicas and return (records of each unit as it completes, model facts)."""
-    ray = _import_ray()
-    started_here = connect(address, workers)
-    actor = ray.remote(num_cpus=1)(Worker)
-    replicas = [actor.remote(evaluation, threads, device, dtype) for _ in range(min(workers, len(units)))]
-    try:
-        facts = ray.get(replicas[0].model_facts.remote())
-    except BaseException:
-        _release(ray, replicas, started_here)
-        raise
-    return _stream(ray, replicas, units, started_here), facts
+    """Start `workers` replicas (no more than units) and return (records of each unit as it
+    completes, model facts); the replicas stop when the stream ends or is closed."""
+    pool = WorkerPool(evaluation, address, min(workers, len(units)), threads, device, dtype)
+    return _stream_once(pool, units), pool.facts
 
 
-def _stream(
-    ray: Any, replicas: list[Any], units: Sequence[Any], started_here: bool
-) -> Iterator[list[dict[str, Any]]]:
-    queue = list(units)[::-1]
-    running: dict[Any, Any] = {}  # object ref -> replica scoring it
-
-    def submit(replica: Any) -> None:
-        if queue:
-            running[replica.score.remote(queue.pop())] = replica
-
-    try:
-        for replica in replicas:
-            for _ in range(_IN_FLIGHT_PER_WORKER):
-                submit(replica)
-        while running:
-            ready, _ = ray.wait(list(running), num_returns=1)
-            replica = running.pop(ready[0])
-            submit(replica)
-            yield ray.get(ready[0])
-    finally:
-        _release(ray, replicas, started_here)
-
-
-def _release(ray: Any, replicas: list[Any], started_here: bool) -> None:
-    for replica in replicas:
-        ray.kill(replica)
-    if started_here:
-        ray.shutdown()
+def _stream_once(pool: WorkerPool, units: Sequence[Any]) -> Iterator[list[dict[str, Any]]]:
+    with pool:
+        yield from pool.map(units)

@@ -7,6 +7,7 @@ with its answer cue. `method` is any method spec the engine takes (None: the eng
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -74,8 +75,9 @@ def score_forced_choice(
     token count, so long candidates are not penalised for their length).
 
     Returns {"choice", "correct" (1.0 or 0.0), "scores" {candidate: mean log-probability},
-    "gold_sum" (the gold's total log-probability), "gold_tokens"}. Ties go to the earlier
-    candidate. All candidates are scored from one prefill of the prompt.
+    "gold_share" (the gold's share of the softmax over those scores: a smooth accuracy that tiny
+    samples need), "gold_sum" (the gold's total log-probability), "gold_tokens"}. Ties go to the
+    earlier candidate. All candidates are scored from one prefill of the prompt.
     """
     options = list(candidates)
     if len(set(options)) != len(options) or not all(options):
@@ -86,10 +88,13 @@ def score_forced_choice(
     scores = {option: total / tokens for option, (total, tokens) in zip(options, scored, strict=True)}
     choice = max(options, key=lambda option: scores[option])
     gold_sum, gold_tokens = scored[options.index(gold)]
+    top = max(scores.values())
+    gold_share = math.exp(scores[gold] - top) / sum(math.exp(score - top) for score in scores.values())
     return {
         "choice": choice,
         "correct": 1.0 if choice == gold else 0.0,
         "scores": scores,
+        "gold_share": gold_share,
         "gold_sum": gold_sum,
         "gold_tokens": gold_tokens,
     }

@@ -2,7 +2,8 @@
 
 A record holds the keys (method, position, example_id), where the gold document ended up in
 the prompt (`prompt_position`, which differs from `position` under a prompt-level reordering),
-and the metrics: `choice_correct` and `choice` (forced choice), `gold_logprob` and `gold_tokens`
+and the metrics: `choice_correct`, `choice` and `choice_share` (forced choice; the share is the
+gold's probability among the candidates), `gold_logprob` and `gold_tokens`
 (teacher-forced log-likelihood of the gold answer), `match` and `prediction` (greedy answer).
 """
 
@@ -107,6 +108,7 @@ class BatchScorer:
                 )
                 record["choice"] = choice["choice"]
                 record["choice_correct"] = float(choice["correct"])
+                record["choice_share"] = float(choice["gold_share"])
                 record["gold_logprob"] = float(choice["gold_sum"])
                 record["gold_tokens"] = int(choice["gold_tokens"])
             elif "loglik" in metrics:

@@ -1,5 +1,7 @@
 """Context utilisation (Eq. 11): how well a method uses the gold document at the first, middle and
-last position of a calibration split, scored with forced choice through the engine.
+last position of a calibration split: a small sweep (its examples, scorer and records), so a
+calibrated method is judged by the numbers the evaluation reports. Over Ray it runs on the
+evaluation's workers, kept for the whole search.
 
     split = CalibrationSplit(num_documents=5, num_examples=16, seed=1)
     evaluator = LocalEvaluator(engine, split)
@@ -8,9 +10,10 @@ last position of a calibration split, scored with forced choice through the engi
     utility(scores, FitnessWeights(), "choice")      # lf*Af + lm*Am + ll*Al
 
 Every prompt is scored once per method: forced choice among the answer candidates in the
-context gives the accuracy, the gold's share of the softmax over the candidates' mean
-log-probabilities (a smooth accuracy that tiny splits need), and the gold's mean log-probability
-per token. Any of the three can serve as A in Eq. 11; the cache keeps all three.
+context gives the accuracy (`choice_correct`), the gold's share of the softmax over the
+candidates' mean log-probabilities (`choice_share`, a smooth accuracy that tiny splits need), and
+the gold's mean log-probability per token (`gold_logprob / gold_tokens`). Any of the three can
+serve as A in Eq. 11; the cache keeps all three.
 """
 
 from __future__ import annotations
@@ -18,16 +21,20 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from tqdm.auto import tqdm
 
 from rag_mspoe.methods import MethodConfig
+
+if TYPE_CHECKING:
+    from rag_mspoe.eval.method_engines import EngineSet
+    from rag_mspoe.eval.runs.ray_backend import WorkerPool
+    from rag_mspoe.eval.sweep.plan import Example, SweepConfig
 
 POSITIONS = ("first", "middle", "last")
 Metric = Literal["choice", "choice-prob", "loglik"]
@@ -107,29 +114,36 @@ class CalibrationSplit:
     def identity(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def items(self) -> list[Item]:
-        from rag_mspoe.eval.data import prompts, synthetic
-        from rag_mspoe.eval.data.records import KVExample, with_gold_at
+    def sweep_config(self) -> SweepConfig:
+        """The sweep that scores this split: its examples, its three positions, forced choice."""
+        from rag_mspoe.eval.sweep.plan import SweepConfig
 
-        examples: Sequence[Any]
-        if self.task == "qa":
-            examples = synthetic.generate_invented_qa(
-                self.num_documents, self.num_examples, self.seed, self.distractor_similarity
-            )
-        else:
-            examples = synthetic.generate_kv(
-                self.num_documents, self.num_examples, self.seed, short_keys=True
-            )
+        return SweepConfig(
+            task=self.task,
+            num_documents=self.num_documents,
+            positions=tuple(self.positions.values()),
+            samples=self.num_examples,
+            generator="invented-qa" if self.task == "qa" else "kv-short",
+            distractor_similarity=self.distractor_similarity,
+            seed=self.seed,
+            metrics=("choice",),
+        )
+
+    def examples(self) -> list[Example]:
+        from rag_mspoe.eval.sweep.plan import load_examples
+
+        return load_examples(self.sweep_config())
+
+    def items(self) -> list[Item]:
+        from rag_mspoe.eval.data.records import with_gold_at
+        from rag_mspoe.eval.sweep.batch_scorer import candidates_of, prompt_of
+
         items = []
-        for example in examples:
+        for example in self.examples():
             for name, index in self.positions.items():
                 placed = with_gold_at(example, index)
-                if isinstance(placed, KVExample):
-                    prompt = prompts.kv_prompt(placed)
-                    candidates, gold = tuple(value for _, value in placed.pairs), placed.value
-                else:
-                    prompt, candidates, gold = prompts.qa_prompt(placed), placed.candidates, placed.answers[0]
-                items.append(Item(name, placed.id, prompt, candidates, gold))
+                candidates, gold = candidates_of(placed)
+                items.append(Item(name, placed.id, prompt_of(placed), candidates, gold))
         return items
 
 
@@ -164,17 +178,20 @@ class PositionScores:
         return cls(data["accuracy"], data["probability"], data["loglik"], int(data["count"]))
 
     @classmethod
-    def of(cls, items: Sequence[Item], results: Sequence[dict[str, Any]]) -> PositionScores:
-        """Average the forced-choice results of `items` per position."""
+    def of(cls, split: CalibrationSplit, records: Sequence[dict[str, Any]]) -> PositionScores:
+        """Average one method's forced-choice records (the sweep scorer's) on `split` per position."""
+        names = {index: name for name, index in split.positions.items()}
         sums: dict[str, list[float]] = {name: [0.0, 0.0, 0.0] for name in POSITIONS}
         counts = dict.fromkeys(POSITIONS, 0)
-        for item, result in zip(items, results, strict=True):
-            scores = result["scores"]
-            top = max(scores.values())
-            share = math.exp(scores[item.gold] - top) / sum(math.exp(s - top) for s in scores.values())
-            values = (result["correct"], share, result["gold_sum"] / result["gold_tokens"])
-            sums[item.position] = [a + b for a, b in zip(sums[item.position], values, strict=True)]
-            counts[item.position] += 1
+        for record in records:
+            position = names[record["position"]]
+            values = (
+                record["choice_correct"],
+                record["choice_share"],
+                record["gold_logprob"] / record["gold_tokens"],
+            )
+            sums[position] = [a + b for a, b in zip(sums[position], values, strict=True)]
+            counts[position] += 1
         if len(set(counts.values())) != 1 or not counts["first"]:
             raise ValueError(f"Every position needs the same number of items, got {counts}.")
         n = counts["first"]
@@ -192,18 +209,32 @@ def utility(scores: PositionScores, weights: FitnessWeights, metric: Metric) -> 
     return weights.first * a["first"] + weights.middle * a["middle"] + weights.last * a["last"]
 
 
-def score_items(
-    engine: Any, items: Sequence[Item], method: MethodConfig | None, progress: bool = False
-) -> PositionScores:
-    """Forced choice on every item through the engine, with `method` (None: the unmodified model)."""
-    from rag_mspoe.eval.scoring.model_scores import score_forced_choice
+class SplitScorer:
+    """Scores methods on splits with the sweep's scorer (`BatchScorer`), one example's three
+    positions at a time; a split's examples are built once."""
 
-    spec: Any = "none" if method is None else method
-    results = [
-        score_forced_choice(engine, item.prompt, item.candidates, item.gold, method=spec)
-        for item in tqdm(items, desc="prompts", leave=False, disable=not progress)
-    ]
-    return PositionScores.of(items, results)
+    def __init__(self, engines: EngineSet) -> None:
+        self.engines = engines
+        self._examples: dict[CalibrationSplit, list[Example]] = {}
+
+    def records(
+        self, split: CalibrationSplit, index: int, method: MethodConfig | None, progress: bool = False
+    ) -> list[dict[str, Any]]:
+        """The records of `method` (None: the unmodified model) on every item; they carry `index`
+        as the method's name, so records coming back from a worker say whose they are."""
+        from rag_mspoe.eval.method_engines import EvalMethod
+        from rag_mspoe.eval.sweep.batch_scorer import BatchScorer
+        from rag_mspoe.eval.sweep.plan import Batch
+
+        if split not in self._examples:
+            self._examples[split] = split.examples()
+        named = EvalMethod(str(index), method)
+        scorer = BatchScorer(split.sweep_config(), self._examples[split], [named], self.engines)
+        positions = split.positions.values()
+        records = []
+        for example in tqdm(range(split.num_examples), desc="examples", leave=False, disable=not progress):
+            records += scorer.score(Batch(named.name, tuple((p, example) for p in positions)))
+        return records
 
 
 class Evaluator(Protocol):
@@ -216,37 +247,39 @@ class Evaluator(Protocol):
 
 
 class LocalEvaluator:
-    """One method after another on the engine in this process."""
+    """One method after another on the engine's model in this process."""
 
     def __init__(self, engine: Any, split: CalibrationSplit, progress: bool = True) -> None:
-        self.engine = engine
+        from rag_mspoe.eval.method_engines import EngineSet
+
         self.split = split
         self.model_name = engine.name
         self.progress = progress
-        self._items = split.items()
+        self._scorer = SplitScorer(EngineSet(engine.model, engine.tokenizer))
 
     def evaluate(self, methods: Sequence[MethodConfig | None]) -> Iterator[tuple[int, PositionScores]]:
         for index, method in enumerate(methods):
-            yield index, score_items(self.engine, self._items, method, self.progress)
+            records = self._scorer.records(self.split, index, method, self.progress)
+            yield index, PositionScores.of(self.split, records)
 
 
-class _RayWorker:
-    """A model loaded once per Ray worker, scoring whole methods on any split."""
+@dataclass(frozen=True)
+class _ModelSource:
+    model: str | None  # as `load_model` takes it
 
-    def __init__(self, source: str | None, threads: int, device: str | None, dtype: str | None) -> None:
-        from rag_mspoe.engine import Engine
 
-        self.engine = Engine.load(source, threads=threads, device=device, dtype=dtype)
-        self.items: dict[str, list[Item]] = {}
+@dataclass(frozen=True)
+class _FitnessUnits:
+    """Fitness as units of the evaluation's Ray workers: a unit is (split, index, method) and its
+    records are those of `SplitScorer.records`."""
 
-    def score(
-        self, index: int, method: dict[str, Any] | None, split: dict[str, Any]
-    ) -> tuple[int, dict[str, Any]]:
-        key = json.dumps(split, sort_keys=True)
-        if key not in self.items:
-            self.items[key] = CalibrationSplit(**split).items()
-        config = MethodConfig.from_dict(method) if method is not None else None
-        return index, score_items(self.engine, self.items[key], config).to_dict()
+    config: _ModelSource
+
+    def scorer(self, model: Any, tokenizer: Any) -> Any:
+        from rag_mspoe.eval.method_engines import EngineSet
+
+        scorer = SplitScorer(EngineSet(model, tokenizer))
+        return lambda unit: scorer.records(*unit)
 
 
 def start_ray_workers(
@@ -255,40 +288,30 @@ def start_ray_workers(
     threads: int = 1,
     device: str | None = "auto",
     dtype: str | None = None,
-) -> list[Any]:
-    """`workers` Ray actors, each with its own copy of the model (`source`, `device` and `dtype` as
-    `load_model` takes them).
+) -> WorkerPool:
+    """`workers` replicas of the model (`source`, `device` and `dtype` as `load_model` takes them)
+    that score fitness until the pool is closed; every generation and split reuses them.
 
     Connects to a running cluster when RAY_ADDRESS is set, else starts Ray on this machine.
     """
-    try:
-        import ray
-    except ImportError as exc:
-        raise RuntimeError("Parallel fitness over Ray needs Ray: pip install 'rag-mspoe[ray]'.") from exc
-    if workers < 1:
-        raise ValueError(f"workers must be at least 1, got {workers}.")
-    if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False, include_dashboard=False)
-    actor = ray.remote(num_cpus=threads)(_RayWorker)
-    return [actor.remote(source, threads, device, dtype) for _ in range(workers)]  # type: ignore[attr-defined]
+    from rag_mspoe.eval.runs.ray_backend import WorkerPool
+
+    address = os.environ.get("RAY_ADDRESS") or "local"
+    return WorkerPool(_FitnessUnits(_ModelSource(source)), address, workers, threads, device, dtype)
 
 
 class RayEvaluator:
-    """Methods spread over Ray actors from `start_ray_workers`; several splits may share them."""
+    """Methods spread over a pool from `start_ray_workers`; several splits may share it."""
 
-    def __init__(self, workers: Sequence[Any], split: CalibrationSplit, model_name: str) -> None:
-        self.workers = list(workers)
+    def __init__(self, pool: WorkerPool, split: CalibrationSplit, model_name: str) -> None:
+        self.pool = pool
         self.split = split
         self.model_name = model_name
 
     def evaluate(self, methods: Sequence[MethodConfig | None]) -> Iterator[tuple[int, PositionScores]]:
-        from ray.util import ActorPool
-
-        pool = ActorPool(self.workers)
-        split = self.split.identity()
-        jobs = [(index, None if m is None else m.to_dict()) for index, m in enumerate(methods)]
-        for index, scores in pool.map_unordered(lambda actor, job: actor.score.remote(*job, split), jobs):
-            yield index, PositionScores.from_dict(scores)
+        units = [(self.split, index, method) for index, method in enumerate(methods)]
+        for records in self.pool.map(units):
+            yield int(records[0]["method"]), PositionScores.of(self.split, records)
 
 
 class FitnessCache:
