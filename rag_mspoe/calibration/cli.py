@@ -11,6 +11,7 @@ accept. Rerunning `calibrate layers` with the same options resumes a killed sear
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import time
 import typing
@@ -184,18 +185,21 @@ def _layers(args: argparse.Namespace) -> int:
     calibration_split, heldout_split = _splits(args)
     engine = _engine(args)
     num_layers = int(engine.model.config.num_hidden_layers)
-    if args.ray:
-        workers = start_ray_workers(
-            args.model, args.workers, threads=args.threads or 1, device=args.device, dtype=args.dtype
-        )
-        calibration: Any = RayEvaluator(workers, calibration_split, engine.name)
-        heldout: Any = RayEvaluator(workers, heldout_split, engine.name) if heldout_split else None
-    else:
-        calibration = LocalEvaluator(engine, calibration_split)
-        heldout = LocalEvaluator(engine, heldout_split) if heldout_split else None
-    search = LayerSearch(args.out, settings, calibration, num_layers)
-    results = search.run()
-    rows = search.compare(results, heldout)
+    with contextlib.ExitStack() as workers_running:  # Ray replicas stop when the search ends
+        if args.ray:
+            workers = workers_running.enter_context(
+                start_ray_workers(
+                    args.model, args.workers, threads=args.threads or 1, device=args.device, dtype=args.dtype
+                )
+            )
+            calibration: Any = RayEvaluator(workers, calibration_split, engine.name)
+            heldout: Any = RayEvaluator(workers, heldout_split, engine.name) if heldout_split else None
+        else:
+            calibration = LocalEvaluator(engine, calibration_split)
+            heldout = LocalEvaluator(engine, heldout_split) if heldout_split else None
+        search = LayerSearch(args.out, settings, calibration, num_layers)
+        results = search.run()
+        rows = search.compare(results, heldout)
     weights = settings.weights
     note = (
         f"Fitness U = {weights.first}*A_first + {weights.middle}*A_middle + {weights.last}*A_last, "
