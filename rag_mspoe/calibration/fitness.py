@@ -222,13 +222,13 @@ class SplitScorer:
     ) -> list[dict[str, Any]]:
         """The records of `method` (None: the unmodified model) on every item; they carry `index`
         as the method's name, so records coming back from a worker say whose they are."""
-        from rag_mspoe.eval.method_engines import EvalMethod
         from rag_mspoe.eval.sweep.batch_scorer import BatchScorer
         from rag_mspoe.eval.sweep.plan import Batch
+        from rag_mspoe.method_spec import ResolvedMethod
 
         if split not in self._examples:
             self._examples[split] = split.examples()
-        named = EvalMethod(str(index), method)
+        named = ResolvedMethod(str(index), method)
         scorer = BatchScorer(split.sweep_config(), self._examples[split], [named], self.engines)
         positions = split.positions.values()
         records = []
