@@ -135,7 +135,7 @@ def resolve(spec: str | os.PathLike[str] | ResolvedMethod, model_name: str | Non
     order: Order = "given"
     for part in parts:
         if part.kind == "rescaling":
-            configs.extend(part.value.methods if isinstance(part.value, Compose) else [part.value])
+            configs.append(part.value)
         elif part.kind == "rope":
             if rope:
                 raise ValueError(f"{str(spec)!r} sets two RoPE types; keep one of them.")
@@ -174,10 +174,12 @@ def split_spec(spec: str | os.PathLike[str], model_name: str | None = None) -> t
 
 
 def combine(configs: Sequence[MethodConfig]) -> MethodConfig | None:
-    """One config for several rescaling parts: None for none, the config itself for one, else Compose."""
-    if not configs:
-        return None
-    return configs[0] if len(configs) == 1 else Compose(methods=list(configs))
+    """One config for several rescaling parts: None for none, the config itself for one, else one
+    flat Compose (a saved Compose among the parts contributes its methods)."""
+    if len(configs) < 2:
+        return configs[0] if configs else None
+    flat = [m for config in configs for m in (config.methods if isinstance(config, Compose) else [config])]
+    return Compose(methods=flat)
 
 
 def _may_split(text: str) -> bool:

@@ -27,6 +27,15 @@ def test_parse_method_reads_the_full_grammar_for_rescaling_parts(tmp_path):
     assert parse_method("hidden:7,-1").dimension == 7
 
 
+def test_a_saved_composition_joins_other_parts_flat_in_both_entry_points(tmp_path):
+    path = Compose([LayerWise(factors=[1.0, 1.2, 1.4, 1.6]), Uniform(factor=1.5)]).save(tmp_path / "cal.json")
+    flat = Compose([LayerWise(factors=[1.0, 1.2, 1.4, 1.6]), Uniform(factor=1.5), MsPoE()])
+    assert parse_method(f"{path}+mspoe") == flat
+    assert resolve(f"{path}+mspoe").method == flat
+    saved = Compose([LayerWise(factors=[1.0, 1.2, 1.4, 1.6]), Uniform(factor=1.5)])
+    assert parse_method(str(path)) == resolve(str(path)).method == saved
+
+
 def test_a_saved_config_whose_path_holds_plus_or_equals_is_one_config(tmp_path):
     path = Uniform(factor=1.7).save(tmp_path / "a+b=c" / "method.json")
     assert parse_method(str(path)) == Uniform(factor=1.7)
