@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from eval_run_helpers import save_tiny_chat_model
+from eval_run_helpers import save_tiny_chat_model, write_e2e_inputs
 
 from rag_mspoe.cli import main
 from rag_mspoe.eval.cli import parse_positions
-from rag_mspoe.eval.data.synthetic import generate_invented_qa
 from rag_mspoe.eval.runs.results import read_records
 
 
@@ -60,25 +59,7 @@ def test_perplexity_command(model_dir, tmp_path, capsys):
 
 
 def test_e2e_command_records_retrieval_rank_and_prompt_position(model_dir, tmp_path, capsys):
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    questions = []
-    for example in generate_invented_qa(4, 3, seed=5):
-        for number, document in enumerate(example.documents):
-            name = f"{example.id}-{number}.md"
-            (corpus / name).write_text(f"# {document.title}\n\n{document.text}\n")
-            if document.is_gold:
-                gold = name
-        questions.append(
-            {
-                "id": example.id,
-                "question": example.question,
-                "answers": list(example.answers),
-                "gold_source": gold,
-            }
-        )
-    questions_file = tmp_path / "questions.jsonl"
-    questions_file.write_text("".join(json.dumps(q) + "\n" for q in questions))
+    corpus, questions_file, questions = write_e2e_inputs(tmp_path, questions=4, documents=3, seed=5)
     run = tmp_path / "run"
     command = ["e2e", str(questions_file), str(corpus), "--out", str(run), "--model", str(model_dir)]
     assert main([*command, "-k", "5", "--methods", "none", "longcontextreorder", "--no-progress"]) == 0

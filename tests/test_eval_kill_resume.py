@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import checksums, kill_once_written, run_cli
-from eval_run_helpers import save_tiny_chat_model
+from eval_run_helpers import save_tiny_chat_model, write_e2e_inputs
 
 from rag_mspoe.cli import main
-from rag_mspoe.eval.data.synthetic import generate_invented_qa
 from rag_mspoe.eval.runs.results import read_records
 from rag_mspoe.eval.suites.data import write_suite_data
 from rag_mspoe.eval.suites.run import DataFile, SuiteConfig, load_tasks
@@ -154,15 +153,7 @@ def test_perplexity(model_dir, tmp_path, capsys):
 
 
 def test_e2e(model_dir, tmp_path, capsys):
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    questions = []
-    for example in generate_invented_qa(2, 12, seed=3):
-        for number, document in enumerate(example.documents):
-            (corpus / f"{example.id}-{number}.md").write_text(f"# {document.title}\n\n{document.text}\n")
-        questions.append({"id": example.id, "question": example.question, "answers": list(example.answers)})
-    questions_file = tmp_path / "questions.jsonl"
-    questions_file.write_text("".join(json.dumps(q) + "\n" for q in questions))
+    corpus, questions_file, questions = write_e2e_inputs(tmp_path, questions=2, documents=12, seed=3)
     run = tmp_path / "run"
     argv = ["e2e", questions_file, corpus, "--out", run, "--model", model_dir, "-k", "3"]
     argv += ["--max-new-tokens", "16", *COMMON, "--methods", "none"]
