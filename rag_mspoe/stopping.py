@@ -71,7 +71,7 @@ class TextTracker:
 
     def take_streamable(self) -> str:
         """Text not handed out before that can no longer change or turn out to be a stop string."""
-        limit = len(self.text) if self.done else len(self._text) - self._possible_stop_start(self._text)
+        limit = len(self.text) if self.done else len(self._text) - unfinished_tail(self._text, self._stop)
         piece = self.text[self._emitted : limit]
         self._emitted = max(self._emitted, limit)
         return piece
@@ -103,13 +103,16 @@ class TextTracker:
         if hits:
             self._stop_at = min(hits)
 
-    def _possible_stop_start(self, text: str) -> int:
-        """Length of the longest tail of text that begins some stop string."""
-        for size in range(min(self._longest_stop - 1, len(text)), 0, -1):
-            tail = text[-size:]
-            if any(s.startswith(tail) for s in self._stop):
-                return size
-        return 0
+
+def unfinished_tail(text: str, markers: Sequence[str]) -> int:
+    """Length of the longest end of `text` that could still grow into one of `markers` (held
+    back from streaming until the next text decides it)."""
+    longest = max((len(m) for m in markers), default=0)
+    for size in range(min(longest - 1, len(text)), 0, -1):
+        tail = text[-size:]
+        if any(m.startswith(tail) for m in markers):
+            return size
+    return 0
 
 
 class GenerationWatch(StoppingCriteria):

@@ -20,6 +20,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
+from rag_mspoe.stopping import unfinished_tail
 from rag_mspoe.tool_format import CALL_CLOSE, CALL_OPEN
 
 # The start of a call's JSON up to its arguments, in the order the constrained grammar writes it.
@@ -96,7 +97,7 @@ class CallSplitter:
             if self._call is None:
                 opened = self._buffer.find(CALL_OPEN)
                 if opened < 0:
-                    keep = _partial_tag(self._buffer)
+                    keep = unfinished_tail(self._buffer, (CALL_OPEN,))
                     self._text(self._buffer[: len(self._buffer) - keep], events)
                     self._buffer = self._buffer[len(self._buffer) - keep :]
                     return events
@@ -166,10 +167,3 @@ class CallSplitter:
         if body:
             events.append(body)
             self._text_started = True
-
-
-def _partial_tag(text: str) -> int:
-    """Length of the longest end of `text` that could begin a call tag."""
-    return next(
-        (n for n in range(min(len(text), len(CALL_OPEN) - 1), 0, -1) if CALL_OPEN.startswith(text[-n:])), 0
-    )
