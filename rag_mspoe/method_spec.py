@@ -170,7 +170,41 @@ def split_spec(spec: str | os.PathLike[str], model_name: str | None = None) -> t
         label, body = "", text
     if not body.strip():
         raise ValueError(f"Empty method spec {text!r}; use e.g. 'none', 'pi' or 'layerwise+pi'.")
-    return label.strip(), [_parse_part(part.strip(), model_name) for part in body.split("+")]
+    pieces = [part.strip() for part in body.split("+")]
+    if not all(pieces):
+        # An empty part would otherwise be read as the path '', the current folder's saved config.
+        raise ValueError(
+            f"Method spec {text!r} has an empty part (a '+' with nothing on one side); "
+            "remove the stray '+' or name a method there, e.g. 'mspoe+pi'."
+        )
+    parts = [_parse_part(piece, model_name) for piece in pieces]
+    label = label.strip()
+    _check_reserved_label(text, label, parts, model_name)
+    return label, parts
+
+
+def _check_reserved_label(text: str, label: str, parts: list[SpecPart], model_name: str | None) -> None:
+    """Refuse a label that is itself a method name bound to another method ('none=pi'): results and
+    reports keyed by that name would show another method under it."""
+    if label.lower() not in known_names():
+        return
+    try:
+        named = _parse_part(label, model_name)
+    except ValueError:  # 'calibrated' without a model: its meaning cannot be checked, so refuse
+        named = None
+    if named is None or _meaning([named]) != _meaning(parts):
+        raise ValueError(
+            f"{text!r} binds the method name {label!r} to another method; labels that are method "
+            f"names ({', '.join(known_names())}) may only name that method. Pick another label, "
+            f"e.g. 'my-{label.lower()}={text.partition('=')[2].strip()}'."
+        )
+
+
+def _meaning(parts: Sequence[SpecPart]) -> tuple[Any, ...]:
+    """What parts do, independent of how they are written ('none' and 'baseline' are alike)."""
+    rescaling = combine([p.value for p in parts if p.kind == "rescaling"])
+    others = sorted((p.kind, repr(p.value)) for p in parts if p.kind in ("rope", "order"))
+    return rescaling, tuple(others)
 
 
 def combine(configs: Sequence[MethodConfig]) -> MethodConfig | None:

@@ -184,7 +184,7 @@ def test_suite_refuses_changed_data_other_settings_and_reordering(tiny, data, tm
     changed.write_text(changed.read_text().replace("capital", "Capital"))
     with pytest.raises(ValueError, match="changed since this run started"):
         run_suite(own, tmp_path / "own", model=tiny[0], tokenizer=tiny[1], progress=False)
-    with pytest.raises(ValueError, match="Method name 'none' meant another config"):
+    with pytest.raises(ValueError, match="binds the method name 'none' to another method"):
         run_suite(suite_config(data, samples=1, methods=("none=pi:2",)), tmp_path, model=tiny[0],
                   tokenizer=tiny[1], progress=False)  # fmt: skip
     with pytest.raises(ValueError, match="reorder retrieved documents"):

@@ -101,3 +101,28 @@ def test_resolved_methods_pickle_round_trip_equal(spec):
 def test_resolve_all_passes_the_model_name_for_calibrated():
     with pytest.raises(ValueError, match="'calibrated' is the config calibrated for one model"):
         resolve_all(["none", "calibrated"])
+
+
+@pytest.mark.parametrize("spec", ["mspoe+", "none+", "+pi", "mspoe++pi", "cal=pi+ "])
+def test_an_empty_part_is_an_error_naming_it_even_beside_a_saved_config(spec, tmp_path, monkeypatch):
+    MsPoE().save(tmp_path)  # a config in the working folder, which an empty part used to read
+    monkeypatch.chdir(tmp_path)
+    for parse in (parse_method, resolve):
+        with pytest.raises(ValueError, match="has an empty part .* remove the stray '\\+'"):
+            parse(spec)
+
+
+@pytest.mark.parametrize("spec", ["none=pi", "baseline=mspoe", "pi=pi:2", "mspoe=mspoe+pi", "random=reorder"])
+def test_a_method_name_cannot_label_another_method(spec):
+    label = spec.partition("=")[0]
+    with pytest.raises(ValueError, match=f"binds the method name '{label}' to another method"):
+        resolve(spec)
+    with pytest.raises(ValueError, match="Pick another label"):
+        resolve_all(["none", spec])
+
+
+def test_a_method_name_may_label_its_own_method():
+    assert resolve("none=baseline") == ResolvedMethod(name="none")
+    assert resolve("pi=pi:1.5").method == Uniform(factor=1.5)
+    assert resolve("reorder=longcontextreorder").order == "reorder"
+    assert resolve("my-none=pi").name == "my-none"
