@@ -33,6 +33,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from jinja2 import TemplateError
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rag_mspoe.calibrated import calibrated_config_path
 from rag_mspoe.connectors import openai_schema as schema
@@ -75,6 +76,21 @@ async def disconnected(request: Request) -> None:
         pass
 
 
+ROUTES = "GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions"
+
+
+def routing_error_body(method: str, path: str, exc: StarletteHTTPException) -> dict[str, Any]:
+    if exc.status_code == 404:
+        return schema.error_body(f"No route {path!r}; this server has {ROUTES}.", code="not_found")
+    if exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow", "")
+        return schema.error_body(
+            f"{method} is not allowed on {path!r} (allowed: {allowed}); this server has {ROUTES}.",
+            code="method_not_allowed",
+        )
+    return schema.error_body(str(exc.detail), code=str(exc.status_code))
+
+
 _UNION_TAGS = {"str", "int", "float", "bool"}
 
 
@@ -110,8 +126,8 @@ class ModelRoutes:
 
     def method_for(self, model: str) -> MethodConfig | None | EngineDefault:
         """The method a model name asks for (None: unmodified); ENGINE_DEFAULT for the server's default."""
-        base, _, suffix = model.partition("+")
-        if base != self.engine.name or (suffix and suffix not in self.methods):
+        base, plus, suffix = model.partition("+")
+        if base != self.engine.name or (plus and suffix not in self.methods):  # "<name>+" is no name
             raise ApiError(
                 404,
                 f"The model {model!r} does not exist; available: {', '.join(self.names())}.",
@@ -167,6 +183,15 @@ def create_app(
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(exc.body, status_code=exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def routing_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """Unknown routes and methods in the OpenAI error shape (FastAPI's own is {"detail": ...})."""
+        return JSONResponse(
+            routing_error_body(request.method, request.url.path, exc),
+            status_code=exc.status_code,
+            headers=exc.headers,
+        )
 
     async def read_body(request: Request, model_cls: type[schema._CompletionParams]) -> Any:
         raw = await request.body()  # size and deadline already checked by the guard

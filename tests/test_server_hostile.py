@@ -344,3 +344,32 @@ def test_the_bearer_token_scheme_is_case_insensitive_and_a_wrong_token_is_refuse
             assert (status, json.loads(body)["error"]["code"]) == (401, "invalid_api_key"), value
         assert raw_exchange(url, get("/v1/models", {"Host": "localhost"}))[0] == 401
         assert raw_exchange(url, get("/health", {"Host": "localhost"}))[0] == 200  # health needs no key
+
+
+def test_a_model_name_the_server_does_not_list_is_a_404(engine):
+    with running(create_app(engine)) as url:
+        listed = {m["id"] for m in httpx.get(f"{url}/v1/models").json()["data"]}
+        for model in (f"{engine.name}+", f"{engine.name}+none+", f"{engine.name}++pi", f"{engine.name}+pi:2"):
+            assert model not in listed
+            response = httpx.post(f"{url}/v1/chat/completions", json={**chat(engine), "model": model})
+            error = response.json()["error"]
+            assert (response.status_code, error["code"], error["param"]) == (404, "model_not_found", "model")
+            assert "available:" in error["message"]
+        assert httpx.post(f"{url}/v1/chat/completions", json=chat(engine)).status_code == 200
+
+
+def test_unknown_routes_and_methods_answer_in_the_openai_error_shape(engine):
+    with running(create_app(engine)) as url:
+        for method, path, status, code in [
+            ("GET", "/v1/nothing", 404, "not_found"),
+            ("POST", "/v1/embeddings", 404, "not_found"),
+            ("GET", "/v1/chat/completions", 405, "method_not_allowed"),
+            ("DELETE", "/v1/models", 405, "method_not_allowed"),
+        ]:
+            response = httpx.request(method, f"{url}{path}")
+            body = response.json()
+            assert set(body) == {"error"}, body
+            assert set(body["error"]) == {"message", "type", "param", "code"}
+            assert (response.status_code, body["error"]["code"]) == (status, code), (method, path)
+            assert "POST /v1/chat/completions" in body["error"]["message"]
+        assert "POST" in httpx.get(f"{url}/v1/chat/completions").headers["allow"]
