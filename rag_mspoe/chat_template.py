@@ -2,6 +2,8 @@
 
 A string becomes one user turn of the model's chat template; a list of {"role", "content"} dicts
 is rendered as a conversation. `raw=True` skips the template for plain text continuation.
+Only the template writes special tokens: text in messages, tools and the prefix that spells one
+('<|im_start|>') is encoded as plain text (`rag_mspoe.template_encoding`).
 
 Tool use follows the OpenAI message shapes: an assistant message may carry `tool_calls`
 ([{"id", "type": "function", "function": {"name", "arguments"}}]) and a "tool" message answers
@@ -12,15 +14,20 @@ are; for the others `rag_mspoe.tool_format` writes them into the conversation as
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rag_mspoe import tool_format
+from rag_mspoe.template_encoding import encode_untrusted
 
 Message = Mapping[str, Any]
 Prompt = str | Sequence[Message]
 
 ROLES = ("system", "user", "assistant", "tool")
+
+
+class EmptyPromptError(ValueError):
+    """A prompt that gives the model no token at all."""
 
 
 def as_messages(prompt: Prompt) -> list[dict[str, Any]]:
@@ -106,20 +113,39 @@ def render(
             raise ValueError(
                 "raw=True cannot show tools to the model; send messages through the chat template."
             )
-        return list(tokenizer(prompt + prefix, add_special_tokens=True)["input_ids"])
-    text = render_text(tokenizer, prompt, tools=tools)
-    # The template already writes any special tokens (BOS included) the model expects.
-    return list(tokenizer(text + prefix, add_special_tokens=False)["input_ids"])
+        # The caller writes the whole text, special tokens included, like a template of its own.
+        ids = list(tokenizer(prompt + prefix, add_special_tokens=True)["input_ids"])
+        if not ids:
+            raise EmptyPromptError(
+                "The prompt is empty: with raw=True the model needs at least one token to continue; "
+                "pass some text, or drop raw=True to send it through the chat template."
+            )
+        return ids
+    # The template writes the special tokens (BOS included) the model expects; the messages' own
+    # text, the tools and the prefix are encoded as plain text even where they spell a special token.
+    return encode_untrusted(
+        tokenizer, lambda mask: render_text(tokenizer, prompt, tools=tools, untrusted=mask.value), prefix
+    )
 
 
-def render_text(tokenizer: Any, prompt: Prompt, *, tools: Sequence[Mapping[str, Any]] = ()) -> str:
-    """The chat template's text for a prompt, up to the opened assistant turn."""
+def render_text(
+    tokenizer: Any,
+    prompt: Prompt,
+    *,
+    tools: Sequence[Mapping[str, Any]] = (),
+    untrusted: Callable[[Any], Any] = lambda value: value,
+) -> str:
+    """The chat template's text for a prompt, up to the opened assistant turn.
+
+    untrusted: applied to the messages and the tools before the template sees them.
+    """
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
             "This tokenizer has no chat template; set tokenizer.chat_template, "
             "or pass raw=True for plain text."
         )
-    messages = as_messages(prompt)
+    messages = untrusted(as_messages(prompt))
+    tools = untrusted(list(tools))
     uses_tools = bool(tools) or any(m["role"] == "tool" or "tool_calls" in m for m in messages)
     options: dict[str, Any] = {}
     if uses_tools and knows_tools(tokenizer):
