@@ -71,6 +71,11 @@ def _register_index(subparsers: Any) -> None:
     )
     parser.add_argument("--text-field", default="text", help="JSONL field holding the text (default: text)")
     parser.add_argument("--batch-size", type=int, default=64, help="chunks embedded per batch")
+    parser.add_argument(
+        "--follow-links",
+        action="store_true",
+        help="also index files that links inside a folder point to outside it (skipped by default)",
+    )
     parser.set_defaults(func=_index)
 
 
@@ -174,6 +179,7 @@ def _index(args: argparse.Namespace) -> int:
         kind=args.kind,
         text_field=args.text_field,
         batch_size=args.batch_size,
+        follow_outside_links=args.follow_links,
     )
     print(report.summary())
     for skipped in report.skipped:

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rag_mspoe.pipelines.model_fingerprint import fingerprint
+
 if TYPE_CHECKING:
     import torch
 
@@ -37,6 +39,21 @@ def canonical_model_name(name_or_path: str | Path) -> str:
     return text
 
 
+def model_folder(name: str) -> Path | None:
+    """The folder holding the files of the model an index names: the packaged default, a local
+    folder, or a hub id's snapshot in the local Hugging Face cache (None when it is not there)."""
+    if name == DEFAULT_EMBEDDING_MODEL:
+        return _packaged_default_dir()
+    if Path(name).is_dir():
+        return Path(name)
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(name, local_files_only=True))
+    except (OSError, ValueError):  # not cached, or not a hub id at all: nothing to fingerprint
+        return None
+
+
 def _packaged_default_dir() -> Path | None:
     spec = importlib.util.find_spec(_DEFAULT_PACKAGE)
     if spec is None or spec.origin is None:
@@ -47,9 +64,21 @@ def _packaged_default_dir() -> Path | None:
 class Embedder:
     """A sentence-transformers model with the few things indexing needs from it."""
 
-    def __init__(self, model: Any, name: str) -> None:
+    def __init__(self, model: Any, name: str, folder: Path | None = None) -> None:
+        """folder: where the model's files are (found from `name` when not given)."""
         self.model = model
         self.name = name
+        self.folder = folder
+        self._fingerprint: str | None = None
+
+    @property
+    def fingerprint(self) -> str | None:
+        """The content hash of the model's weight and tokenizer files (`model_fingerprint`), which an
+        index records; None when the files cannot be found (a model only a hub id names, not cached)."""
+        if self._fingerprint is None:
+            folder = self.folder or model_folder(self.name)
+            self._fingerprint = fingerprint(folder) if folder is not None else None
+        return self._fingerprint
 
     @classmethod
     def load(
@@ -84,7 +113,7 @@ class Embedder:
                     "model folder or a name already in the local Hugging Face cache."
                 ) from exc
         model.to(dtype or default_dtype(device))
-        return cls(model, name)
+        return cls(model, name, model_folder(name))
 
     @property
     def dimension(self) -> int:

@@ -131,6 +131,9 @@ class IndexSettings:
     hnsw_ef_search: int = 64  # HNSW candidates visited per query
     ivf_lists: int | None = None  # IVF cells; None picks about 4 * sqrt(chunks) at training
     ivf_probe: int = 16  # IVF cells searched per query
+    # Content hash of the embedding model's weight and tokenizer files (pipelines.model_fingerprint);
+    # None in indexes written before it was recorded, until their next write records it.
+    embedding_fingerprint: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in INDEX_KINDS:
@@ -227,14 +230,29 @@ class ChunkIndex:
             )
         return index
 
-    def check_embedding_model(self, name: str) -> None:
-        """Raise IndexMismatchError unless `name` (canonical) is the model this index was built with."""
+    def check_embedding_model(self, name: str, fingerprint: str | None = None) -> None:
+        """Raise IndexMismatchError unless `name` (canonical) is the model this index was built with,
+        and, where both are known, its files have the fingerprint the index recorded."""
         if name != self.settings.embedding_model:
             raise IndexMismatchError(
                 f"The index at {self.path} was built with embedding model '{self.settings.embedding_model}', "
                 f"not '{name}'. Use '{self.settings.embedding_model}' (the default when you name none), "
                 f"or rebuild the index into a new folder with '{name}'."
             )
+        recorded = self.settings.embedding_fingerprint
+        if fingerprint is not None and recorded is not None and fingerprint != recorded:
+            raise IndexMismatchError(
+                f"The embedding model at '{name}' is not the one the index at {self.path} was built with: "
+                f"its weight or tokenizer files changed (fingerprint {fingerprint[:19]}, the index "
+                f"recorded {recorded[:19]}), and vectors of two models cannot be compared. Put the "
+                "original model back at that path, or rebuild the index into a new folder."
+            )
+
+    def record_fingerprint(self, fingerprint: str | None) -> None:
+        """Record the embedding model's fingerprint in an index written before fingerprints were
+        (saved with the next write); an index that has one keeps it."""
+        if self.settings.embedding_fingerprint is None:
+            self.settings.embedding_fingerprint = fingerprint
 
     def add(self, chunks: Sequence[Chunk], vectors: np.ndarray, documents: dict[str, str]) -> None:
         """Append chunks with their vectors (row i belongs to chunk i) and record their documents.

@@ -87,17 +87,25 @@ def index_documents(
     checkpoint_chunks: int = DEFAULT_CHECKPOINT_CHUNKS,
     embedder: Embedder | None = None,
     progress: bool | None = None,
+    follow_outside_links: bool = False,
 ) -> IndexReport:
     """Index the files under `paths` into `index_dir`, creating the index or adding to it.
 
     Settings left as None take the existing index's values, or the defaults for a new index;
-    a setting that contradicts an existing index raises IndexMismatchError.
+    a setting that contradicts an existing index raises IndexMismatchError. Links inside a
+    folder to files outside it are skipped unless `follow_outside_links`.
     """
     started = time.perf_counter()
     folder = Path(index_dir)
     report = IndexReport(index_dir=folder)
     check_index_folder(folder)
-    ingested = load_documents(paths, text_field=text_field, progress=progress, exclude=[folder])
+    ingested = load_documents(
+        paths,
+        text_field=text_field,
+        progress=progress,
+        exclude=[folder],
+        follow_outside_links=follow_outside_links,
+    )
     report.skipped.extend(ingested.skipped)
 
     if not ingested.documents and not ChunkIndex.exists(folder):
@@ -140,7 +148,8 @@ def _open_or_create(
         index = ChunkIndex.load(index_dir)
         _check_same_settings(index, embedding_model, chunk_size, chunk_overlap, kind)
         embedder = embedder or Embedder.load(index.settings.embedding_model)
-        index.check_embedding_model(embedder.name)
+        index.check_embedding_model(embedder.name, embedder.fingerprint)
+        index.record_fingerprint(embedder.fingerprint)
     else:
         embedder = embedder or Embedder.load(embedding_model or DEFAULT_EMBEDDING_MODEL)
         if embedding_model is not None and canonical_model_name(embedding_model) != embedder.name:
@@ -152,6 +161,7 @@ def _open_or_create(
             IndexSettings(
                 embedding_model=embedder.name,
                 dimension=embedder.dimension,
+                embedding_fingerprint=embedder.fingerprint,
                 kind=kind or "flat",
                 chunk_size=DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size,
                 chunk_overlap=DEFAULT_CHUNK_OVERLAP if chunk_overlap is None else chunk_overlap,

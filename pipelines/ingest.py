@@ -81,16 +81,20 @@ def load_documents(
     title_field: str = "title",
     progress: bool | None = None,
     exclude: Sequence[str | Path] = (),
+    follow_outside_links: bool = False,
 ) -> IngestResult:
     """Read every supported file under `paths` (files or folders, searched recursively).
 
     Hidden files and folders (names starting with '.') are not visited, nor links to folders.
+    A link inside a folder to a file outside it is skipped and listed, unless
+    `follow_outside_links` (the folder names what gets indexed; a link must not widen it).
     Files inside the `exclude` folders (an index's own folder) are skipped. Raises
     FileNotFoundError for a path that does not exist and ValueError when the paths hold no
     file at all; unreadable files are skipped and listed in `IngestResult.skipped`.
     """
     result = IngestResult()
-    files = list(_collect_files([paths] if isinstance(paths, str | Path) else paths, result))
+    listed = [paths] if isinstance(paths, str | Path) else paths
+    files = list(_collect_files(listed, result, follow_outside_links))
     if not files and not result.skipped:
         raise ValueError(f"No files found in {_describe(paths)}; point to a folder or files with documents.")
     excluded = [Path(folder).expanduser().resolve() for folder in exclude]
@@ -115,7 +119,9 @@ def load_documents(
     return result
 
 
-def _collect_files(paths: Iterable[str | Path], result: IngestResult) -> Iterable[Path]:
+def _collect_files(
+    paths: Iterable[str | Path], result: IngestResult, follow_outside_links: bool
+) -> Iterable[Path]:
     for raw in paths:
         path = Path(raw).expanduser()
         if not path.exists():
@@ -123,13 +129,25 @@ def _collect_files(paths: Iterable[str | Path], result: IngestResult) -> Iterabl
         if path.is_file():
             yield path.resolve()
             continue
+        root = path.resolve()
         for child in sorted(path.rglob("*")):
             if any(part.startswith(".") for part in child.relative_to(path).parts):
                 continue
             if child.is_file():
-                yield child.resolve()
+                target = child.resolve()
+                if follow_outside_links or target.is_relative_to(root):
+                    yield target
+                else:
+                    _skip(result, child, _outside_link(target))
             elif child.is_symlink():
                 _skip(result, child, _link_problem(child))
+
+
+def _outside_link(target: Path) -> str:
+    return (
+        f"a link to {target}, outside the documents folder; not followed (index that file by its own "
+        "path, or pass --follow-links)"
+    )
 
 
 def _link_problem(link: Path) -> str:

@@ -185,3 +185,95 @@ def test_one_bad_file_never_stops_the_run_and_every_skip_is_listed(tmp_path):
 
 def _drop_last_line(path: Path) -> None:
     path.write_text("".join(path.read_text().splitlines(keepends=True)[:-1]))
+
+
+def _tiny_embedding_model(folder: Path, seed: int) -> Path:
+    """A one-layer random BERT with all-MiniLM-L6-v2's tokenizer: a real sentence-transformers model
+    folder, 32-dimensional whatever the seed."""
+    import shutil
+
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from rag_mspoe.pipelines.embedding import _packaged_default_dir
+
+    packaged = _packaged_default_dir()
+    assert packaged is not None
+    torch.manual_seed(seed)
+    config = BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=37, max_position_embeddings=256,
+    )  # fmt: skip
+    BertModel(config).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        shutil.copy(packaged / name, folder / name)
+    return folder
+
+
+def test_another_embedding_model_at_the_same_path_is_refused(tmp_path):
+    from rag_mspoe.pipelines.index import IndexMismatchError
+    from rag_mspoe.pipelines.retrieval import Retriever
+
+    model = _tiny_embedding_model(tmp_path / "model", seed=0)
+    first = write_corpus(tmp_path / "first", {"a.txt": "The windmill of Tarsk grinds rye."})
+    second = write_corpus(tmp_path / "second", {"b.txt": "The ferry Skua was built in 1964."})
+    index_dir = tmp_path / "index"
+    index_documents(first, index_dir, embedding_model=str(model), progress=False)
+    assert ChunkIndex.load(index_dir).settings.embedding_fingerprint.startswith("sha256:")
+    _tiny_embedding_model(model, seed=1)  # other weights, same dimension, same path
+    before = checksums(index_dir)
+
+    with pytest.raises(IndexMismatchError, match="its weight or tokenizer files changed") as refused:
+        index_documents(second, index_dir, embedding_model=str(model), progress=False)
+    assert "Put the original model back at that path, or rebuild the index" in str(refused.value)
+    with pytest.raises(IndexMismatchError, match="is not the one the index at"):
+        Retriever.load(index_dir)
+    assert checksums(index_dir) == before
+
+    _tiny_embedding_model(model, seed=0)  # the original model back: searchable again
+    assert Retriever.load(index_dir).retrieve("windmill", k=1)[0].chunk.text.startswith("The windmill")
+    tokenizer_config = model / "tokenizer_config.json"
+    lowered = tokenizer_config.read_text().replace('"do_lower_case": true', '"do_lower_case": false')
+    tokenizer_config.write_text(lowered)
+    with pytest.raises(IndexMismatchError, match="its weight or tokenizer files changed"):
+        Retriever.load(index_dir)  # the tokenizer counts as much as the weights
+
+
+def test_an_index_written_before_fingerprints_records_one_at_its_next_write(tmp_path):
+    import json
+
+    from rag_mspoe.pipelines.index import META_FILE, IndexMismatchError
+
+    model = _tiny_embedding_model(tmp_path / "model", seed=0)
+    index_dir = tmp_path / "index"
+    index_documents(write_corpus(tmp_path / "a", {"a.txt": "Rye."}), index_dir, embedding_model=str(model))
+    meta = json.loads((index_dir / META_FILE).read_text())
+    del meta["settings"]["embedding_fingerprint"]  # as an older version wrote it
+    (index_dir / META_FILE).write_text(json.dumps(meta))
+    assert ChunkIndex.load(index_dir).settings.embedding_fingerprint is None
+
+    index_documents(write_corpus(tmp_path / "b", {"b.txt": "Oats."}), index_dir, progress=False)
+    assert ChunkIndex.load(index_dir).settings.embedding_fingerprint.startswith("sha256:")
+    _tiny_embedding_model(model, seed=1)
+    with pytest.raises(IndexMismatchError, match="its weight or tokenizer files changed"):
+        index_documents(write_corpus(tmp_path / "c", {"c.txt": "Barley."}), index_dir, progress=False)
+
+
+def test_a_link_inside_the_documents_to_a_file_outside_is_skipped_and_named(tmp_path):
+    docs = write_corpus(tmp_path / "docs", {"inside.txt": "The windmill of Tarsk grinds rye."})
+    secret = write_corpus(tmp_path / "private", {"secret.txt": "The vault code is 4417."}) / "secret.txt"
+    (docs / "notes.txt").symlink_to(secret)
+    (docs / "sub").mkdir()
+    (docs / "sub" / "again.txt").symlink_to("../inside.txt")  # stays inside: read, once
+
+    result = run_cli("index", docs, "--index", tmp_path / "index")
+
+    assert result.returncode == 0, result.stderr
+    assert f"notes.txt: a link to {secret.resolve()}, outside the documents folder" in result.stdout
+    assert "--follow-links" in result.stdout
+    indexed = ChunkIndex.load(tmp_path / "index").documents
+    assert list(indexed) == [str((docs / "inside.txt").resolve())]
+
+    followed = run_cli("index", docs, "--index", tmp_path / "all", "--follow-links")
+    assert followed.returncode == 0, followed.stderr
+    assert str(secret.resolve()) in ChunkIndex.load(tmp_path / "all").documents
