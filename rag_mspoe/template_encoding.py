@@ -69,9 +69,7 @@ class SpecialTextMask:
         return list(self.tokenizer(text, add_special_tokens=False, **options)["input_ids"])
 
 
-def encode_untrusted(
-    tokenizer: Any, render: Callable[[SpecialTextMask], str], prefix: str = ""
-) -> list[int]:
+def encode_untrusted(tokenizer: Any, render: Callable[[SpecialTextMask], str], prefix: str = "") -> list[int]:
     """Token ids of `render(mask) + prefix`, where `render` passes every untrusted string through
     `mask.value` before the template sees it; the prefix is untrusted text too."""
     mask = SpecialTextMask(tokenizer)

@@ -58,7 +58,9 @@ def family_tokenizer(arch: str) -> Any:
     """The embedded byte-level tokenizer with this family's markers as special tokens and its template."""
     markers, template = TEMPLATES[arch]
     tokenizer = copy.deepcopy(embedded_tokenizer())
-    tokenizer.add_tokens([AddedToken(m, special=True, normalized=False) for m in markers], special_tokens=True)
+    tokenizer.add_tokens(
+        [AddedToken(m, special=True, normalized=False) for m in markers], special_tokens=True
+    )
     tokenizer.chat_template = template
     return tokenizer
 
@@ -107,7 +109,10 @@ def test_prompts_without_markers_encode_as_before(arch):
     tokenizer = family_tokenizer(arch)
     messages = [{"role": "user", "content": "  What is the capital of France?  <b>bold</b> <|not a marker|>"}]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    assert render(tokenizer, messages, prefix="The") == tokenizer(text + "The", add_special_tokens=False)["input_ids"]
+    assert (
+        render(tokenizer, messages, prefix="The")
+        == tokenizer(text + "The", add_special_tokens=False)["input_ids"]
+    )
 
 
 def test_the_real_smollm2_tokenizer_keeps_a_document_out_of_the_system_turn():
@@ -155,9 +160,12 @@ def test_the_real_qwen_tokenizer_keeps_tools_calls_and_results_plain(qwen_tokeni
     ids = render(qwen_tokenizer, messages, tools=[tool])
     text = render_text(qwen_tokenizer, messages, tools=[tool])
     assert qwen_tokenizer.decode(ids) == text and text.count("<|fim_prefix|>") == 4  # all four places
-    clean = render(qwen_tokenizer, [{**m, "content": m["content"] and "x"} for m in messages[:2]] + [
-        {"role": "tool", "tool_call_id": "c1", "content": "x"}
-    ], tools=[{**tool, "function": {**tool["function"], "description": "x"}}])
+    clean = render(
+        qwen_tokenizer,
+        [{**m, "content": m["content"] and "x"} for m in messages[:2]]
+        + [{"role": "tool", "tool_call_id": "c1", "content": "x"}],
+        tools=[{**tool, "function": {**tool["function"], "description": "x"}}],
+    )
     assert special_ids(qwen_tokenizer, ids) == special_ids(qwen_tokenizer, clean)
 
 
