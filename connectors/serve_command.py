@@ -139,6 +139,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
+        from rag_mspoe.connectors.half_close import HalfCloseProtocol
         from rag_mspoe.connectors.server import create_app
     except ImportError as exc:
         raise RuntimeError(
@@ -161,5 +162,5 @@ def _serve(args: argparse.Namespace) -> int:
         batch_wait_ms=args.batch_wait_ms,
     )
     print(f"Serving {engine.name} ({method_name(engine.method)}) on http://{args.host}:{args.port}/v1")
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", http=HalfCloseProtocol)
     return 0

@@ -18,11 +18,14 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def running(app: Any) -> Iterator[str]:
-    """The app served by uvicorn in a thread; yields its base URL."""
+    """The app served by uvicorn in a thread (with the protocol `rag-mspoe serve` uses); yields its URL."""
     import uvicorn
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    from rag_mspoe.connectors.half_close import HalfCloseProtocol
+
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", http=HalfCloseProtocol)
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

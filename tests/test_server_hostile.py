@@ -373,3 +373,33 @@ def test_unknown_routes_and_methods_answer_in_the_openai_error_shape(engine):
             assert (response.status_code, body["error"]["code"]) == (status, code), (method, path)
             assert "POST /v1/chat/completions" in body["error"]["message"]
         assert "POST" in httpx.get(f"{url}/v1/chat/completions").headers["allow"]
+
+
+def read_final_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """The first non-1xx response on the socket (HTTP/1.1 clients skip interim answers)."""
+    while True:
+        status, headers, body = read_response(sock)
+        if status >= 200:
+            return status, headers, body
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_a_client_that_half_closes_after_its_request_gets_its_answer(engine, path):
+    body = chat(engine) if path.endswith("chat/completions") else {"model": engine.name, "prompt": "hi"}
+    with running(create_app(engine)) as url, connect(url) as sock:
+        sock.sendall(request_bytes(path, json.dumps({**body, "max_tokens": 4}).encode()))
+        sock.shutdown(socket.SHUT_WR)  # nothing more to send; still reading
+        status, headers, reply = read_final_response(sock)
+        assert status == 200 and json.loads(reply)["usage"]["completion_tokens"] == 4
+        assert sock.recv(1) == b""  # and then the server closes
+
+
+def test_a_client_that_closes_completely_still_has_its_generation_stopped(engine):
+    with running(create_app(engine, max_tokens_limit=LONG)) as url, forward_lengths(engine.model) as lengths:
+        sock = connect(url)
+        body = json.dumps(chat(engine, max_tokens=LONG)).encode()
+        sock.sendall(request_bytes("/v1/chat/completions", body))
+        time.sleep(0.3)  # generating
+        sock.close()
+        assert settles(lengths) and len(lengths) < LONG / 2
+        assert answered_quickly(url, engine)
