@@ -111,3 +111,12 @@ def test_a_sweep_whose_manifest_was_deleted_refuses_to_resume(model_dir, tmp_pat
     assert f"{run / 'results.jsonl'} holds records but {run / 'manifest.json'} is missing" in resumed.stderr
     assert "restore manifest.json, or write into a new folder" in resumed.stderr
     assert checksums(tmp_path) == before
+
+
+@pytest.mark.parametrize("spec", ["none=pi", "pi=mspoe", "mspoe+"])
+def test_a_new_sweep_refuses_a_relabelled_method_name_or_an_empty_part(model_dir, tmp_path, spec):
+    run = tmp_path / "run"
+    result = run_cli("sweep", "--out", run, "--model", model_dir, "--methods", "none", spec, "--samples", "1")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert ("binds the method name" if "=" in spec else "has an empty part") in result.stderr
+    assert not run.exists()

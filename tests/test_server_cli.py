@@ -68,3 +68,21 @@ def test_the_bound_address_and_the_names_given_are_answered_besides_loopback():
     assert allowed_hosts("127.0.0.1", []) == ["localhost", "127.0.0.1", "::1", "127.0.0.1"]
     assert allowed_hosts("0.0.0.0", ["api.example"]) == ["localhost", "127.0.0.1", "::1", "api.example"]
     assert "10.0.0.5" in allowed_hosts("10.0.0.5", [])
+
+
+def test_a_method_spec_with_an_empty_part_is_refused_even_beside_a_saved_config(
+    tmp_path, capsys, monkeypatch
+):
+    from rag_mspoe import Uniform
+
+    Uniform(factor=2.0).save(tmp_path)  # what an empty part used to read from the working folder
+    monkeypatch.chdir(tmp_path)
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the spec was accepted: the model is loading")
+
+    monkeypatch.setattr("rag_mspoe.engine.Engine.load", no_model)
+    for spec in ("mspoe+", "+pi", "none+"):
+        code, err = run_cli(capsys, "serve", "--method", spec)
+        assert code == 1 and "Traceback" not in err
+        assert f"Method spec {spec!r} has an empty part" in err.strip().splitlines()[-1]
