@@ -235,14 +235,19 @@ def _pool_index(pool: Sequence[Document], embedder: Embedder, path: str | Path |
     digests = {str(i): _digest(passage) for i, passage in enumerate(pool)}
     if path is not None and ChunkIndex.exists(path):
         index = ChunkIndex.load(path)
-        index.check_embedding_model(embedder.name)
+        index.check_embedding_model(embedder.name, embedder.fingerprint)
         if index.documents != digests:
             raise ValueError(
                 f"The index at {path} was built from another passage pool; "
                 "delete that folder or pass another index_path."
             )
         return index
-    index = ChunkIndex(path or "", IndexSettings(embedding_model=embedder.name, dimension=embedder.dimension))
+    settings = IndexSettings(
+        embedding_model=embedder.name,
+        dimension=embedder.dimension,
+        embedding_fingerprint=embedder.fingerprint,
+    )
+    index = ChunkIndex(path or "", settings)
     chunks = [
         Chunk(source=_SOURCE, title=p.title, text=p.text, start=0, end=len(p.text), location=str(i))
         for i, p in enumerate(pool)
