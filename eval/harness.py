@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rag_mspoe import Compose, HiddenScale, MethodConfig, MsPoE, method_name, rescaled
+from rag_mspoe import MethodConfig, method_name, rescaled
 from rag_mspoe.eval.method_engines import EngineSet, require_given_order
 from rag_mspoe.eval.runs.loop import Evaluation, Scorer, run_evaluation
 from rag_mspoe.eval.runs.results import Key, read_records
@@ -75,11 +75,7 @@ def import_lm_eval() -> Any:
 
 def needs_batch_size_one(method: MethodConfig | None) -> bool:
     """True when a method reads the last row of each sequence: per-prompt Ms-PoE, hidden-state scaling."""
-    parts = method.methods if isinstance(method, Compose) else [method]
-    return any(
-        (isinstance(part, MsPoE) and part.head_order is None) or isinstance(part, HiddenScale)
-        for part in parts
-    )
+    return method is not None and method.reads_last_row()
 
 
 def _as_eval_method(method: Any) -> ResolvedMethod:
