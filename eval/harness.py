@@ -24,6 +24,7 @@ ranks on the prompt only, so the two give slightly different log-likelihoods.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import math
@@ -34,7 +35,7 @@ from typing import Any
 
 from rag_mspoe import MethodConfig, method_name, rescaled
 from rag_mspoe.eval.method_engines import EngineSet, require_given_order
-from rag_mspoe.eval.runs.loop import Evaluation, Scorer, run_evaluation
+from rag_mspoe.eval.runs.loop import Evaluation, Pairing, Scorer, run_evaluation
 from rag_mspoe.eval.runs.results import Key, read_records
 from rag_mspoe.loading import source_name
 from rag_mspoe.method_spec import ResolvedMethod, resolve, resolve_all
@@ -161,6 +162,7 @@ class Harness(Evaluation):
     """Units: (method, task) pairs; each gives one record per (task or group, metric, filter)."""
 
     kind = "harness"
+    pairing = Pairing("metric", ("task", "filter"), ("value",))
     key_fields = KEY_FIELDS
     growing = ("tasks", "methods")
     identity_fields = ("include_path", "limit", "num_fewshot", "model")
@@ -168,6 +170,10 @@ class Harness(Evaluation):
     config: HarnessConfig
     methods: Sequence[ResolvedMethod]
     manager: Any = None
+
+    @classmethod
+    def report(cls, folder: Path, options: argparse.Namespace) -> str:
+        return str(write_harness_report(folder)["markdown"])
 
     def plan(self, folder: Path, done: set[Key]) -> list[tuple[ResolvedMethod, str]]:
         requested = {key[:2] for key in done}  # (method, request)
