@@ -11,7 +11,10 @@ from rag_mspoe.pipelines.retrieval import DEFAULT_TOP_K, Retriever
 
 
 class LangChainRetriever(BaseRetriever):
-    """Top-k chunks as LangChain documents, best first; metadata holds source, title, offsets and score."""
+    """Top-k chunks as LangChain documents, best first; metadata holds source, title, offsets and score.
+
+    `k` is set on the retriever and may be changed per call: `retriever.invoke(query, k=3)`.
+    """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
 
@@ -19,9 +22,11 @@ class LangChainRetriever(BaseRetriever):
     k: int = Field(default=DEFAULT_TOP_K, ge=1)
 
     def _get_relevant_documents(
-        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun, k: int | None = None
     ) -> list[Document]:
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ValueError(f"k must be a positive whole number of documents, got {k!r}.")
         return [
             Document(id=hit.uid, page_content=hit.chunk.text, metadata=hit.metadata())
-            for hit in self.retriever.retrieve(query, self.k)
+            for hit in self.retriever.retrieve(query, self.k if k is None else k)
         ]

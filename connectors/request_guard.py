@@ -122,15 +122,15 @@ class RequestGuard:
         except Refused as refusal:
             if started:
                 raise
-            body = error_body(refusal.message, code=refusal.code)
+            error = error_body(refusal.message, code=refusal.code)
             if body_read:
-                await _respond(send, refusal.status, body, [])
+                await _respond(send, refusal.status, error, [])
                 return
             # A body left unread would be taken for the next request: close the connection, but
             # first read and drop what the client is still sending, within the body deadline (a
             # socket closed on unread data sends a reset, which can destroy the answer before a
             # client that writes its whole body first gets to read it).
-            await _respond(send, refusal.status, body, [("connection", "close")], more_body=True)
+            await _respond(send, refusal.status, error, [("connection", "close")], more_body=True)
             if refusal.status != 408:  # a client too slow to send is not waited for
                 await _discard(receive, deadline)
             await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -1,6 +1,7 @@
 """Position-bias evaluation: does the answer depend on where the gold document sits?
 
-Every evaluation kind runs through one loop (`runs`) and has its own plan, scorer and report:
+Every evaluation kind runs through one loop (`runs`); a kind is one `Evaluation` subclass with
+its own plan, scorer, report and pairing (for `compare`), registered by its `kind`:
 
     cli.py               the commands: sweep, report, compare, perplexity, suite, suite-data,
                          build-qa, harness, e2e
@@ -36,3 +37,10 @@ Every evaluation kind runs through one loop (`runs`) and has its own plan, score
     perplexity.py        perplexity against context length (kind "perplexity")
     e2e.py               questions through the real RAG pipeline (kind "e2e")
 """
+
+# Every evaluation kind registers itself (`runs.loop.Evaluation.registry`) when its module is
+# imported: importing them here makes every kind known wherever the evaluation is used (report,
+# compare, resume). A new kind is one Evaluation subclass, plus its module's line here.
+from rag_mspoe.eval import e2e, harness, perplexity  # noqa: E402, F401
+from rag_mspoe.eval.suites import run as suite_run  # noqa: E402, F401
+from rag_mspoe.eval.sweep import run as sweep_run  # noqa: E402, F401

@@ -175,32 +175,10 @@ def _register_report(subparsers: Any) -> None:
 
 def _report(args: argparse.Namespace) -> int:
     """Rewrite the report of any run folder, of the kind its manifest names."""
-    from rag_mspoe.eval.runs.loop import folder_kind
+    from rag_mspoe.eval.runs.loop import Evaluation, folder_kind
 
     folder = Path(args.run)
-    kind = folder_kind(folder)
-    if kind == "sweep":
-        from rag_mspoe.eval.report import write_report
-
-        write_report(folder, metric=args.metric, baseline=args.baseline)
-        _print_table(folder)
-    elif kind == "suite":
-        from rag_mspoe.eval.suites.report import write_suite_report
-
-        summary = write_suite_report(folder, sweep=Path(args.sweep) if args.sweep else None)
-        print(summary["markdown"])
-        print(summary["side_effects"])
-    else:
-        from rag_mspoe.eval.e2e import write_e2e_report
-        from rag_mspoe.eval.harness import write_harness_report
-        from rag_mspoe.eval.perplexity import write_perplexity_report
-
-        writers = {
-            "harness": write_harness_report,
-            "perplexity": write_perplexity_report,
-            "e2e": write_e2e_report,
-        }
-        print(writers[kind](folder)["markdown"])
+    print(Evaluation.registry[folder_kind(folder)].report(folder, args))
     return 0
 
 

@@ -13,6 +13,7 @@ gold when it contains an answer (SQuAD-normalised).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import time
@@ -25,7 +26,7 @@ from typing import Any
 from rag_mspoe.eval.data.loaders import read_jsonl
 from rag_mspoe.eval.method_engines import EngineSet, stable_seed
 from rag_mspoe.eval.report import line_plot
-from rag_mspoe.eval.runs.loop import Evaluation, Scorer, run_evaluation
+from rag_mspoe.eval.runs.loop import Evaluation, Pairing, Scorer, run_evaluation
 from rag_mspoe.eval.runs.results import Key, read_records
 from rag_mspoe.eval.scoring.metrics import best_subspan_em, normalize_answer
 from rag_mspoe.loading import source_name
@@ -97,6 +98,7 @@ class EndToEnd(Evaluation):
     retrieved once, before the model loads."""
 
     kind = "e2e"
+    pairing = Pairing(None, ("example_id",), ("choice_correct", "match"))
     key_fields = KEY_FIELDS
     unit_name = "answer"
     identity_fields = ("questions", "corpus", "k", "max_new_tokens", "model", "seed")
@@ -106,6 +108,10 @@ class EndToEnd(Evaluation):
     progress: bool | None = None
     questions: list[Question] = field(default_factory=list)
     retrieved: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def report(cls, folder: Path, options: argparse.Namespace) -> str:
+        return str(write_e2e_report(folder)["markdown"])
 
     def inputs(self) -> Sequence[str]:
         return (self.config.questions,)

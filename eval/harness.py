@@ -24,6 +24,7 @@ ranks on the prompt only, so the two give slightly different log-likelihoods.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import math
@@ -32,9 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rag_mspoe import Compose, HiddenScale, MethodConfig, MsPoE, method_name, rescaled
+from rag_mspoe import MethodConfig, method_name, rescaled
 from rag_mspoe.eval.method_engines import EngineSet, require_given_order
-from rag_mspoe.eval.runs.loop import Evaluation, Scorer, run_evaluation
+from rag_mspoe.eval.runs.loop import Evaluation, Pairing, Scorer, run_evaluation
 from rag_mspoe.eval.runs.results import Key, read_records
 from rag_mspoe.loading import source_name
 from rag_mspoe.method_spec import ResolvedMethod, resolve, resolve_all
@@ -75,11 +76,7 @@ def import_lm_eval() -> Any:
 
 def needs_batch_size_one(method: MethodConfig | None) -> bool:
     """True when a method reads the last row of each sequence: per-prompt Ms-PoE, hidden-state scaling."""
-    parts = method.methods if isinstance(method, Compose) else [method]
-    return any(
-        (isinstance(part, MsPoE) and part.head_order is None) or isinstance(part, HiddenScale)
-        for part in parts
-    )
+    return method is not None and method.reads_last_row()
 
 
 def _as_eval_method(method: Any) -> ResolvedMethod:
@@ -165,6 +162,7 @@ class Harness(Evaluation):
     """Units: (method, task) pairs; each gives one record per (task or group, metric, filter)."""
 
     kind = "harness"
+    pairing = Pairing("metric", ("task", "filter"), ("value",))
     key_fields = KEY_FIELDS
     growing = ("tasks", "methods")
     identity_fields = ("include_path", "limit", "num_fewshot", "model")
@@ -172,6 +170,10 @@ class Harness(Evaluation):
     config: HarnessConfig
     methods: Sequence[ResolvedMethod]
     manager: Any = None
+
+    @classmethod
+    def report(cls, folder: Path, options: argparse.Namespace) -> str:
+        return str(write_harness_report(folder)["markdown"])
 
     def plan(self, folder: Path, done: set[Key]) -> list[tuple[ResolvedMethod, str]]:
         requested = {key[:2] for key in done}  # (method, request)

@@ -13,6 +13,7 @@ resumed run skips what is there; summary.json, table.md and perplexity_by_length
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from collections import defaultdict
@@ -23,7 +24,7 @@ from typing import Any
 
 from rag_mspoe.eval.method_engines import EngineSet, require_given_order
 from rag_mspoe.eval.report import line_plot
-from rag_mspoe.eval.runs.loop import Evaluation, Scorer, run_evaluation
+from rag_mspoe.eval.runs.loop import Evaluation, Pairing, Scorer, run_evaluation
 from rag_mspoe.eval.runs.results import Key, read_records
 from rag_mspoe.loading import source_name
 from rag_mspoe.method_spec import ResolvedMethod, resolve_all
@@ -85,11 +86,16 @@ class Perplexity(Evaluation):
     window's tokens depend only on the text (which must stay the same)."""
 
     kind = "perplexity"
+    pairing = Pairing("length", ("window",), ("perplexity",))
     key_fields = KEY_FIELDS
     unit_name = "window"
     identity_fields = ("text", "model")
     config: PerplexityConfig
     methods: Sequence[ResolvedMethod]
+
+    @classmethod
+    def report(cls, folder: Path, options: argparse.Namespace) -> str:
+        return str(write_perplexity_report(folder)["markdown"])
 
     def inputs(self) -> Sequence[str]:
         return (self.config.text,)

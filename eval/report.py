@@ -12,12 +12,11 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rag_mspoe.embedded_models import DEFAULT_MODEL
-from rag_mspoe.eval.runs.loop import folder_kind
+from rag_mspoe.eval.runs.loop import Evaluation, folder_kind
 from rag_mspoe.eval.runs.manifest import read_manifest
 from rag_mspoe.eval.runs.results import RESULTS_FILE, read_records
 from rag_mspoe.eval.scoring.metrics import bootstrap_ci, paired_test, position_summary
@@ -233,22 +232,6 @@ def write_report(folder: Path, metric: str | None = None, baseline: str = "none"
     return document
 
 
-@dataclass(frozen=True)
-class Pairing:
-    """How two runs of one kind line up: rows per (method, group), pairs by item, these metrics."""
-
-    group: str | None  # a record field (None: one row per method)
-    item: tuple[str, ...]  # the record fields naming what is scored in both runs
-    metrics: tuple[str, ...]  # in order of preference; 0/1 ones are shown in %
-
-
-PAIRINGS = {
-    "sweep": Pairing("position", ("example_id",), METRICS),
-    "suite": Pairing("task", ("example_id",), ("score",)),
-    "harness": Pairing("metric", ("task", "filter"), ("value",)),
-    "perplexity": Pairing("length", ("window",), ("perplexity",)),
-    "e2e": Pairing(None, ("example_id",), ("choice_correct", "match")),
-}
 _PERCENT = ("choice_correct", "match", "score")
 
 
@@ -262,7 +245,7 @@ def compare_runs(
     kind, other = folder_kind(a), folder_kind(b)
     if other != kind:
         raise ValueError(f"{a} holds a {kind} run and {b} a {other} run; compare runs of one kind.")
-    pairing = PAIRINGS[kind]
+    pairing = Evaluation.registry[kind].pairing
     records_a, records_b = read_records(a / RESULTS_FILE), read_records(b / RESULTS_FILE)
     if not records_a or not records_b:
         raise ValueError(f"Both {a} and {b} need results; run them first.")

@@ -18,11 +18,20 @@ _CITATION = re.compile(r"\[?\bDocuments?\s*\[?\s*(\d+)\s*\]?|\[(\d+)\]", flags=r
 
 
 class GenerationResultLike(Protocol):
-    text: str
-    prompt_tokens: int
-    completion_tokens: int
-    finish_reason: str
-    method: str
+    @property
+    def text(self) -> str: ...
+
+    @property
+    def prompt_tokens(self) -> int: ...
+
+    @property
+    def completion_tokens(self) -> int: ...
+
+    @property
+    def finish_reason(self) -> str: ...
+
+    @property
+    def method(self) -> str: ...
 
 
 class GenerationEngine(Protocol):

@@ -24,7 +24,14 @@ _TOKENIZE_BATCH = 64
 
 @dataclass(frozen=True)
 class Chunk:
-    """A span of one document: `text == document.text[start:end]`."""
+    """A span of one document: `text == document.text[start:end]`.
+
+    Not the same record as `ingest.Document` on purpose: the index stores chunks only (a
+    document's text would be stored again in each of its chunks), so a chunk carries its
+    document's identity (source, title, location: the same `document_key`) plus its offsets, and
+    a document has no offsets to carry. Packing (`pipelines.packing`) makes the prompt's
+    documents of retrieved chunks.
+    """
 
     source: str
     title: str

@@ -17,14 +17,14 @@ A spec is '[label=]part+part+...'. Each part is one of:
     resolve("hidden:17,-1")              # positional hidden-state scaling of dimension 17 by -1
     resolve("cal=runs/cal/method.json")  # a saved config under its own label
 
-`resolve` gives a `ResolvedMethod` (all three parts); `parse_method` (rag_mspoe.methods) gives
-only the rescaling config and refuses the parts a per-call rescaling cannot apply.
-None and every unmodified name mean the unmodified model.
+`resolve` gives a `ResolvedMethod` (all three parts); `parse_method` gives only the rescaling
+config and refuses the parts a per-call rescaling cannot apply. None and every unmodified name
+mean the unmodified model. Method names and their ':ARG' forms come from the registered methods
+(`rag_mspoe.method_config`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import random
 from collections.abc import Sequence
@@ -32,28 +32,47 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from rag_mspoe.methods import (
-    CALIBRATED,
+from rag_mspoe.method_config import (
     NAMED_METHODS,
-    UNMODIFIED_NAMES,
     Compose,
-    HiddenScale,
     MethodConfig,
-    MsPoE,
-    Uniform,
+    argument_methods,
     load_method,
     method_name,
+    number_argument,
 )
 
 T = TypeVar("T")
 Order = Literal["given", "reorder", "random"]
 PartKind = Literal["rescaling", "rope", "order", "none"]
 
+UNMODIFIED_NAMES = {"none", "unmodified", "original", "baseline"}
+# Resolves per model, to the config shipped for it (rag_mspoe.calibrated).
+CALIBRATED = "calibrated"
 DEFAULT_ROPE_FACTOR = 2.0
 ORDER_NAMES: dict[str, Order] = {"longcontextreorder": "reorder", "reorder": "reorder", "random": "random"}
 ROPE_NAMES = {"dynamic-ntk": "dynamic", "dynamic": "dynamic", "ntk": "dynamic", "yarn": "yarn"}
 # Where the parts a per-call rescaling cannot apply (model variants, document orders) work.
 EVALUATION_COMMANDS = "the evaluation commands' --methods (rag-mspoe sweep, e2e; perplexity for RoPE types)"
+
+
+# What every `method=` argument takes: a config, a spec string, a saved config's path, or None
+# (the unmodified model).
+MethodSpec = MethodConfig | str | os.PathLike[str] | None
+
+
+def parse_method(spec: MethodSpec, model_name: str | None = None) -> MethodConfig | None:
+    """The rescaling config a method spec means; None (like "none") is the unmodified model.
+
+    `spec` is a config (returned as it is), a saved config's path, or a spec string in this
+    module's grammar ("mspoe", "pi:2", "layerwise+pi", "cal=runs/cal.json", ...).
+    "calibrated" is the config calibrated for the model `model_name` (the name `load_model`
+    gives it, see `model_display_name`); it needs that name. RoPE types and document orders
+    are refused: only the evaluation commands can apply them.
+    """
+    if spec is None or isinstance(spec, MethodConfig):
+        return spec
+    return rescaling_config(spec, model_name)
 
 
 @dataclass(frozen=True)
@@ -232,14 +251,15 @@ def _parse_part(part: str, model_name: str | None) -> SpecPart:
         if name == CALIBRATED:
             return SpecPart(part, "rescaling", _calibrated(model_name))
         if name in NAMED_METHODS:
-            return SpecPart(part, "rescaling", dataclasses.replace(NAMED_METHODS[name]))
+            return SpecPart(part, "rescaling", NAMED_METHODS[name])
     if name in ROPE_NAMES:
-        factor = DEFAULT_ROPE_FACTOR if argument is None else _number(part, argument)
+        factor = DEFAULT_ROPE_FACTOR if argument is None else number_argument(part, argument)
         if factor < 1:
             raise ValueError(f"{part!r}: the RoPE scaling factor must be at least 1.")
         return SpecPart(part, "rope", {"rope_type": ROPE_NAMES[name], "factor": factor})
-    if argument is not None and name in _ARGUMENT_PARSERS:
-        return SpecPart(part, "rescaling", _ARGUMENT_PARSERS[name](part, argument))
+    takes_argument = argument_methods()
+    if argument is not None and name in takes_argument:
+        return SpecPart(part, "rescaling", takes_argument[name].from_argument(part, argument))
     path = Path(part).expanduser()
     if path.suffix == ".json" or path.is_dir():
         return SpecPart(part, "rescaling", load_method(path))
@@ -260,35 +280,9 @@ def _calibrated(model_name: str | None) -> MethodConfig:
             "where a model is at hand (rescale(model, 'calibrated'), Engine, --method calibrated), "
             "or pass model_name."
         )
-    from rag_mspoe.calibrated import calibrated_method  # it reads configs with rag_mspoe.methods
+    from rag_mspoe.calibrated import calibrated_method
 
     return calibrated_method(model_name)
-
-
-def _number(part: str, text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise ValueError(f"{part!r}: {text!r} is not a number; write e.g. 'pi:2' or 'yarn:1.5'.") from None
-
-
-def _uniform(part: str, arg: str) -> MethodConfig:
-    return Uniform(factor=_number(part, arg))
-
-
-def _mspoe(part: str, arg: str) -> MethodConfig:
-    low, sep, high = arg.partition("-")
-    if not sep:
-        raise ValueError(f"{part!r}: give Ms-PoE's ratio range as min-max, e.g. 'mspoe:1.2-1.8'.")
-    return MsPoE(min_ratio=_number(part, low), max_ratio=_number(part, high))
-
-
-def _hidden(part: str, arg: str) -> MethodConfig:
-    dimension, _, factor = arg.partition(",")
-    return HiddenScale(dimension=int(_number(part, dimension)), factor=_number(part, factor or "0"))
-
-
-_ARGUMENT_PARSERS = {"pi": _uniform, "mspoe": _mspoe, "hidden": _hidden}
 
 
 def _display_name(

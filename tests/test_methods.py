@@ -57,7 +57,7 @@ def test_unknown_keys_are_ignored_with_a_warning(tmp_path, caplog):
         (lambda: MsPoE(head_order=[[0, 0]]), "not a permutation"),
         (lambda: LayerWise(), "exactly one of `factors` or `control_points`"),
         (lambda: LayerWise(factors=[1.0, -1.0]), r"factors\[1\] must be a positive"),
-        (lambda: Compose([MsPoE(), MsPoE()]), "at most one Ms-PoE"),
+        (lambda: Compose([MsPoE(), MsPoE()]), "at most one MsPoE"),
     ],
 )
 def test_invalid_configs_say_what_is_wrong(make, message):

@@ -132,7 +132,7 @@ class KVExample:
         )
 
 
-Example = TypeVar("Example", QAExample, KVExample)
+Example = TypeVar("Example", bound=QAExample | KVExample)
 
 
 def gold_index(example: QAExample | KVExample) -> int | None:

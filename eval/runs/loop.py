@@ -13,6 +13,7 @@ and travel so to Ray workers.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
 import os
@@ -36,14 +37,26 @@ from rag_mspoe.eval.runs.results import RESULTS_FILE, Key, ResultsFile, run_lock
 from rag_mspoe.method_spec import ResolvedMethod
 from rag_mspoe.progress import progress_bar
 
-KINDS = ("sweep", "suite", "harness", "perplexity", "e2e")
 Scorer = Callable[[Any], list[dict[str, Any]]]
 
 
-class Evaluation:
-    """One evaluation kind, as the run loop sees it (subclasses are picklable dataclasses)."""
+@dataclass(frozen=True)
+class Pairing:
+    """How two runs of one kind line up: rows per (method, group), pairs by item, these metrics."""
 
+    group: str | None  # a record field (None: one row per method)
+    item: tuple[str, ...]  # the record fields naming what is scored in both runs
+    metrics: tuple[str, ...]  # in order of preference; 0/1 ones are shown in %
+
+
+class Evaluation:
+    """One evaluation kind, as the run loop, `report` and `compare` see it (subclasses are
+    picklable dataclasses). A kind is one subclass; defining it registers it by `kind`
+    (rag_mspoe.eval imports every kind's module, so each is known wherever the evaluation is)."""
+
+    registry: ClassVar[dict[str, type[Evaluation]]] = {}
     kind: ClassVar[str]  # the manifest section that names and describes the run
+    pairing: ClassVar[Pairing]  # how `compare` lines two runs of this kind up
     key_fields: ClassVar[tuple[str, ...]]  # what makes a record unique in results.jsonl
     identity_fields: ClassVar[tuple[str, ...]]  # settings the records depend on: kept on resume
     growing: ClassVar[tuple[str, ...]] = ("methods",)  # settings a resumed run may extend
@@ -70,6 +83,18 @@ class Evaluation:
         """unit -> its records, with this model."""
         raise NotImplementedError
 
+    @classmethod
+    def report(cls, folder: Path, options: argparse.Namespace) -> str:
+        """Write the summary of a run folder of this kind; returns what `report` prints.
+
+        options: those of the `report` command (metric, baseline, sweep)."""
+        raise NotImplementedError
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "kind" in cls.__dict__:
+            Evaluation.registry[cls.kind] = cls
+
 
 @dataclass(frozen=True)
 class RunOutcome:
@@ -80,7 +105,7 @@ class RunOutcome:
 
 def run_kind(manifest: dict[str, Any]) -> str | None:
     """Which kind of run a manifest describes."""
-    return next((kind for kind in KINDS if manifest.get(kind) is not None), None)
+    return next((kind for kind in Evaluation.registry if manifest.get(kind) is not None), None)
 
 
 def folder_kind(folder: Path) -> str:

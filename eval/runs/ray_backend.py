@@ -22,7 +22,8 @@ _IN_FLIGHT_PER_WORKER = 2
 class UnitScoring(Protocol):
     """What a worker needs: the model to load (`config.model`) and a scorer of units with it."""
 
-    config: Any
+    @property
+    def config(self) -> Any: ...
 
     def scorer(self, model: Any, tokenizer: Any) -> Scorer: ...
 

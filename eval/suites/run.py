@@ -13,6 +13,7 @@ started is refused. The report (summary.json, table.md) follows.
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -20,11 +21,12 @@ from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
 from rag_mspoe.eval.method_engines import EngineSet, require_given_order
-from rag_mspoe.eval.runs.loop import Evaluation, Scorer, run_evaluation
+from rag_mspoe.eval.runs.loop import Evaluation, Pairing, Scorer, run_evaluation
 from rag_mspoe.eval.runs.results import Key
 from rag_mspoe.eval.scoring.text_metrics import score_text
 from rag_mspoe.eval.suites.knowledge import ChoiceExample, Scoring, choice_scores, load_choices
 from rag_mspoe.eval.suites.long_context import LongExample, load_long, truncate_middle
+from rag_mspoe.eval.suites.report import position_gains, write_suite_report
 from rag_mspoe.loading import source_name
 from rag_mspoe.method_spec import ResolvedMethod, resolve_all
 
@@ -110,11 +112,17 @@ class Suite(Evaluation):
     """Units: a batch of one method's examples of one task; the data files must stay the same."""
 
     kind = "suite"
+    pairing = Pairing("task", ("example_id",), ("score",))
     key_fields = KEY_FIELDS
     identity_fields = ("files", "samples", "max_length", "choice_scoring", "batch_size", "model")
     config: SuiteConfig
     methods: Sequence[ResolvedMethod]
     tasks: dict[str, list[Example]]
+
+    @classmethod
+    def report(cls, folder: Path, options: argparse.Namespace) -> str:
+        summary = write_suite_report(folder, sweep=Path(options.sweep) if options.sweep else None)
+        return f"{summary['markdown']}\n{summary['side_effects']}"
 
     def inputs(self) -> Sequence[str]:
         return [data.path for data in self.config.files]
@@ -139,8 +147,6 @@ def run_suite(
 
     sweep: a gold-position sweep folder whose position-bias gains join the side-effect table.
     options: those of `run_evaluation` (model, tokenizer, threads, device, dtype, progress)."""
-    from rag_mspoe.eval.suites.report import position_gains, write_suite_report
-
     methods = resolve_all(config.methods, source_name(config.model))
     # The side-effect table still shows a reordering's position-bias gain, from a sweep.
     require_given_order(methods, "in these suites")

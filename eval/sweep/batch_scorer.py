@@ -112,11 +112,11 @@ class BatchScorer:
                 record["gold_logprob"] = float(choice["gold_sum"])
                 record["gold_tokens"] = int(choice["gold_tokens"])
             elif "loglik" in metrics:
-                gold = model_scores.score_loglikelihood(
+                scored_gold = model_scores.score_loglikelihood(
                     engine, text, gold_answer(example), method=method.method
                 )
-                record["gold_logprob"] = float(gold["sum"])
-                record["gold_tokens"] = int(gold["tokens"])
+                record["gold_logprob"] = float(scored_gold["sum"])
+                record["gold_tokens"] = int(scored_gold["tokens"])
         seconds = (time.perf_counter() - started) / len(records)
         for record in records:
             record["seconds"] = round(seconds, 4)

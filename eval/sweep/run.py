@@ -11,13 +11,15 @@ Batches run in this process, or on Ray workers (one model replica each) with `ra
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rag_mspoe.eval.method_engines import EngineSet
-from rag_mspoe.eval.runs.loop import Evaluation, Scorer, run_evaluation
+from rag_mspoe.eval.report import METRICS, TABLE_FILE, write_report
+from rag_mspoe.eval.runs.loop import Evaluation, Pairing, Scorer, run_evaluation
 from rag_mspoe.eval.runs.results import SWEEP_KEY, Key
 from rag_mspoe.eval.sweep.batch_scorer import BatchScorer
 from rag_mspoe.eval.sweep.plan import Batch, Example, SweepConfig, load_examples, plan_batches
@@ -62,12 +64,19 @@ class Sweep(Evaluation):
     """A sweep as the run loop sees it: units are batches of one method; examples frozen in the folder."""
 
     kind = "sweep"
+    pairing = Pairing("position", ("example_id",), METRICS)
     key_fields = SWEEP_KEY
     growing = ("methods", "positions")
     identity_fields = SweepConfig.IDENTITY
     config: SweepConfig
     methods: Sequence[ResolvedMethod]
     examples: list[Example] = field(default_factory=list)
+
+    @classmethod
+    def report(cls, folder: Path, options: argparse.Namespace) -> str:
+        write_report(folder, metric=options.metric, baseline=options.baseline)
+        table = folder / TABLE_FILE
+        return table.read_text() if table.is_file() else ""
 
     def plan(self, folder: Path, done: set[Key]) -> list[Batch]:
         self.examples = examples = frozen_examples(self.config, folder)
@@ -107,8 +116,6 @@ def run_sweep(
     sweep = Sweep(config, resolve_all(config.methods, source_name(config.model)))
     outcome = run_evaluation(sweep, folder, **options)
     if report:
-        from rag_mspoe.eval.report import write_report
-
         write_report(outcome.folder)
     expected = sweep.expected()
     return SweepOutcome(outcome.folder, outcome.written, len(expected & outcome.done), len(expected))

@@ -15,9 +15,8 @@ from typing import Any
 
 import torch
 
-from rag_mspoe.methods import MsPoE
 from rag_mspoe.rope.architectures import Architecture
-from rag_mspoe.rope.awareness import position_awareness, rank_heads, ranks_from_order
+from rag_mspoe.rope.awareness import position_awareness, rank_heads
 from rag_mspoe.rope.hooks import ForwardInfo, key_validity
 from rag_mspoe.rope.layer_tables import RotaryTables
 
@@ -30,26 +29,6 @@ class HeadPlan:
     static_ranks: torch.Tensor | None
     alpha: float
     expand_kv: bool  # one ratio per query head with grouped KV: keys and values are expanded
-
-
-def head_plan(method: MsPoE, layer: int, factor: float, num_q: int, num_kv: int, num_layers: int) -> HeadPlan:
-    """The plan of one layer; `factor` (from uniform or layer-wise scaling) multiplies every ratio."""
-    expand = method.gqa_policy == "query_head" and num_q != num_kv
-    num_heads = num_q if method.gqa_policy == "query_head" else num_kv
-    static_ranks = None
-    if method.head_order is not None:
-        if len(method.head_order) != num_layers:
-            raise ValueError(
-                f"MsPoE.head_order has {len(method.head_order)} layers; the model has {num_layers}."
-            )
-        order = method.head_order[layer]
-        if len(order) != num_heads:
-            raise ValueError(
-                f"MsPoE.head_order[{layer}] ranks {len(order)} heads, but gqa_policy={method.gqa_policy!r} "
-                f"ranks {num_heads} heads in this model; recalibrate for this model and policy."
-            )
-        static_ranks = ranks_from_order(order)
-    return HeadPlan(tuple(r * factor for r in method.ratios(num_heads)), static_ranks, method.alpha, expand)
 
 
 class HeadRanking:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rag_mspoe.methods import MethodConfig
+from rag_mspoe.method_config import MethodConfig
 from rag_mspoe.rope.architectures import Architecture, architecture_of
 
 

@@ -10,32 +10,13 @@ import torch
 from torch import nn
 
 from rag_mspoe.loading import model_display_name
-from rag_mspoe.methods import (
-    Compose,
-    HiddenScale,
-    LayerWise,
-    MethodConfig,
-    MethodSpec,
-    MsPoE,
-    Uniform,
-    parse_method,
-)
-from rag_mspoe.rope.hidden_scaling import HiddenScaleState
-from rag_mspoe.rope.hooks import ModelHooks
+from rag_mspoe.method_config import AppliedHooks, MethodConfig
+from rag_mspoe.method_spec import MethodSpec, parse_method
 from rag_mspoe.rope.rotary_scaling import RotaryScaleState
 
 logger = logging.getLogger(__name__)
 
 STATE_ATTR = "_rag_mspoe_state"
-
-# The hooks that apply each kind of method config (`MethodConfig.kind`).
-HOOKS_BY_KIND: dict[str, type[ModelHooks]] = {
-    Uniform.kind: RotaryScaleState,
-    LayerWise.kind: RotaryScaleState,
-    MsPoE.kind: RotaryScaleState,
-    Compose.kind: RotaryScaleState,
-    HiddenScale.kind: HiddenScaleState,
-}
 
 
 def rescale(model: nn.Module, method: MethodSpec) -> nn.Module:
@@ -51,13 +32,7 @@ def rescale(model: nn.Module, method: MethodSpec) -> nn.Module:
         unrescale(model)
     if method is None:
         return model
-    hooks = HOOKS_BY_KIND.get(method.kind)
-    if hooks is None:
-        raise TypeError(
-            f"No hooks apply a {type(method).__name__} (kind {method.kind!r}); "
-            f"methods a model can take: {sorted(HOOKS_BY_KIND)}."
-        )
-    state = hooks(model, method)
+    state = method.hooks_class()(model, method)
     state.install()
     setattr(model, STATE_ATTR, state)
     return model
@@ -65,7 +40,7 @@ def rescale(model: nn.Module, method: MethodSpec) -> nn.Module:
 
 def unrescale(model: nn.Module) -> nn.Module:
     """Remove whatever `rescale` applied; the model computes exactly what it did before."""
-    state: ModelHooks | None = getattr(model, STATE_ATTR, None)
+    state: AppliedHooks | None = getattr(model, STATE_ATTR, None)
     if state is not None:
         state.uninstall()
         delattr(model, STATE_ATTR)
@@ -73,7 +48,7 @@ def unrescale(model: nn.Module) -> nn.Module:
 
 
 def current_method(model: nn.Module) -> MethodConfig | None:
-    state: ModelHooks | None = getattr(model, STATE_ATTR, None)
+    state: AppliedHooks | None = getattr(model, STATE_ATTR, None)
     return state.method if state else None
 
 

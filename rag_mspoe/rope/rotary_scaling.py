@@ -1,4 +1,5 @@
-"""Hooks of the RoPE rescaling methods: uniform, layer-wise, Ms-PoE, or a composition of them.
+"""Hooks of the RoPE rescaling methods (uniform, layer-wise, Ms-PoE, or a composition of them),
+and `RopeScaling`, the base of their configs.
 
 How it works, for every supported architecture (no copied modeling code):
 - A pre-hook on the decoder notes, per forward, the attention mask and whether the forward
@@ -13,19 +14,17 @@ Keys are rotated before the cache stores them, so cached decoding stays exact.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from rag_mspoe.methods import Compose, LayerWise, MethodConfig, MsPoE, Uniform
+from rag_mspoe.method_config import Compose, MethodConfig
 from rag_mspoe.rope.head_rotation import (
     HeadPlan,
     HeadRanking,
     HeadwiseRotation,
-    head_plan,
     unwrap_apply_rotary,
     wrap_apply_rotary,
 )
@@ -42,49 +41,26 @@ class LayerPlan:
         return self.heads.ratios if self.heads else (self.factor,)
 
 
-def _uniform_factors(part: Uniform, num_layers: int) -> list[float]:
-    factors = [1.0] * num_layers
-    for layer in part.layers if part.layers is not None else range(num_layers):
-        if layer >= num_layers:
-            raise ValueError(f"Uniform.layers has layer {layer}; the model has {num_layers} layers.")
-        factors[layer] *= part.factor
-    return factors
-
-
-def _layerwise_factors(part: LayerWise, num_layers: int) -> list[float]:
-    return part.layer_factors(num_layers)
-
-
-# Per `MethodConfig.kind`, the per-layer RoPE factors of a part that scales whole layers.
-_LAYER_FACTORS: dict[str, Callable[[Any, int], list[float]]] = {
-    Uniform.kind: _uniform_factors,
-    LayerWise.kind: _layerwise_factors,
-}
-
-
 def layer_plans(method: MethodConfig, config: Any) -> dict[int, LayerPlan]:
-    """The plan of every layer the method changes; layer factors multiply, Ms-PoE ratios on top."""
+    """The plan of every layer the method changes; layer factors multiply, per-head ratios on top."""
     num_layers = config.num_hidden_layers
     num_q = config.num_attention_heads
     num_kv = getattr(config, "num_key_value_heads", None) or num_q
+    parts = method.methods if isinstance(method, Compose) else [method]
+    rope_parts = [part for part in parts if isinstance(part, RopeScaling)]
+    if len(rope_parts) != len(parts):
+        other = next(part for part in parts if not isinstance(part, RopeScaling))
+        raise TypeError(f"{type(other).__name__} is not a RoPE rescaling method this model hook can apply.")
     factors = [1.0] * num_layers
-    mspoe: MsPoE | None = None
-    for part in method.methods if isinstance(method, Compose) else [method]:
-        if isinstance(part, MsPoE):
-            mspoe = part
-        elif part.kind in _LAYER_FACTORS:
-            part_factors = _LAYER_FACTORS[part.kind](part, num_layers)
-            factors = [f * g for f, g in zip(factors, part_factors, strict=True)]
-        else:
-            raise TypeError(
-                f"{type(part).__name__} is not a RoPE rescaling method this model hook can apply."
-            )
+    for part in rope_parts:
+        factors = [f * g for f, g in zip(factors, part.layer_factors(num_layers), strict=True)]
 
     plans: dict[int, LayerPlan] = {}
     for layer in range(num_layers):
-        heads = None
-        if mspoe is not None and layer >= mspoe.skip_layers:
-            heads = head_plan(mspoe, layer, factors[layer], num_q, num_kv, num_layers)
+        plans_of_parts = (
+            part.head_plan(layer, factors[layer], num_q, num_kv, num_layers) for part in rope_parts
+        )
+        heads = next((plan for plan in plans_of_parts if plan is not None), None)
         if heads is not None or factors[layer] != 1.0:
             plans[layer] = LayerPlan(factors[layer], heads)
     return plans
@@ -147,3 +123,23 @@ class RotaryScaleState(ModelHooks):
             )
             kwargs["position_embeddings"] = (rotation, None)
         return args, kwargs
+
+
+@dataclass
+class RopeScaling(MethodConfig):
+    """Base of the configs these hooks apply: a method that divides RoPE positions per layer
+    (`layer_factors`) and possibly per head (`head_plan`). Such methods compose: their layer
+    factors multiply, and per-head ratios are multiplied by them."""
+
+    hooks: ClassVar[Any] = RotaryScaleState
+    composes: ClassVar[bool] = True
+
+    def layer_factors(self, num_layers: int) -> list[float]:
+        """The position divisor of every layer (1.0: unchanged)."""
+        return [1.0] * num_layers
+
+    def head_plan(
+        self, layer: int, factor: float, num_q: int, num_kv: int, num_layers: int
+    ) -> HeadPlan | None:
+        """Per-head ratios in one layer (already multiplied by the layer's `factor`), or None."""
+        return None

@@ -1,4 +1,4 @@
-"""Hooks of positional hidden-state scaling (`HiddenScale`).
+"""Positional hidden-state scaling: the `HiddenScale` config and its hooks.
 
 In each scaled layer:
 - During a prefill the layer runs unchanged; a hook on `self_attn` then recomputes the last
@@ -11,12 +11,13 @@ In each scaled layer:
 from __future__ import annotations
 
 import functools
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from rag_mspoe.methods import HiddenScale
+from rag_mspoe.method_config import MethodConfig, check_finite, number_argument
 from rag_mspoe.rope.hooks import ModelHooks, key_validity
 
 
@@ -106,3 +107,56 @@ class HiddenScaleState(ModelHooks):
             cached[:, :, :kept] = newest
         else:
             cached[:, :, -kept:] = newest
+
+
+@dataclass
+class HiddenScale(MethodConfig):
+    """Positional hidden-state scaling: one dimension of the attention input scaled by `factor`.
+
+    In `layers` (default: the middle of the model, layers 10-25 of 32 as in the paper, scaled to
+    the model's depth), the query of the last prompt token and the keys it reads are computed
+    from the input with `dimension` multiplied by `factor`; every other row of attention stays
+    as it was. Those scaled keys go to the KV cache and generated tokens use the scaled query
+    and keys too. Values are never scaled. `last_rows` > 1 gives the scaled path to more of the
+    final prompt rows (with the causal mask aligned bottom-right). Find `dimension` with the
+    calibration search; factors the paper used: 0, -1, 0.2.
+    """
+
+    kind: ClassVar[str] = "hidden"
+    hooks: ClassVar[Any] = HiddenScaleState
+    argument_name: ClassVar[str] = "hidden"
+    dimension: int = -1
+    factor: float = 0.0
+    layers: list[int] | None = None
+    last_rows: int = 1
+
+    def __post_init__(self) -> None:
+        check_finite("factor", self.factor)
+        if self.dimension < 0:
+            raise ValueError(
+                "HiddenScale needs the hidden `dimension` to scale; find it with the calibration search."
+            )
+        if self.last_rows < 1:
+            raise ValueError(f"last_rows must be at least 1, got {self.last_rows}")
+        if self.layers is not None and any(i < 0 for i in self.layers):
+            raise ValueError(f"layers must be non-negative layer indices, got {self.layers}")
+
+    @classmethod
+    def from_argument(cls, part: str, argument: str) -> MethodConfig:
+        dimension, _, factor = argument.partition(",")
+        return cls(
+            dimension=int(number_argument(part, dimension)), factor=number_argument(part, factor or "0")
+        )
+
+    def reads_last_row(self) -> bool:
+        return True  # the scaled path starts from the last prompt rows
+
+    def layer_indices(self, num_layers: int, hidden_size: int) -> list[int]:
+        if self.dimension >= hidden_size:
+            raise ValueError(f"dimension {self.dimension} is outside the model's hidden size {hidden_size}.")
+        if self.layers is None:
+            return list(range(round(num_layers * 10 / 32), round(num_layers * 25 / 32) + 1))
+        bad = [i for i in self.layers if i >= num_layers]
+        if bad:
+            raise ValueError(f"HiddenScale.layers has {bad}; the model has {num_layers} layers.")
+        return sorted(set(self.layers))

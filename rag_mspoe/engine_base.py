@@ -1,0 +1,156 @@
+"""What every engine job shares: the model and tokenizer, the default method and how a call's
+method is applied, one lock per model, the chat template, and the compiled decode setup."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, Self
+
+import torch
+
+from rag_mspoe import loading
+from rag_mspoe.chat_template import Prompt, render
+from rag_mspoe.engine_types import ENGINE_DEFAULT, CallMethod
+from rag_mspoe.method_config import method_name
+from rag_mspoe.method_spec import MethodSpec, parse_method
+from rag_mspoe.rope.rescaling import current_method, rescaled
+
+# One lock per model object, shared by every engine that wraps it: rescaling hooks and the
+# KV cache are model state, so two generations on one model must never overlap.
+_model_locks: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
+_model_locks_guard = threading.Lock()
+
+
+def _lock_for(model: Any) -> threading.Lock:
+    with _model_locks_guard:
+        return _model_locks.setdefault(model, threading.Lock())
+
+
+class EngineBase:
+    """The model an engine wraps and what generation and scoring both use (`rag_mspoe.engine.Engine`
+    documents the arguments)."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        method: MethodSpec = None,
+        name: str | None = None,
+        compile: bool | Literal["auto"] = "auto",
+        compile_backend: str | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.name = name or loading.model_display_name(model)
+        self._method = current_method(model) if method is None else self.method_config(method)
+        self._lock = _lock_for(model)
+        # Fast tokenizers refuse concurrent use while their padding/truncation state changes.
+        self._tokenizer_lock = threading.Lock()
+        self._eos_ids = frozenset(self._collect_eos_ids())
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        if pad is None:
+            raise ValueError(
+                "The tokenizer has neither a pad nor an eos token; set tokenizer.pad_token first."
+            )
+        self._pad_id = int(pad)
+        self._compile_config = _compile_config(model, compile, compile_backend)
+
+    @classmethod
+    def load(
+        cls,
+        source: str | os.PathLike[str] | None = None,
+        method: MethodSpec = None,
+        dtype: torch.dtype | str | None = None,
+        threads: int | None = None,
+        device: str | torch.device | None = "auto",
+        compile: bool | Literal["auto"] = "auto",
+    ) -> Self:
+        """Load a model (None: the embedded SmolLM2-135M-Instruct) and wrap it.
+
+        device ("auto", "cpu", "cuda", "cuda:N") and dtype as `load_model` takes them; compile
+        as `Engine` takes it.
+        """
+        model, tokenizer = loading.load_model(source, dtype=dtype, device=device, threads=threads)
+        return cls(model, tokenizer, method=method, compile=compile)
+
+    # -- facts -------------------------------------------------------------------------------------
+    @property
+    def context_window(self) -> int:
+        """Positions the model was trained for (config.max_position_embeddings)."""
+        return int(self.model.config.max_position_embeddings)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether generation decodes on a static cache with a compiled forward."""
+        return self._compile_config is not None
+
+    @property
+    def method(self) -> Any:
+        """The default method config, or None for the unmodified model."""
+        return self._method
+
+    def method_config(self, spec: MethodSpec) -> Any:
+        """The config a method spec means for this engine's model ("calibrated": the one shipped for it)."""
+        return parse_method(spec, loading.model_display_name(self.model))
+
+    def set_method(self, spec: MethodSpec) -> None:
+        """Change the default method; None or "none" means the unmodified model."""
+        with self._lock:
+            self._method = self.method_config(spec)
+
+    def count_tokens(self, prompt: Prompt, *, raw: bool = False) -> int:
+        """Tokens the model reads for a prompt, chat template included unless raw."""
+        return len(self._render(prompt, raw, ""))
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of plain text, without special tokens (a tokenizer for token budgets)."""
+        with self._tokenizer_lock:
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    # -- internals shared by generation and scoring ------------------------------------------------
+    def _collect_eos_ids(self) -> set[int]:
+        configured = getattr(self.model.generation_config, "eos_token_id", None)
+        ids = set(configured if isinstance(configured, list) else [configured])
+        ids.add(self.tokenizer.eos_token_id)
+        return {int(i) for i in ids if i is not None}
+
+    def _resolve_method(self, spec: CallMethod) -> Any:
+        """A call's method config: the engine's default for ENGINE_DEFAULT (or None), else the spec's."""
+        if spec is ENGINE_DEFAULT or spec is None:
+            return self._method
+        return self.method_config(spec)
+
+    def _render(
+        self, prompt: Prompt, raw: bool, prefix: str, tools: Sequence[Mapping[str, Any]] = ()
+    ) -> list[int]:
+        with self._tokenizer_lock:
+            return render(self.tokenizer, prompt, raw=raw, prefix=prefix, tools=tools)
+
+    def _method_applied(self, method: Any) -> contextlib.AbstractContextManager[Any]:
+        if current_method(self.model) == method:
+            return contextlib.nullcontext()
+        return rescaled(self.model, method)
+
+    def __repr__(self) -> str:
+        method = method_name(self._method)
+        return f"Engine(name={self.name!r}, method={method!r}, context_window={self.context_window})"
+
+
+def _compile_config(model: Any, compile: bool | str, backend: str | None) -> Any:
+    """transformers' CompileConfig for the compiled decode path, or None for eager decoding."""
+    from transformers import CompileConfig
+
+    if compile not in (True, False, "auto"):
+        raise ValueError(f"compile must be True, False or 'auto', got {compile!r}.")
+    on_gpu = model.device.type == "cuda"
+    if not (on_gpu if compile == "auto" else compile):
+        return None
+    # CUDA graphs ("reduce-overhead") remove the per-kernel launch cost that dominates decoding.
+    mode = "reduce-overhead" if on_gpu and backend in (None, "inductor") else "default"
+    config = CompileConfig(fullgraph=True, backend=backend or "inductor", mode=mode)
+    config._compile_all_devices = True  # type: ignore[assignment]  # else transformers compiles on GPUs only
+    return config

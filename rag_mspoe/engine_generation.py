@@ -1,0 +1,245 @@
+"""Generation: left-padded batches, stop strings, streaming, the model's lock with cancel and
+timeout, grammar-constrained decoding and the compiled decode path."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rag_mspoe.chat_template import Prompt
+from rag_mspoe.engine_base import EngineBase
+from rag_mspoe.engine_types import (
+    GenerationCancelled,
+    GenerationResult,
+    GenerationSettings,
+    GenerationTimeout,
+    PromptTooLongError,
+    Truncation,
+)
+from rag_mspoe.grammar import Grammar, GrammarProcessor, grammar_tokenizer
+from rag_mspoe.method_config import method_name
+from rag_mspoe.stopping import GenerationWatch, TextTracker
+from rag_mspoe.text_stream import AsyncTextStream, End, TextStream
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    ids: list[int]
+    truncation: Truncation | None
+
+
+class GeneratingEngine(EngineBase):
+    """Answers: `generate`, `generate_batch`, `stream` and their async forms."""
+
+    def generate(
+        self, prompt: Prompt, *, cancel: threading.Event | None = None, **settings: Any
+    ) -> GenerationResult:
+        """Generate an answer. Settings: see `GenerationSettings`.
+
+        cancel: set it (from another thread) to give up on the call: one still waiting for the
+        model never starts, one generating stops at the next token; both raise GenerationCancelled.
+        """
+        return self.generate_batch([prompt], cancel=cancel, **settings)[0]
+
+    def generate_batch(
+        self, prompts: Sequence[Prompt], *, cancel: threading.Event | None = None, **settings: Any
+    ) -> list[GenerationResult]:
+        """Generate answers for several prompts in one left-padded batch (`cancel`: see `generate`)."""
+        if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not prompts:
+            raise TypeError(
+                "generate_batch takes a non-empty list of prompts; use generate() for a single one."
+            )
+        config = GenerationSettings.of(settings)
+        method = self._resolve_method(config.method)
+        prepared = [self._prepare(prompt, config) for prompt in prompts]
+        return self._run(prepared, config, method, cancel=cancel)
+
+    def stream(self, prompt: Prompt, **settings: Any) -> TextStream:
+        """Iterate over text pieces as they are generated; `.result` holds the counts at the end."""
+        config = GenerationSettings.of(settings)
+        method = self._resolve_method(config.method)
+        prepared = self._prepare(prompt, config)
+        return TextStream(lambda put, cancel: self._start_worker(prepared, config, method, put, cancel))
+
+    async def agenerate(
+        self, prompt: Prompt, *, cancel: threading.Event | None = None, **settings: Any
+    ) -> GenerationResult:
+        return await asyncio.to_thread(self.generate, prompt, cancel=cancel, **settings)
+
+    async def agenerate_batch(
+        self, prompts: Sequence[Prompt], *, cancel: threading.Event | None = None, **settings: Any
+    ) -> list[GenerationResult]:
+        return await asyncio.to_thread(self.generate_batch, prompts, cancel=cancel, **settings)
+
+    def astream(self, prompt: Prompt, **settings: Any) -> AsyncTextStream:
+        """`async for piece in engine.astream(...)`; must be called inside a running event loop."""
+        config = GenerationSettings.of(settings)
+        method = self._resolve_method(config.method)
+        prepared = self._prepare(prompt, config)
+        return AsyncTextStream(lambda put, cancel: self._start_worker(prepared, config, method, put, cancel))
+
+    def _prepare(self, prompt: Prompt, config: GenerationSettings) -> _Prepared:
+        ids = self._render(prompt, config.raw, config.prefix, config.tools)
+        budget = self.context_window - config.max_new_tokens
+        if budget < 1:
+            raise PromptTooLongError(
+                f"max_new_tokens={config.max_new_tokens} leaves no room for a prompt in the context window "
+                f"of {self.context_window} tokens; lower max_new_tokens."
+            )
+        if len(ids) <= budget:
+            return _Prepared(ids, None)
+        if config.truncate == "error":
+            raise PromptTooLongError(
+                f"The prompt is {len(ids)} tokens; with max_new_tokens={config.max_new_tokens} it needs "
+                f"{len(ids) + config.max_new_tokens} positions, but the context window of {self.name} is "
+                f"{self.context_window}. Shorten the prompt, lower max_new_tokens, or pass truncate='middle' "
+                "to cut the middle of the prompt."
+            )
+        # Keep the head and the tail, as LongBench does: instructions tend to sit at both ends.
+        head = budget // 2
+        tail_start = len(ids) - (budget - head)
+        removed = ids[head:tail_start]
+        with self._tokenizer_lock:
+            removed_text = self.tokenizer.decode(removed, skip_special_tokens=False)
+        truncation = Truncation(removed_tokens=len(removed), at_token=head, removed_text=removed_text)
+        return _Prepared(ids[:head] + ids[tail_start:], truncation)
+
+    def _start_worker(
+        self,
+        prepared: _Prepared,
+        config: GenerationSettings,
+        method: Any,
+        put: Callable[[object], None],
+        cancel: threading.Event,
+    ) -> None:
+        def work() -> None:
+            try:
+                (result,) = self._run([prepared], config, method, on_text=put, cancel=cancel)
+                put(End(result))
+            except BaseException as exc:  # handed to the consumer, who re-raises it
+                put(exc)
+
+        threading.Thread(target=work, name=f"rag-mspoe-stream-{self.name}", daemon=True).start()
+
+    def _run(
+        self,
+        prepared: list[_Prepared],
+        config: GenerationSettings,
+        method: Any,
+        on_text: Callable[[str], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> list[GenerationResult]:
+        deadline = None if config.timeout is None else time.monotonic() + config.timeout
+        # Built before taking the model: compiling a grammar needs no model, and must not hold up others.
+        constraints = (
+            [] if config.grammar is None else [self._grammar_processor(config.grammar, len(prepared))]
+        )
+        if not self._wait_for_model(deadline, cancel):
+            raise GenerationTimeout(
+                f"Waited {config.timeout} s for the model, busy with other requests; raise timeout or retry."
+            )
+        try:
+            trackers = [TextTracker(self.tokenizer, config.stop, self._eos_ids) for _ in prepared]
+            watch = GenerationWatch(trackers, on_text=on_text, cancel=cancel, deadline=deadline)
+            with self._method_applied(method), self._seeded(config.seed), torch.inference_mode():
+                self.model.generate(
+                    **self._batch(prepared),
+                    **self._sampling(config),
+                    max_new_tokens=config.max_new_tokens,
+                    pad_token_id=self._pad_id,
+                    stopping_criteria=[watch],
+                    logits_processor=constraints,
+                    **self._decoding(),
+                )
+        finally:
+            self._lock.release()
+        if cancel is not None and cancel.is_set() and not all(tracker.done for tracker in trackers):
+            raise GenerationCancelled(f"Cancelled after {trackers[0].n_tokens} tokens.")
+        if watch.timed_out:
+            raise GenerationTimeout(
+                f"Generation passed timeout={config.timeout} s after {trackers[0].n_tokens} tokens; "
+                "raise timeout or lower max_new_tokens."
+            )
+        results = []
+        for item, tracker in zip(prepared, trackers, strict=True):
+            tracker.flush()
+            if on_text is not None:
+                rest = tracker.take_rest()
+                if rest:
+                    on_text(rest)
+            results.append(
+                GenerationResult(
+                    text=tracker.text,
+                    prompt_tokens=len(item.ids),
+                    completion_tokens=tracker.n_tokens,
+                    finish_reason="stop" if tracker.done else "length",
+                    method=method_name(method),
+                    truncation=item.truncation,
+                )
+            )
+        return results
+
+    def _wait_for_model(self, deadline: float | None, cancel: threading.Event | None) -> bool:
+        """Take the model's lock; False once the deadline passes. A cancelled caller stops waiting
+        (within 50 ms) and never starts its prefill."""
+        while True:
+            if cancel is not None and cancel.is_set():
+                raise GenerationCancelled("Cancelled while waiting for the model.")
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            wait = min((t for t in (left, 0.05 if cancel is not None else None) if t is not None), default=-1)
+            if self._lock.acquire(timeout=wait):
+                if cancel is not None and cancel.is_set():
+                    self._lock.release()
+                    raise GenerationCancelled("Cancelled while waiting for the model.")
+                return True
+            if left == 0:
+                return False
+
+    def _grammar_processor(self, grammar: Grammar, rows: int) -> GrammarProcessor:
+        vocab_size = int(self.model.get_output_embeddings().weight.shape[0])  # the width of the logits
+        with self._tokenizer_lock:
+            tokenizer = grammar_tokenizer(self.tokenizer, vocab_size, self._eos_ids)
+        return GrammarProcessor(grammar, tokenizer, rows)
+
+    def _batch(self, prepared: list[_Prepared]) -> dict[str, torch.Tensor]:
+        """Left-padded input ids and attention mask, so every row ends where generation begins."""
+        width = max(len(item.ids) for item in prepared)
+        input_ids = torch.full((len(prepared), width), self._pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prepared), width), dtype=torch.long)
+        for row, item in enumerate(prepared):
+            input_ids[row, width - len(item.ids) :] = torch.tensor(item.ids, dtype=torch.long)
+            attention_mask[row, width - len(item.ids) :] = 1
+        device = self.model.device
+        return {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device)}
+
+    def _decoding(self) -> dict[str, Any]:
+        """generate() arguments of the compiled path: a static cache and the compiled decode step."""
+        if self._compile_config is None:
+            return {"disable_compile": True}
+        return {"cache_implementation": "static", "compile_config": self._compile_config}
+
+    @staticmethod
+    def _sampling(config: GenerationSettings) -> dict[str, Any]:
+        if config.temperature == 0:
+            # Clear sampling knobs a model's generation_config may carry, which greedy ignores.
+            return {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+        return {"do_sample": True, "temperature": config.temperature, "top_p": config.top_p}
+
+    @contextlib.contextmanager
+    def _seeded(self, seed: int | None) -> Iterator[None]:
+        """Seed sampling for this call only, leaving the global random state as it was."""
+        if seed is None:
+            yield
+            return
+        device = self.model.device
+        devices = [device.index or 0] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            yield

@@ -1,0 +1,288 @@
+"""What a method is: a small validated config that saves to JSON and declares, on its class, all
+the rest of the package needs to know about it.
+
+A method is one module: its config (a `MethodConfig` subclass) and the hooks that apply it.
+Defining the subclass registers it, as a PEFT type is registered:
+
+    @dataclass
+    class Toy(MethodConfig):
+        kind = "toy"                       # its name in saved JSON
+        hooks = ToyHooks                   # a ModelHooks subclass (rag_mspoe.rope.hooks)
+        presets = {"toy": {}}              # names users can type for ready configs
+        argument_name = "toy"              # optional, with from_argument: the spec 'toy:2'
+        strength: float = 1.0
+
+        @classmethod
+        def from_argument(cls, part, argument):
+            return cls(strength=number_argument(part, argument))
+
+Everything that reads these declarations (`rescale`, `Compose`, the spec language, the
+evaluation's batching, the server's model list) finds the method here, never in a table of its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import numbers
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from rag_mspoe.files import atomic_write
+
+logger = logging.getLogger(__name__)
+
+METHOD_FILE = "rag_mspoe_method.json"
+
+
+class AppliedHooks(Protocol):
+    """What `rescale` needs from the hooks that apply a method (`rag_mspoe.rope.hooks.ModelHooks`)."""
+
+    @property
+    def method(self) -> MethodConfig: ...
+
+    def install(self) -> None: ...
+
+    def uninstall(self) -> None: ...
+
+
+def _package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rag-mspoe")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+@dataclass
+class MethodConfig:
+    """Base of every method config: JSON round trip, and the declarations every method makes once.
+
+    Class attributes a method sets:
+      kind          the name saved in JSON ("method"); a class with a kind is registered when defined
+      hooks         what applies it to a model: called as hooks(model, config), it returns hooks
+                    with install()/uninstall() (a `rag_mspoe.rope.hooks.ModelHooks` subclass)
+      presets       names users can type for ready configs, each with its field values
+      argument_name the spec name of its 'name:ARG' form, parsed by `from_argument` (none if empty)
+      composes      Compose may stack it with other composing methods applied by the same hooks
+      once_per_compose  at most one config of this kind in a Compose
+    and may override `reads_last_row` and `needs_document_spans` (batching and prompt needs).
+    """
+
+    kind: ClassVar[str] = ""
+    hooks: ClassVar[Callable[[Any, Any], AppliedHooks]]
+    presets: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+    argument_name: ClassVar[str] = ""
+    composes: ClassVar[bool] = False
+    once_per_compose: ClassVar[bool] = False
+    registry: ClassVar[dict[str, type[MethodConfig]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not cls.kind:
+            return  # a shared base of several methods, not a method
+        # Spec names must say one thing; the kind itself may be defined again (a reloaded module).
+        taken = {
+            name: other.__name__
+            for other in MethodConfig.registry.values()
+            if other.kind != cls.kind
+            for name in (*other.presets, other.argument_name)
+            if name
+        }
+        clashes = sorted(name for name in {*cls.presets, cls.argument_name} if name in taken)
+        if clashes:
+            raise ValueError(
+                f"{cls.__name__} takes the spec name(s) {clashes}, already used by "
+                f"{sorted({taken[n] for n in clashes})}; choose other names."
+            )
+        MethodConfig.registry[cls.kind] = cls
+
+    # -- what other parts of the package ask a method --------------------------------------------
+    @classmethod
+    def from_argument(cls, part: str, argument: str) -> MethodConfig:
+        """The config of the spec part 'name:argument' (`part` is the whole part, for messages)."""
+        raise NotImplementedError(f"{cls.__name__} sets argument_name but not from_argument.")
+
+    def hooks_class(self) -> Callable[[Any, Any], AppliedHooks]:
+        """What applies this config to a model (a Compose: what applies its parts)."""
+        hooks = getattr(type(self), "hooks", None)
+        if hooks is None:
+            raise TypeError(
+                f"No hooks apply a {type(self).__name__} (kind {self.kind!r}): its class declares none "
+                "(set `hooks` on it, see rag_mspoe.method_config)."
+            )
+        return hooks
+
+    def reads_last_row(self) -> bool:
+        """Whether it reads the last row of each sequence in a prefill, so that a right-padded batch
+        (lm-evaluation-harness) would feed it padding: such methods run with batch size 1 there."""
+        return False
+
+    def needs_document_spans(self) -> bool:
+        """Whether it needs to know where each document sits in the prompt (attention-level methods)."""
+        return False
+
+    # -- JSON --------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.kind, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MethodConfig:
+        data = dict(data)
+        kind = data.pop("method", None)
+        if kind not in MethodConfig.registry:
+            raise ValueError(
+                f"Unknown method {kind!r} in config; known methods: {sorted(MethodConfig.registry)}."
+            )
+        target = MethodConfig.registry[kind]
+        names = {f.name for f in dataclasses.fields(target)}
+        unknown = sorted(set(data) - names - {"rag_mspoe_version", "base_model"})
+        if unknown:
+            logger.warning(
+                "Ignoring unknown keys %s in the %s config (saved by another version?)", unknown, kind
+            )
+        return target._from_fields({k: v for k, v in data.items() if k in names})
+
+    @classmethod
+    def _from_fields(cls, fields: dict[str, Any]) -> MethodConfig:
+        return cls(**fields)
+
+    def save(self, path: str | os.PathLike[str], base_model: str | None = None) -> Path:
+        """Write the config as JSON: to `path` if it ends in .json, else to `path/rag_mspoe_method.json`."""
+        target = Path(path)
+        if target.suffix != ".json":
+            target = target / METHOD_FILE
+        payload = {**self.to_dict(), "rag_mspoe_version": _package_version(), "base_model": base_model}
+        atomic_write(target, (json.dumps(payload, indent=2) + "\n").encode())
+        return target
+
+
+@dataclass
+class Compose(MethodConfig):
+    """Several methods at once, applied by the same hooks (e.g. layer-wise on top of PI: per-layer
+    factors multiply; an Ms-PoE among them has its per-head ratios multiplied by the layer factors).
+
+    Which methods compose is their own declaration (`composes`, `once_per_compose`).
+    """
+
+    kind: ClassVar[str] = "compose"
+    methods: list[MethodConfig] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.methods:
+            raise ValueError("Compose needs at least one method.")
+        if any(isinstance(m, Compose) for m in self.methods):
+            raise ValueError("Nest methods flat: Compose(methods=[a, b, c]), not Compose inside Compose.")
+        for method in self.methods:
+            if not method.composes:
+                raise ValueError(
+                    f"{type(method).__name__} does not compose with other methods; apply it on its own."
+                )
+        for kind in {m.kind for m in self.methods if m.once_per_compose}:
+            if sum(m.kind == kind for m in self.methods) > 1:
+                raise ValueError(
+                    f"Compose accepts at most one {MethodConfig.registry[kind].__name__} method."
+                )
+        if len({m.hooks_class() for m in self.methods}) > 1:
+            raise ValueError(
+                f"{[type(m).__name__ for m in self.methods]} are applied by different hooks, which do not "
+                "stack; apply them one at a time."
+            )
+
+    def hooks_class(self) -> Callable[[Any, Any], AppliedHooks]:
+        return self.methods[0].hooks_class()
+
+    def reads_last_row(self) -> bool:
+        return any(m.reads_last_row() for m in self.methods)
+
+    def needs_document_spans(self) -> bool:
+        return any(m.needs_document_spans() for m in self.methods)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.kind, "methods": [m.to_dict() for m in self.methods]}
+
+    @classmethod
+    def _from_fields(cls, fields: dict[str, Any]) -> MethodConfig:
+        return cls(methods=[MethodConfig.from_dict(m) for m in fields.get("methods", [])])
+
+
+class _Presets(Mapping[str, MethodConfig]):
+    """Every preset name of every registered method, read from the registry when asked (so a
+    method registered later is there too); each lookup gives a fresh config."""
+
+    def __getitem__(self, name: str) -> MethodConfig:
+        for method in MethodConfig.registry.values():
+            if name in method.presets:
+                return method(**method.presets[name])
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for method in list(MethodConfig.registry.values()) for name in method.presets)
+
+    def __len__(self) -> int:
+        return sum(len(method.presets) for method in MethodConfig.registry.values())
+
+
+# Names a user can type (CLI, connectors, server model names) for ready configs.
+NAMED_METHODS: Mapping[str, MethodConfig] = _Presets()
+
+
+def argument_methods() -> dict[str, type[MethodConfig]]:
+    """The method of each 'name:ARG' spec name."""
+    return {method.argument_name: method for method in MethodConfig.registry.values() if method.argument_name}
+
+
+def load_method(path: str | os.PathLike[str]) -> MethodConfig:
+    """Read a config saved by `MethodConfig.save` (a .json file or the folder holding one)."""
+    target = Path(path)
+    if target.is_dir():
+        target = target / METHOD_FILE
+    if not target.is_file():
+        raise FileNotFoundError(f"No method config at {target}; save one with config.save(folder).")
+    try:
+        data = json.loads(target.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{target} is not valid JSON ({exc}); re-save the method config.") from exc
+    try:
+        return MethodConfig.from_dict(data)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{target}: {exc}; fix the value or re-save the method config.") from exc
+
+
+def method_name(method: MethodConfig | None) -> str:
+    """A short display name: the preset name when the config equals one, else its kind."""
+    if method is None:
+        return "none"
+    for name, named in NAMED_METHODS.items():
+        if named == method:
+            return name
+    if isinstance(method, Compose):
+        return "+".join(method_name(m) for m in method.methods)
+    return method.kind
+
+
+# -- checks and argument parsing that methods share ------------------------------------------------
+def check_factor(name: str, value: float) -> None:
+    check_finite(name, value)
+    if not value > 0:
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+
+
+def check_finite(name: str, value: float) -> None:
+    # JSON reads 1e309 as inf: a factor like that rescales every position to nothing.
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+
+
+def number_argument(part: str, text: str) -> float:
+    """A number in a spec part's argument; the error names the part."""
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{part!r}: {text!r} is not a number; write e.g. 'pi:2' or 'yarn:1.5'.") from None
