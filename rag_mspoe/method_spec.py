@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from rag_mspoe.attention.calibration import AttentionCalibration
 from rag_mspoe.methods import (
     CALIBRATED,
     NAMED_METHODS,
@@ -213,7 +214,8 @@ def _parse_part(part: str, model_name: str | None) -> SpecPart:
         raise ValueError(f"{part!r}: {name!r} takes no ':' argument.")
     raise ValueError(
         f"Unknown method {part!r}. Use {', '.join(known_names())}, "
-        "'name:arg' (pi:2, mspoe:1.2-1.8, dynamic-ntk:2, yarn:2, hidden:DIM,FACTOR), "
+        "'name:arg' (pi:2, mspoe:1.2-1.8, dynamic-ntk:2, yarn:2, hidden:DIM,FACTOR, "
+        "attention-calibration:TEMPERATURE), "
         "the path of a saved method config (.json or its folder), "
         "or combine parts with '+' (layerwise+pi)."
     )
@@ -254,7 +256,16 @@ def _hidden(part: str, arg: str) -> MethodConfig:
     return HiddenScale(dimension=int(_number(part, dimension)), factor=_number(part, factor or "0"))
 
 
-_ARGUMENT_PARSERS = {"pi": _uniform, "mspoe": _mspoe, "hidden": _hidden}
+def _attention_calibration(part: str, arg: str) -> MethodConfig:
+    return AttentionCalibration(temperature=_number(part, arg))
+
+
+_ARGUMENT_PARSERS = {
+    "pi": _uniform,
+    "mspoe": _mspoe,
+    "hidden": _hidden,
+    "attention-calibration": _attention_calibration,
+}
 
 
 def _display_name(

@@ -9,6 +9,10 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from rag_mspoe.attention.calibration import AttentionCalibration
+from rag_mspoe.attention.calibration_hooks import AttentionCalibrationHooks
+from rag_mspoe.attention.pine import Pine
+from rag_mspoe.attention.pine_hooks import PineHooks
 from rag_mspoe.loading import model_display_name
 from rag_mspoe.methods import (
     Compose,
@@ -35,6 +39,8 @@ HOOKS_BY_KIND: dict[str, type[ModelHooks]] = {
     MsPoE.kind: RotaryScaleState,
     Compose.kind: RotaryScaleState,
     HiddenScale.kind: HiddenScaleState,
+    AttentionCalibration.kind: AttentionCalibrationHooks,
+    Pine.kind: PineHooks,
 }
 
 
