@@ -44,14 +44,18 @@ def logits(model: Any, ids: Sequence[int], spans: Sequence[tuple[int, int]] | No
         return model(input_ids=torch.tensor([list(ids)])).logits[0]
 
 
-def answer_loglikelihood(model: Any, ids: Sequence[int], spans: Sequence[tuple[int, int]], answer: int) -> float:
+def answer_loglikelihood(
+    model: Any, ids: Sequence[int], spans: Sequence[tuple[int, int]], answer: int
+) -> float:
     """Log-likelihood of the last `answer` tokens of `ids` given the rest."""
     out = logits(model, ids, spans).float().log_softmax(-1)
     targets = torch.tensor(list(ids)[-answer:])
     return float(out[-answer - 1 : -1].gather(-1, targets[:, None]).sum())
 
 
-def incremental_logits(model: Any, ids: Sequence[int], spans: Sequence[tuple[int, int]], prompt: int) -> torch.Tensor:
+def incremental_logits(
+    model: Any, ids: Sequence[int], spans: Sequence[tuple[int, int]], prompt: int
+) -> torch.Tensor:
     """Logits of every token after the first `prompt`, from a prefill and then one token at a time."""
     from transformers import DynamicCache
 

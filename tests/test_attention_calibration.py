@@ -81,9 +81,9 @@ def test_a_left_padded_batch_equals_each_prompt_alone(tmp_path):
     bias_path = tmp_path / "bias.json"
     config = model.config
     shape = (config.num_hidden_layers, config.num_attention_heads)
-    PositionalBias(
-        "tiny", {n: torch.linspace(0.0, 0.3, n).expand(*shape, n).clone() for n in (3, 4)}
-    ).save(bias_path)
+    PositionalBias("tiny", {n: torch.linspace(0.0, 0.3, n).expand(*shape, n).clone() for n in (3, 4)}).save(
+        bias_path
+    )
     rescale(model, AttentionCalibration(bias=str(bias_path)))
     alone = [logits(model, first, first_spans), logits(model, second, second_spans)]
     batch = left_padded([first, second])
@@ -139,3 +139,34 @@ def test_config_round_trip_spec_and_composition(tmp_path):
         Compose(methods=[MsPoE(), AttentionCalibration()])
     with pytest.raises(ValueError, match="does not compose"):
         parse_method("attention-calibration+pi")
+
+
+def test_the_reference_bias_is_estimated_once_per_layout_and_then_used(tmp_path, monkeypatch):
+    from transformers import AutoTokenizer
+
+    from rag_mspoe import embedded_models
+    from rag_mspoe.attention import bias_cache_path, estimate_positional_bias, prompt_with_spans
+    from rag_mspoe.pipelines.packing import render_qa_prompt
+
+    tokenizer = AutoTokenizer.from_pretrained(embedded_models.prepare("smollm2-135m-instruct"))
+    monkeypatch.setenv("RAG_MSPOE_CACHE", str(tmp_path))
+    model = tiny_model("llama", vocab_size=len(tokenizer))
+    estimate = estimate_positional_bias(model, tokenizer, [3])
+    table = estimate.layouts[3]
+    assert table.shape == (4, 4, 3)
+    assert bool((table >= 0).all()) and bool((table.sum(-1) <= 1 + 1e-6).all())
+    assert bias_cache_path("").is_file()
+
+    documents = [("Lanterns", "The lantern burns nine hours."), ("Bridges", "Rebuilt in 1841.")]
+    prompt, char_spans = render_qa_prompt("How long does the lantern burn?", [*documents, documents[0]])
+    ids, spans = prompt_with_spans(tokenizer, prompt, char_spans)
+    rescale(model, AttentionCalibration(bias="zero"))
+    before = logits(model, ids, spans)
+    rescale(model, AttentionCalibration())
+    after = logits(model, ids, spans)
+    # A random model's bias is mild, but it is read and used: the last row moves.
+    assert (after[-1] - before[-1]).abs().max() > 1e-5
+    prompt, char_spans = render_qa_prompt("How long does the lantern burn?", documents)
+    ids, spans = prompt_with_spans(tokenizer, prompt, char_spans)
+    with pytest.raises(ValueError, match=r"estimate_positional_bias\(model, tokenizer, 2\)"):
+        logits(model, ids, spans)

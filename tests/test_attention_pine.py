@@ -121,7 +121,9 @@ def test_permuting_documents_leaves_the_embedded_models_answer_unchanged(embedde
         "(Title: Bakery) The bakery on the square opens at six and sells rye bread first.\n",
     ]
     marker = "@@DOCUMENTS@@"
-    text = render_text(tokenizer, f"Answer from the search results.\n\n{marker}\nQuestion: How long does the lantern burn?")
+    text = render_text(
+        tokenizer, f"Answer from the search results.\n\n{marker}\nQuestion: How long does the lantern burn?"
+    )
     before, after = text.split(marker)
 
     def tokens(piece: str) -> list[int]:
@@ -130,14 +132,16 @@ def test_permuting_documents_leaves_the_embedded_models_answer_unchanged(embedde
     answer = tokens("Nine hours.")
     dtype = model.dtype
     model.float()
-    scores = {}
+    # Each piece tokenized alone: permuting the documents permutes whole token blocks.
+    prompts = [
+        block_prompt(tokens(before), [tokens(documents[i]) for i in order], tokens(after))
+        for order in itertools.permutations(range(3))
+    ]
     try:
+        unmodified = [answer_loglikelihood(model, ids + answer, spans, len(answer)) for ids, spans in prompts]
         with rescaled(model, Pine()):
-            # Each piece tokenized alone: permuting the documents permutes whole token blocks.
-            for order in itertools.permutations(range(3)):
-                ids, spans = block_prompt(tokens(before), [tokens(documents[i]) for i in order], tokens(after))
-                scores[order] = answer_loglikelihood(model, ids + answer, spans, len(answer))
+            scores = [answer_loglikelihood(model, ids + answer, spans, len(answer)) for ids, spans in prompts]
     finally:
         model.to(dtype)
-    values = list(scores.values())
-    assert max(values) - min(values) < 1e-3, scores
+    assert max(unmodified) - min(unmodified) > 1e-2, unmodified
+    assert max(scores) - min(scores) < 1e-3, scores

@@ -99,7 +99,9 @@ def estimate_positional_bias(
         raise ValueError(f"num_documents must be positive, got {num_documents!r}")
     name = model_display_name(model)
     target = bias_cache_path(name) if save is True else (Path(save) if save else None)
-    estimate = PositionalBias.load(target) if target is not None and target.is_file() else PositionalBias(name)
+    estimate = (
+        PositionalBias.load(target) if target is not None and target.is_file() else PositionalBias(name)
+    )
     device = next(model.parameters()).device
     with rescaled(model, AttentionCalibration(bias=ZERO_BIAS)):
         state = getattr(model, STATE_ATTR)

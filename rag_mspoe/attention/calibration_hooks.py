@@ -39,7 +39,13 @@ class AttentionCalibrationHooks(DocumentAttentionHooks):
         return self._layers
 
     def attend(
-        self, layer: int, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, **kwargs: Any
+        self,
+        layer: int,
+        module: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        **kwargs: Any,
     ) -> torch.Tensor:
         original = kwargs.pop("original")
         attention_mask = kwargs.pop("attention_mask")
@@ -64,7 +70,7 @@ class AttentionCalibrationHooks(DocumentAttentionHooks):
 
         member = row_membership(self.rows, keys, device)  # [B, keys, K]
         mass = weights @ member[:, None]  # [B, H, rows, K]
-        calibrated = (torch.arange(start, queries, device=device)[None] >= first[:, None].to(device))
+        calibrated = torch.arange(start, queries, device=device)[None] >= first[:, None].to(device)
         if self.recorded is not None:
             self._record(layer, mass, calibrated)
         present = member.sum(dim=1) > 0  # [B, K]
@@ -74,7 +80,9 @@ class AttentionCalibrationHooks(DocumentAttentionHooks):
         attended = (weights * key_factor) @ expand_heads(value, heads).float()  # [B, H, rows, D]
         result = output.clone()
         tail = result[:, start:]
-        result[:, start:] = torch.where(calibrated[:, :, None, None], attended.transpose(1, 2).to(tail.dtype), tail)
+        result[:, start:] = torch.where(
+            calibrated[:, :, None, None], attended.transpose(1, 2).to(tail.dtype), tail
+        )
         return result
 
     def _first_calibrated(self, queries: int, keys: int) -> torch.Tensor:
@@ -91,7 +99,9 @@ class AttentionCalibrationHooks(DocumentAttentionHooks):
             firsts.append(min(max(first - past, 0), queries))
         return torch.tensor(firsts)
 
-    def _document_factors(self, mass: torch.Tensor, bias: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+    def _document_factors(
+        self, mass: torch.Tensor, bias: torch.Tensor, present: torch.Tensor
+    ) -> torch.Tensor:
         """[B, H, rows, K]: the factor on each document's weights; the documents' total is kept."""
         present = present[:, None, None, :]
         bias = bias[:, :, None, :]
@@ -142,7 +152,8 @@ class AttentionCalibrationHooks(DocumentAttentionHooks):
         if not source.is_file():
             raise FileNotFoundError(
                 f"AttentionCalibration.bias is {self.calibration.bias!r}: no such estimate. Use "
-                f"{REFERENCE_BIAS!r}, {ZERO_BIAS!r} or a file written by estimate_positional_bias(..., save=path)."
+                f"{REFERENCE_BIAS!r}, {ZERO_BIAS!r} or a file written by "
+                "estimate_positional_bias(..., save=path)."
             )
         return source
 

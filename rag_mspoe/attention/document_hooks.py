@@ -59,7 +59,13 @@ class DocumentAttentionHooks(ModelHooks):
         raise NotImplementedError
 
     def attend(
-        self, layer: int, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, **kwargs: Any
+        self,
+        layer: int,
+        module: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        **kwargs: Any,
     ) -> torch.Tensor:
         """The attention output [B, Tq, H, D] of one layer (q, k, v as [B, heads, T, D])."""
         raise NotImplementedError
@@ -71,7 +77,9 @@ class DocumentAttentionHooks(ModelHooks):
         config: Any = self.model.config
         original = config._attn_implementation or "eager"
         if original.startswith(IMPLEMENTATION_PREFIX):
-            raise RuntimeError("Another attention-level method is still installed; unrescale the model first.")
+            raise RuntimeError(
+                "Another attention-level method is still installed; unrescale the model first."
+            )
         name = IMPLEMENTATION_PREFIX + original
         ALL_ATTENTION_FUNCTIONS.register(name, _dispatch)
         if original in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
@@ -179,7 +187,12 @@ class DocumentAttentionHooks(ModelHooks):
 
 
 def _dispatch(
-    module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any, **kwargs: Any
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Any,
+    **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """The attention function registered while an attention-level method is installed."""
     hooks: DocumentAttentionHooks | None = getattr(module, HOOKS_ATTR, None)
@@ -192,7 +205,14 @@ def _dispatch(
     if hooks is None or all(row is None for row in hooks.rows):
         return original(module, query, key, value, attention_mask, **kwargs)  # type: ignore[no-any-return]
     output = hooks.attend(
-        module.layer_idx, module, query, key, value, attention_mask=attention_mask, original=original, **kwargs
+        module.layer_idx,
+        module,
+        query,
+        key,
+        value,
+        attention_mask=attention_mask,
+        original=original,
+        **kwargs,
     )
     return output, None
 

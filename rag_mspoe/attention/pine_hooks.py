@@ -47,7 +47,13 @@ class PineHooks(DocumentAttentionHooks):
         return list(range(len(self.decoder.layers)))
 
     def attend(
-        self, layer: int, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, **kwargs: Any
+        self,
+        layer: int,
+        module: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        **kwargs: Any,
     ) -> torch.Tensor:
         original = kwargs.pop("original")
         attention_mask = kwargs.pop("attention_mask")
@@ -116,7 +122,10 @@ class PineHooks(DocumentAttentionHooks):
         raw_keys = self._unrotate(key[:, begin:end], positions[begin:end], layer_type)
         scores = (raw_query @ raw_keys.transpose(-1, -2)) * scaling  # [H, R, doc tokens]
         importance = torch.stack(
-            [scores[..., s - begin : e - begin].logsumexp(dim=-1) - lengths[d].log() for d, (s, e) in enumerate(spans)],
+            [
+                scores[..., s - begin : e - begin].logsumexp(dim=-1) - lengths[d].log()
+                for d, (s, e) in enumerate(spans)
+            ],
             dim=-1,
         )  # [H, R, K]
         own_mask = torch.nn.functional.one_hot(own_safe, len(spans)).bool() & in_docs[:, None]
@@ -175,5 +184,6 @@ class PineHooks(DocumentAttentionHooks):
     def _layer_type(self, layer: int) -> str | None:
         if not self.arch.rope_per_layer_type:
             return None
-        layer_type: str = self.model.config.layer_types[layer]
+        config: Any = self.model.config
+        layer_type: str = config.layer_types[layer]
         return layer_type

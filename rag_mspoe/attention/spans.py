@@ -125,7 +125,7 @@ def document_spans(
     from rag_mspoe.rope.rescaling import STATE_ATTR
 
     resolved = DocumentSpans.of(spans)
-    state = getattr(model, STATE_ATTR, None)
+    state: Any = getattr(model, STATE_ATTR, None)
     if not hasattr(state, "spans"):
         yield resolved
         return
