@@ -135,6 +135,9 @@ def main() -> None:
         ids, spans = documents_prompt(tokenizer, count, args.words)
         prefill: dict[str, list[float]] = {m: [] for m in args.methods}
         decode: dict[str, list[float]] = {m: [] for m in args.methods}
+        for method in args.methods:  # warm up every method's code paths once
+            with rescaled(model, method_config(method, bias)):
+                prefill_and_decode(model, ids, spans, 2)
         for _ in range(args.repeats):  # interleave methods so drift hits all of them alike
             for method in args.methods:
                 with rescaled(model, method_config(method, bias)):

@@ -17,7 +17,7 @@ from torch import nn
 
 from rag_mspoe.attention.bias import PositionalBias, bias_cache_path
 from rag_mspoe.attention.calibration import REFERENCE_BIAS, ZERO_BIAS, AttentionCalibration
-from rag_mspoe.attention.document_hooks import DocumentAttentionHooks, expand_heads, row_membership
+from rag_mspoe.attention.document_hooks import DocumentAttentionHooks, by_key_head, row_membership
 from rag_mspoe.loading import model_display_name
 from rag_mspoe.rope.hooks import key_validity
 
@@ -59,7 +59,7 @@ class AttentionCalibrationHooks(DocumentAttentionHooks):
         rows = queries - start
         device = query.device
         scaling = kwargs.get("scaling", getattr(module, "scaling", None)) or query.shape[-1] ** -0.5
-        logits = (query[:, :, start:].float() @ expand_heads(key, heads).float().transpose(-1, -2)) * scaling
+        logits = by_key_head(query[:, :, start:].float(), key.float().transpose(-1, -2)) * scaling
         cap = self.arch.logit_softcap(self.model.config)
         if cap:
             logits = torch.tanh(logits / cap) * cap
@@ -68,16 +68,22 @@ class AttentionCalibrationHooks(DocumentAttentionHooks):
         weights = torch.softmax(logits.masked_fill(~valid[:, None], float("-inf")), dim=-1)
         weights = weights.nan_to_num(0.0)  # a padded row that sees no key at all
 
-        member = row_membership(self.rows, keys, device)  # [B, keys, K]
+        if "member" not in self.per_forward:
+            self.per_forward["member"] = row_membership(self.rows, keys, device)
+        member = self.per_forward["member"]  # [B, keys, K]
         mass = weights @ member[:, None]  # [B, H, rows, K]
         calibrated = torch.arange(start, queries, device=device)[None] >= first[:, None].to(device)
         if self.recorded is not None:
             self._record(layer, mass, calibrated)
         present = member.sum(dim=1) > 0  # [B, K]
-        factor = self._document_factors(mass, self._row_bias(layer, member.shape[-1], device), present)
+        tables = self.per_prefill.setdefault("bias", {})
+        if layer not in tables:
+            tables[layer] = self._row_bias(layer, member.shape[-1], device)
+        bias = tables[layer]
+        factor = self._document_factors(mass, bias, present)
         # Keys outside every document keep their weight.
         key_factor = factor @ member.transpose(1, 2)[:, None] + (1 - member.sum(-1))[:, None, None]
-        attended = (weights * key_factor) @ expand_heads(value, heads).float()  # [B, H, rows, D]
+        attended = by_key_head(weights * key_factor, value.float())  # [B, H, rows, D]
         result = output.clone()
         tail = result[:, start:]
         result[:, start:] = torch.where(

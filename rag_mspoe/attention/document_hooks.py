@@ -53,6 +53,10 @@ class DocumentAttentionHooks(ModelHooks):
         self.prompt_length = 0  # tokens in the last prefill, padding included
         self.key_positions: torch.Tensor | None = None  # [B, keys]: position id of every cached key
         self._positions_stale = True
+        # What every layer of one forward would compute alike (key membership, ...), by name.
+        self.per_forward: dict[str, Any] = {}
+        # What holds from one prefill until the next (per-layer tables of its documents), by name.
+        self.per_prefill: dict[str, Any] = {}
 
     def layers(self) -> list[int]:
         """The layers whose attention goes to `attend`."""
@@ -111,6 +115,7 @@ class DocumentAttentionHooks(ModelHooks):
     def _on_decoder(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         super()._on_decoder(module, args, kwargs)
         self._positions_stale = True
+        self.per_forward = {}
         if not self.forward.starts_fresh:
             return
         inputs = kwargs.get("input_ids")
@@ -121,6 +126,7 @@ class DocumentAttentionHooks(ModelHooks):
         if inputs is None:
             raise ValueError("The decoder was called without input_ids or inputs_embeds.")
         batch, length = inputs.shape[0], inputs.shape[1]
+        self.per_prefill = {}
         self.rows = self._row_documents(batch, length)
         self.prompt_length = length
 
@@ -217,9 +223,15 @@ def _dispatch(
     return output, None
 
 
-def expand_heads(x: torch.Tensor, query_heads: int) -> torch.Tensor:
-    """[B, kv_heads, T, D] -> [B, query_heads, T, D], each KV head repeated for its query heads."""
-    return x.repeat_interleave(query_heads // x.shape[1], dim=1)
+def by_key_head(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    """[B, H, R, X] @ [B, kv_heads, X, Y] -> [B, H, R, Y], query head h reading KV head h // group.
+
+    The query heads of a group share one product, so the KV cache is never copied per query head.
+    """
+    batch, heads, rows, inner = left.shape
+    groups = right.shape[1]
+    grouped = left.reshape(batch, groups, (heads // groups) * rows, inner) @ right
+    return grouped.reshape(batch, heads, rows, right.shape[-1])
 
 
 def row_membership(rows: list[RowDocuments | None], keys: int, device: torch.device) -> torch.Tensor:

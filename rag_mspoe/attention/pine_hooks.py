@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rag_mspoe.attention.document_hooks import DocumentAttentionHooks, RowDocuments, expand_heads
+from rag_mspoe.attention.document_hooks import DocumentAttentionHooks, RowDocuments, by_key_head
 
 ROW_CHUNK = 256
 
@@ -65,7 +65,7 @@ class PineHooks(DocumentAttentionHooks):
         padding = self.key_padding(batch, keys, device)
         scaling = kwargs.get("scaling", getattr(module, "scaling", None)) or query.shape[-1] ** -0.5
         layer_type = self._layer_type(layer)
-        key_heads, value_heads = expand_heads(key, heads).float(), expand_heads(value, heads).float()
+        keys_float, values_float = key.float(), value.float()
         past = keys - queries
         for b, row in enumerate(self.rows):
             if row is None:
@@ -76,8 +76,8 @@ class PineHooks(DocumentAttentionHooks):
                     row,
                     query[b, :, first:last].float(),
                     torch.arange(past + first, past + last, device=device),
-                    key_heads[b],
-                    value_heads[b],
+                    keys_float[b],
+                    values_float[b],
                     positions[b],
                     padding[b],
                     scaling,
@@ -91,8 +91,8 @@ class PineHooks(DocumentAttentionHooks):
         row: RowDocuments,
         query: torch.Tensor,  # [H, R, D], rotated at the natural positions
         index: torch.Tensor,  # [R]: each query's index among the keys
-        key: torch.Tensor,  # [H, keys, D], rotated at the natural positions
-        value: torch.Tensor,  # [H, keys, D]
+        key: torch.Tensor,  # [kv heads, keys, D], rotated at the natural positions
+        value: torch.Tensor,  # [kv heads, keys, D]
         positions: torch.Tensor,  # [keys]
         padding: torch.Tensor,  # [keys] bool
         scaling: float,
@@ -120,7 +120,7 @@ class PineHooks(DocumentAttentionHooks):
 
         raw_query = self._unrotate(query, query_positions, layer_type)
         raw_keys = self._unrotate(key[:, begin:end], positions[begin:end], layer_type)
-        scores = (raw_query @ raw_keys.transpose(-1, -2)) * scaling  # [H, R, doc tokens]
+        scores = grouped(raw_query, raw_keys.transpose(-1, -2)) * scaling  # [H, R, doc tokens]
         importance = torch.stack(
             [
                 scores[..., s - begin : e - begin].logsumexp(dim=-1) - lengths[d].log()
@@ -139,11 +139,12 @@ class PineHooks(DocumentAttentionHooks):
 
         # Text before and after the documents keeps its positions; the query may have moved.
         placed_query = self._rotate(raw_query, effective, layer_type)
-        pieces = [placed_query @ key[:, :begin].transpose(-1, -2)]
+        pieces = [grouped(placed_query, key[:, :begin].transpose(-1, -2))]
+        shifts = effective[None, :, None] - placed_starts + natural_starts  # [H, R, K]
+        per_document = self._rotate(raw_query[:, :, None], shifts, layer_type)  # [H, R, K, D]
         for d, (s, e) in enumerate(spans):
-            shift = effective[None] - placed_starts[..., d] + natural_starts[d]  # [H, R]
-            pieces.append(self._rotate(raw_query, shift, layer_type) @ key[:, s:e].transpose(-1, -2))
-        pieces.append(placed_query @ key[:, end:].transpose(-1, -2))
+            pieces.append(grouped(per_document[:, :, d], key[:, s:e].transpose(-1, -2)))
+        pieces.append(grouped(placed_query, key[:, end:].transpose(-1, -2)))
         logits = torch.cat(pieces, dim=-1) * scaling
         cap = self.arch.logit_softcap(self.model.config)
         if cap:
@@ -158,7 +159,7 @@ class PineHooks(DocumentAttentionHooks):
             | ((columns[None] >= end) & causal)
         ) & padding[None]
         weights = torch.softmax(logits.masked_fill(~visible[None], float("-inf")), dim=-1)
-        return weights @ value  # [H, R, D]
+        return grouped(weights, value)  # [H, R, D]
 
     def _tables(
         self, positions: torch.Tensor, like: torch.Tensor, layer_type: str | None
@@ -187,3 +188,8 @@ class PineHooks(DocumentAttentionHooks):
         config: Any = self.model.config
         layer_type: str = config.layer_types[layer]
         return layer_type
+
+
+def grouped(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    """[H, R, X] @ [kv heads, X, Y] -> [H, R, Y] (see `by_key_head`)."""
+    return by_key_head(left[None], right[None])[0]
