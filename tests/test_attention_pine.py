@@ -145,3 +145,21 @@ def test_permuting_documents_leaves_the_embedded_models_answer_unchanged(embedde
         model.to(dtype)
     assert max(unmodified) - min(unmodified) > 1e-2, unmodified
     assert max(scores) - min(scores) < 1e-3, scores
+
+
+def test_continuations_of_one_prefilled_prompt_equal_full_forwards():
+    # How the engine scores several answers: prefill once, expand the cache, run the answers.
+    from transformers import DynamicCache
+
+    model = tiny_model("llama")
+    ids, spans = block_prompt(*_blocks())
+    prompt, answers = ids[:-ANSWER], [ids[-ANSWER:], ids[-ANSWER:][::-1]]
+    rescale(model, Pine())
+    cache = DynamicCache(config=model.config)
+    with document_spans(model, [spans]), torch.no_grad():
+        model(input_ids=torch.tensor([prompt]), past_key_values=cache, use_cache=True)
+        cache.batch_repeat_interleave(2)
+        together = model(input_ids=torch.tensor(answers), past_key_values=cache, use_cache=True).logits
+    for row, answer in enumerate(answers):
+        alone = logits(model, prompt + answer, spans)[-ANSWER:]
+        torch.testing.assert_close(together[row], alone, atol=2e-5, rtol=1e-5)

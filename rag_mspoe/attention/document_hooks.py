@@ -116,8 +116,6 @@ class DocumentAttentionHooks(ModelHooks):
         super()._on_decoder(module, args, kwargs)
         self._positions_stale = True
         self.per_forward = {}
-        if not self.forward.starts_fresh:
-            return
         inputs = kwargs.get("input_ids")
         if inputs is None:
             inputs = kwargs.get("inputs_embeds")
@@ -126,9 +124,13 @@ class DocumentAttentionHooks(ModelHooks):
         if inputs is None:
             raise ValueError("The decoder was called without input_ids or inputs_embeds.")
         batch, length = inputs.shape[0], inputs.shape[1]
-        self.per_prefill = {}
-        self.rows = self._row_documents(batch, length)
-        self.prompt_length = length
+        if self.forward.starts_fresh:
+            self.per_prefill = {}
+            self.rows = self._row_documents(batch, length)
+            self.prompt_length = length
+        elif len(self.rows) == 1 and batch > 1:
+            # Several continuations of one prefilled prompt (its cache expanded to the batch).
+            self.rows = self.rows * batch
 
     def _on_rotary(self, _module: nn.Module, args: tuple, kwargs: dict, _output: Any) -> None:
         self.forward.position_ids = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
@@ -172,7 +174,8 @@ class DocumentAttentionHooks(ModelHooks):
             current = current.to(device)
             earlier = self.key_positions if not self.forward.starts_fresh else None
             if earlier is not None and earlier.shape[0] != current.shape[0]:
-                current = current.expand(earlier.shape[0], -1)
+                batch = max(earlier.shape[0], current.shape[0])
+                earlier, current = earlier.expand(batch, -1), current.expand(batch, -1)
             self.key_positions = current if earlier is None else torch.cat([earlier, current], dim=1)
             self._positions_stale = False
         assert self.key_positions is not None
