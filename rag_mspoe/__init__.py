@@ -6,6 +6,7 @@ rescale(model, MsPoE())                  # or Uniform(1.5), LayerWise(factors=[.
 unrescale(model)                         # back to the unmodified model, exactly
 """
 
+from rag_mspoe.attention import AttentionCalibration, Pine, document_spans
 from rag_mspoe.devices import DeviceError
 from rag_mspoe.loading import ModelLoadError, load_model, model_display_name
 from rag_mspoe.methods import (
@@ -33,6 +34,7 @@ from rag_mspoe.rope.rescaling import (
 
 __all__ = [
     "ARCHITECTURES",
+    "AttentionCalibration",
     "NAMED_METHODS",
     "Compose",
     "DeviceError",
@@ -41,9 +43,11 @@ __all__ = [
     "MethodConfig",
     "ModelLoadError",
     "MsPoE",
+    "Pine",
     "Uniform",
     "UnsupportedArchitectureError",
     "current_method",
+    "document_spans",
     "frozen_head_order",
     "head_ratios",
     "head_scores",

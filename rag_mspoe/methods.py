@@ -273,7 +273,7 @@ class Compose(MethodConfig):
             raise ValueError("Compose accepts at most one Ms-PoE method.")
         if any(isinstance(m, HiddenScale) for m in self.methods):
             raise ValueError("HiddenScale does not compose with RoPE methods; apply it on its own.")
-        attention = [m.kind for m in self.methods if isinstance(m, AttentionCalibration | Pine)]
+        attention = [m.kind for m in self.methods if m.kind in ATTENTION_KINDS]
         if attention:
             raise ValueError(
                 f"{attention[0]} changes attention, not RoPE, and does not compose with other methods; "
@@ -301,12 +301,12 @@ NAMED_METHODS: dict[str, MethodConfig] = {
         control_points=[(0.0, 1.0), (0.33, 1.8), (0.67, 1.6), (1.0, 1.2)], x_is_fraction=True
     ),
 }
-# Attention-level methods (rag_mspoe.attention) subclass MethodConfig, so they load after it.
-from rag_mspoe.attention.calibration import AttentionCalibration  # noqa: E402
-from rag_mspoe.attention.pine import Pine  # noqa: E402
+# The attention-level methods (rag_mspoe.attention) subclass MethodConfig and add their names to
+# NAMED_METHODS when their modules load, which must follow both; they change attention, not RoPE.
+ATTENTION_KINDS = {"attention-calibration", "pine"}
+import rag_mspoe.attention.calibration  # noqa: E402
+import rag_mspoe.attention.pine  # noqa: E402, F401
 
-NAMED_METHODS["attention-calibration"] = AttentionCalibration()
-NAMED_METHODS["pine"] = Pine()
 UNMODIFIED_NAMES = {"none", "unmodified", "original", "baseline"}
 # Resolves per model, to the config shipped for it (rag_mspoe.calibrated).
 CALIBRATED = "calibrated"

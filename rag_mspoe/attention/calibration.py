@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from rag_mspoe.methods import MethodConfig
+from rag_mspoe.methods import NAMED_METHODS, MethodConfig
 
 # Where the positional bias comes from (see `AttentionCalibration.bias`).
 REFERENCE_BIAS = "reference"
@@ -70,3 +70,6 @@ class AttentionCalibration(MethodConfig):
         if bad:
             raise ValueError(f"AttentionCalibration.layers has {bad}; the model has {num_layers} layers.")
         return sorted(set(self.layers))
+
+
+NAMED_METHODS["attention-calibration"] = AttentionCalibration()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from rag_mspoe.methods import MethodConfig
+from rag_mspoe.methods import NAMED_METHODS, MethodConfig
 
 
 @dataclass
@@ -23,3 +23,6 @@ class Pine(MethodConfig):
     """
 
     kind: ClassVar[str] = "pine"
+
+
+NAMED_METHODS["pine"] = Pine()
