@@ -49,12 +49,14 @@ class AttentionCalibrationHooks(DocumentAttentionHooks):
     ) -> torch.Tensor:
         original = kwargs.pop("original")
         attention_mask = kwargs.pop("attention_mask")
-        output: torch.Tensor = original(module, query, key, value, attention_mask, **kwargs)[0]
         batch, heads, queries, _ = query.shape
         keys = key.shape[2]
         first = self._first_calibrated(queries, keys)
         start = int(first.min())
-        if start >= queries:
+        # When every row is calibrated (decoding), the original attention would be thrown away.
+        every_row = bool((first == 0).all())
+        output = None if every_row else original(module, query, key, value, attention_mask, **kwargs)[0]
+        if output is not None and start >= queries:
             return output
         rows = queries - start
         device = query.device
@@ -84,11 +86,11 @@ class AttentionCalibrationHooks(DocumentAttentionHooks):
         # Keys outside every document keep their weight.
         key_factor = factor @ member.transpose(1, 2)[:, None] + (1 - member.sum(-1))[:, None, None]
         attended = by_key_head(weights * key_factor, value.float())  # [B, H, rows, D]
+        attended = attended.transpose(1, 2).to(query.dtype)
+        if output is None:
+            return attended.contiguous()
         result = output.clone()
-        tail = result[:, start:]
-        result[:, start:] = torch.where(
-            calibrated[:, :, None, None], attended.transpose(1, 2).to(tail.dtype), tail
-        )
+        result[:, start:] = torch.where(calibrated[:, :, None, None], attended, result[:, start:])
         return result
 
     def _first_calibrated(self, queries: int, keys: int) -> torch.Tensor:

@@ -57,16 +57,21 @@ class PineHooks(DocumentAttentionHooks):
     ) -> torch.Tensor:
         original = kwargs.pop("original")
         attention_mask = kwargs.pop("attention_mask")
-        output: torch.Tensor = original(module, query, key, value, attention_mask, **kwargs)[0].clone()
-        batch, heads, queries, _ = query.shape
+        batch, heads, queries, dim = query.shape
         keys = key.shape[2]
+        past = keys - queries
+        # When every row is recomputed (decoding), the original attention would be thrown away.
+        every_row = all(row is not None and row.start <= past for row in self.rows)
+        if every_row:
+            output = query.new_empty(batch, queries, heads, dim)
+        else:
+            output = original(module, query, key, value, attention_mask, **kwargs)[0].clone()
         device = query.device
         positions = self.positions(keys, device).float()
         padding = self.key_padding(batch, keys, device)
         scaling = kwargs.get("scaling", getattr(module, "scaling", None)) or query.shape[-1] ** -0.5
         layer_type = self._layer_type(layer)
         keys_float, values_float = key.float(), value.float()
-        past = keys - queries
         for b, row in enumerate(self.rows):
             if row is None:
                 continue
