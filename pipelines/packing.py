@@ -33,6 +33,9 @@ class PackedPrompt:
     prompt_tokens: int
     budget: int
     reordered: bool
+    # Character range [start, end) of each document's line in `prompt`, in prompt order: turn
+    # them into token spans with rag_mspoe.attention.prompt_with_spans.
+    document_spans: list[tuple[int, int]]
 
 
 def format_document(number: int, title: str, text: str) -> str:
@@ -41,12 +44,30 @@ def format_document(number: int, title: str, text: str) -> str:
 
 
 def render_prompt(question: str, documents: Sequence[RetrievedChunk], *, cite: bool = False) -> str:
+    return render_prompt_with_spans(question, documents, cite=cite)[0]
+
+
+def render_prompt_with_spans(
+    question: str, documents: Sequence[RetrievedChunk], *, cite: bool = False
+) -> tuple[str, list[tuple[int, int]]]:
+    """The prompt and the character span of each document's line in it."""
+    return render_qa_prompt(question, [(item.chunk.title, item.chunk.text) for item in documents], cite=cite)
+
+
+def render_qa_prompt(
+    question: str, documents: Sequence[tuple[str, str]], *, cite: bool = False
+) -> tuple[str, list[tuple[int, int]]]:
+    """The QA prompt over (title, text) documents, and the character span of each document's line."""
     instruction = f"{QA_INSTRUCTION} {CITE_INSTRUCTION}" if cite else QA_INSTRUCTION
-    results = "\n".join(
-        format_document(number, item.chunk.title, item.chunk.text)
-        for number, item in enumerate(documents, start=1)
-    )
-    return f"{instruction}\n\n{results}\n\nQuestion: {question.strip()}\nAnswer:"
+    text = f"{instruction}\n\n"
+    spans = []
+    for number, (title, body) in enumerate(documents, start=1):
+        if number > 1:
+            text += "\n"
+        line = format_document(number, title, body)
+        spans.append((len(text), len(text) + len(line)))
+        text += line
+    return f"{text}\n\nQuestion: {question.strip()}\nAnswer:", spans
 
 
 def long_context_reorder(items: Sequence[T]) -> list[T]:
@@ -105,13 +126,15 @@ def pack(
         else:
             high = middle - 1
     documents = arranged(low)
+    prompt, spans = render_prompt_with_spans(question, documents, cite=cite)
     return PackedPrompt(
-        prompt=render_prompt(question, documents, cite=cite),
+        prompt=prompt,
         documents=documents,
         dropped=list(retrieved[low:]),
         prompt_tokens=low_tokens,
         budget=budget,
         reordered=reorder,
+        document_spans=spans,
     )
 
 

@@ -17,6 +17,8 @@ Loading
 Methods (configs; `rag_mspoe.method_config` says how to add one)
     MethodConfig          the base of every method config
     Uniform, LayerWise, MsPoE, HiddenScale, Compose   the built-in methods
+    AttentionCalibration, Pine   attention-level methods that need the documents' spans
+    document_spans        the documents' token spans for the forwards inside a `with` block
     NAMED_METHODS         the preset names users can type ("pi", "mspoe", "layerwise", ...)
     parse_method          the config a spec means ("mspoe", "pi:2", "layerwise+pi", a saved path)
     load_method           a config saved with `config.save(folder)`
@@ -34,6 +36,7 @@ Architectures
 
 from typing import TYPE_CHECKING, Any
 
+from rag_mspoe.attention import AttentionCalibration, Pine, document_spans
 from rag_mspoe.devices import DeviceError
 from rag_mspoe.loading import ModelLoadError, load_model, model_display_name
 from rag_mspoe.methods import (
@@ -75,6 +78,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "ARCHITECTURES",
+    "AttentionCalibration",
     "NAMED_METHODS",
     "Compose",
     "DeviceError",
@@ -84,9 +88,11 @@ __all__ = [
     "MethodConfig",
     "ModelLoadError",
     "MsPoE",
+    "Pine",
     "Uniform",
     "UnsupportedArchitectureError",
     "current_method",
+    "document_spans",
     "frozen_head_order",
     "head_ratios",
     "head_scores",

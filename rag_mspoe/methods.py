@@ -14,6 +14,8 @@ whenever `rag_mspoe` is imported:
 A config only describes a method; `rag_mspoe.rope.rescaling.rescale` applies it to a model.
 """
 
+from rag_mspoe.attention.calibration import AttentionCalibration
+from rag_mspoe.attention.pine import Pine
 from rag_mspoe.hidden_scaling import HiddenScale
 from rag_mspoe.method_config import (
     METHOD_FILE,
@@ -29,6 +31,8 @@ from rag_mspoe.rope.mspoe import GqaPolicy, MsPoE
 from rag_mspoe.rope.uniform import Uniform
 
 __all__ = [
+    "AttentionCalibration",
+    "Pine",
     "CALIBRATED",
     "METHOD_FILE",
     "NAMED_METHODS",

@@ -20,13 +20,22 @@ KV_ANSWER_CUE = "Corresponding value:"
 
 def qa_prompt(example: QAExample) -> str:
     """The multi-document QA prompt: documents numbered from 1 in the example's order."""
+    return qa_prompt_with_spans(example)[0]
+
+
+def qa_prompt_with_spans(example: QAExample) -> tuple[str, list[tuple[int, int]]]:
+    """`qa_prompt` and the character span [start, end) of each document's line in it, in order."""
     if not example.documents:
         raise ValueError(f"QA example {example.id!r} has no documents; a QA prompt needs at least one.")
-    search_results = "\n".join(
-        f"Document [{number}](Title: {document.title}) {document.text}"
-        for number, document in enumerate(example.documents, start=1)
-    )
-    return f"{QA_INSTRUCTION}\n\n{search_results}\n\nQuestion: {example.question}\n{QA_ANSWER_CUE}"
+    text = f"{QA_INSTRUCTION}\n\n"
+    spans = []
+    for number, document in enumerate(example.documents, start=1):
+        if number > 1:
+            text += "\n"
+        line = f"Document [{number}](Title: {document.title}) {document.text}"
+        spans.append((len(text), len(text) + len(line)))
+        text += line
+    return f"{text}\n\nQuestion: {example.question}\n{QA_ANSWER_CUE}", spans
 
 
 def kv_json(example: KVExample) -> str:

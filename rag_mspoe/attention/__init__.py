@@ -1,0 +1,37 @@
+"""Attention-level methods that see the documents of a prompt.
+
+spans              DocumentSpans, character -> token spans, `document_spans(model, spans)`
+calibration        AttentionCalibration ("Found in the Middle"): the config
+calibration_hooks  its hooks: each document's share of attention rescaled by calibrated relevance
+bias               the positional bias it subtracts, estimated per model and number of documents
+pine               Pine (position-invariant inference): the config
+pine_hooks         its hooks: bidirectional attention between documents, positions by importance
+document_hooks     what both hooks share: the attention function they install, spans, positions
+
+rescale(model, AttentionCalibration())      # or Pine(), "attention-calibration", "pine"
+ids, spans = prompt_with_spans(tokenizer, packed.prompt, packed.document_spans)
+with document_spans(model, [spans]):
+    model(torch.tensor([ids]))
+"""
+
+from rag_mspoe.attention.bias import PositionalBias, bias_cache_path, estimate_positional_bias
+from rag_mspoe.attention.calibration import AttentionCalibration
+from rag_mspoe.attention.pine import Pine
+from rag_mspoe.attention.spans import (
+    DocumentSpans,
+    char_to_token_spans,
+    document_spans,
+    prompt_with_spans,
+)
+
+__all__ = [
+    "AttentionCalibration",
+    "DocumentSpans",
+    "Pine",
+    "PositionalBias",
+    "bias_cache_path",
+    "char_to_token_spans",
+    "document_spans",
+    "estimate_positional_bias",
+    "prompt_with_spans",
+]

@@ -1,0 +1,80 @@
+"""Attention calibration ("Found in the Middle", Hsieh et al. 2024): the method's config.
+
+The attention a document gets is modelled as relevance plus a positional bias that depends only
+on the document's slot. The bias of every slot is estimated once per model and number of
+documents (a reference document in every slot, `rag_mspoe.attention.bias`), and the attention
+of the calibrated query rows to each document is rescaled to its calibrated relevance.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from rag_mspoe.attention.bias import REFERENCE_BIAS, ZERO_BIAS
+from rag_mspoe.attention.calibration_hooks import AttentionCalibrationHooks
+from rag_mspoe.method_config import MethodConfig, number_argument
+
+
+@dataclass
+class AttentionCalibration(MethodConfig):
+    """Rescale each document's share of attention by its position-calibrated relevance.
+
+    For a calibrated query row, head and layer, let A_k be the attention on document k's tokens,
+    D their sum and b_k the positional bias of slot k (the attention a reference document gets
+    there). The calibrated relevance is A_k - b_k. Document k's new total is
+      temperature None: A_k - (b_k - mean(b)), clipped at 0 and renormalised to D, so a bias that
+                        is the same in every slot (zero included) leaves attention unchanged;
+      temperature t:    D * softmax((A_k - b_k) / t), the paper's form.
+    Each document's tokens keep their proportions; the total attention on documents stays D.
+
+    bias: "reference" (estimated per model and number of documents with
+    `rag_mspoe.attention.estimate_positional_bias`, kept in the cache), "zero", or the path of a
+    saved estimate (.json). layers: the layers calibrated (default all). query_rows: the query
+    rows calibrated: None for every row after the last document (question, answer cue and
+    generated tokens; a full forward and a cached decode then agree), n for the last n prompt
+    rows and every generated token.
+    """
+
+    kind: ClassVar[str] = "attention-calibration"
+    hooks: ClassVar[type[AttentionCalibrationHooks]] = AttentionCalibrationHooks
+    presets: ClassVar[dict[str, dict[str, Any]]] = {"attention-calibration": {}}
+    argument_name: ClassVar[str] = "attention-calibration"  # attention-calibration:TEMPERATURE
+    temperature: float | None = None
+    bias: str = REFERENCE_BIAS
+    layers: list[int] | None = None
+    query_rows: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature is not None and (
+            isinstance(self.temperature, bool)
+            or not isinstance(self.temperature, int | float)
+            or not math.isfinite(self.temperature)
+            or self.temperature <= 0
+        ):
+            raise ValueError(f"temperature must be a positive number or None, got {self.temperature!r}")
+        if not isinstance(self.bias, str) or not self.bias:
+            raise ValueError(
+                f"bias must be {REFERENCE_BIAS!r}, {ZERO_BIAS!r} or the path of a saved estimate, "
+                f"got {self.bias!r}"
+            )
+        if self.layers is not None and any(i < 0 for i in self.layers):
+            raise ValueError(f"layers must be non-negative layer indices, got {self.layers}")
+        if self.query_rows is not None and self.query_rows < 1:
+            raise ValueError(f"query_rows must be at least 1 (or None), got {self.query_rows}")
+
+    @classmethod
+    def from_argument(cls, part: str, argument: str) -> MethodConfig:
+        return cls(temperature=number_argument(part, argument))
+
+    def needs_document_spans(self) -> bool:
+        return True
+
+    def layer_indices(self, num_layers: int) -> list[int]:
+        if self.layers is None:
+            return list(range(num_layers))
+        bad = [i for i in self.layers if i >= num_layers]
+        if bad:
+            raise ValueError(f"AttentionCalibration.layers has {bad}; the model has {num_layers} layers.")
+        return sorted(set(self.layers))

@@ -1,0 +1,249 @@
+"""What the hooks of every attention-level method share.
+
+transformers calls attention through `ALL_ATTENTION_FUNCTIONS[config._attn_implementation]`
+with q and k after RoPE and after the KV-cache update. While such a method is installed, the
+model's config names a registered function (`_dispatch`) that hands each layer's call to the
+method; layers the method leaves alone, and other models, get the original implementation.
+Masks are built as for the original implementation.
+
+Per forward the hooks note the padding (the 2D attention mask the decoder gets), the position
+ids the model uses and, on a prefill, where each row's documents are (from `document_spans`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from rag_mspoe.attention.spans import DocumentSpans, Span
+from rag_mspoe.method_config import MethodConfig
+from rag_mspoe.rope.hooks import ModelHooks
+
+HOOKS_ATTR = "_rag_mspoe_document_hooks"
+ORIGINAL_ATTR = "_rag_mspoe_original_attention"
+IMPLEMENTATION_PREFIX = "rag_mspoe_documents_over_"
+
+
+@dataclass(frozen=True)
+class RowDocuments:
+    """One batch row's documents as [start, end) indices of the padded sequence."""
+
+    spans: tuple[Span, ...]
+
+    @property
+    def start(self) -> int:
+        return self.spans[0][0]
+
+    @property
+    def end(self) -> int:
+        return self.spans[-1][1]
+
+
+class DocumentAttentionHooks(ModelHooks):
+    """Routes the attention of the method's layers to `attend`; tracks spans, padding and positions."""
+
+    def __init__(self, model: nn.Module, method: MethodConfig) -> None:
+        super().__init__(model, method)
+        self.spans: DocumentSpans | None = None
+        self.rows: list[RowDocuments | None] = []  # per batch row, from the last prefill
+        self.prompt_length = 0  # tokens in the last prefill, padding included
+        self.key_positions: torch.Tensor | None = None  # [B, keys]: position id of every cached key
+        self._positions_stale = True
+        # What every layer of one forward would compute alike (key membership, ...), by name.
+        self.per_forward: dict[str, Any] = {}
+        # What holds from one prefill until the next (per-layer tables of its documents), by name.
+        self.per_prefill: dict[str, Any] = {}
+
+    def layers(self) -> list[int]:
+        """The layers whose attention goes to `attend`."""
+        raise NotImplementedError
+
+    def attend(
+        self,
+        layer: int,
+        module: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        """The attention output [B, Tq, H, D] of one layer (q, k, v as [B, heads, T, D])."""
+        raise NotImplementedError
+
+    def _install(self) -> None:
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        config: Any = self.model.config
+        original = config._attn_implementation or "eager"
+        if original.startswith(IMPLEMENTATION_PREFIX):
+            raise RuntimeError(
+                "Another attention-level method is still installed; unrescale the model first."
+            )
+        name = IMPLEMENTATION_PREFIX + original
+        ALL_ATTENTION_FUNCTIONS.register(name, _dispatch)
+        if original in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
+            ALL_MASK_ATTENTION_FUNCTIONS.register(name, ALL_MASK_ATTENTION_FUNCTIONS[original])
+        original_function = ALL_ATTENTION_FUNCTIONS.get_interface(original, self._eager())
+        chosen = set(self.layers())
+        for index, layer in enumerate(self.decoder.layers):
+            attention = layer.self_attn
+            setattr(attention, ORIGINAL_ATTR, original_function)
+            if index in chosen:
+                setattr(attention, HOOKS_ATTR, self)
+        config._attn_implementation = name
+        self._undo.append(lambda: self._restore(original))
+        rotary = self.arch.rotary(self.decoder)
+        self._handles.append(rotary.register_forward_hook(self._on_rotary, with_kwargs=True))
+
+    def _eager(self) -> Callable[..., Any]:
+        eager: Callable[..., Any] = self.arch.module().eager_attention_forward
+        return eager
+
+    def _restore(self, original: str) -> None:
+        config: Any = self.model.config
+        config._attn_implementation = original
+        for layer in self.decoder.layers:
+            for attr in (HOOKS_ATTR, ORIGINAL_ATTR):
+                if hasattr(layer.self_attn, attr):
+                    delattr(layer.self_attn, attr)
+
+    def _on_decoder(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        super()._on_decoder(module, args, kwargs)
+        self._positions_stale = True
+        self.per_forward = {}
+        inputs = kwargs.get("input_ids")
+        if inputs is None:
+            inputs = kwargs.get("inputs_embeds")
+        if inputs is None and args:
+            inputs = args[0]
+        if inputs is None:
+            raise ValueError("The decoder was called without input_ids or inputs_embeds.")
+        batch, length = inputs.shape[0], inputs.shape[1]
+        if self.forward.starts_fresh:
+            self.per_prefill = {}
+            self.rows = self._row_documents(batch, length)
+            self.prompt_length = length
+        elif len(self.rows) == 1 and batch > 1:
+            # Several continuations of one prefilled prompt (its cache expanded to the batch).
+            self.rows = self.rows * batch
+
+    def _on_rotary(self, _module: nn.Module, args: tuple, kwargs: dict, _output: Any) -> None:
+        self.forward.position_ids = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
+
+    def _row_documents(self, batch: int, length: int) -> list[RowDocuments | None]:
+        if self.spans is None:
+            raise ValueError(
+                f"{type(self.method).__name__} needs to know where the documents are in the prompt. Run "
+                "the model inside `with rag_mspoe.attention.document_spans(model, spans):`, with one "
+                "list of (start, end) token spans per batch row: from rag_mspoe.attention.prompt_with_spans "
+                "(character spans from PackedPrompt.document_spans or eval's qa_prompt_with_spans); "
+                "an empty list for a prompt without documents."
+            )
+        if len(self.spans) != batch:
+            raise ValueError(
+                f"The document spans have {len(self.spans)} rows but the batch has {batch} prompts; "
+                "give one list of spans per prompt."
+            )
+        mask = self.forward.attention_mask
+        rows: list[RowDocuments | None] = []
+        for index, spans in enumerate(self.spans.rows):
+            # Left padding shifts a row's tokens right; its first real token is the mask's first 1.
+            offset = 0
+            if mask is not None and mask.dim() == 2:
+                offset = int(mask[index, -length:].to(torch.int64).argmax())
+            if spans and spans[-1][1] + offset > length:
+                raise ValueError(
+                    f"Row {index}: a document span ends at token {spans[-1][1]} but the prompt has "
+                    f"{length - offset} tokens; the spans belong to another prompt."
+                )
+            shifted = tuple((start + offset, end + offset) for start, end in spans)
+            rows.append(RowDocuments(shifted) if shifted else None)
+        return rows
+
+    def positions(self, keys: int, device: torch.device) -> torch.Tensor:
+        """[B, keys] position ids of every key, this forward's tokens last."""
+        if self._positions_stale:
+            current = self.forward.position_ids
+            if current is None:
+                raise ValueError("The model computed no position ids; cannot place the documents.")
+            current = current.to(device)
+            earlier = self.key_positions if not self.forward.starts_fresh else None
+            if earlier is not None and earlier.shape[0] != current.shape[0]:
+                batch = max(earlier.shape[0], current.shape[0])
+                earlier, current = earlier.expand(batch, -1), current.expand(batch, -1)
+            self.key_positions = current if earlier is None else torch.cat([earlier, current], dim=1)
+            self._positions_stale = False
+        assert self.key_positions is not None
+        positions = self.key_positions
+        if positions.shape[1] != keys:
+            raise ValueError(
+                f"The KV cache holds {keys} keys but {positions.shape[1]} tokens went through the model "
+                "since the last prefill; attention-level methods need a dynamic cache from one prefill."
+            )
+        return positions.expand(len(self.rows) or positions.shape[0], -1)
+
+    def key_padding(self, batch: int, keys: int, device: torch.device) -> torch.Tensor:
+        """[B, keys] bool: which keys are real tokens (not padding)."""
+        mask = self.forward.attention_mask
+        if mask is None or mask.dim() != 2:
+            return torch.ones(batch, keys, dtype=torch.bool, device=device)
+        return mask[:, -keys:].to(device).bool()
+
+
+def _dispatch(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Any,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """The attention function registered while an attention-level method is installed."""
+    hooks: DocumentAttentionHooks | None = getattr(module, HOOKS_ATTR, None)
+    original = getattr(module, ORIGINAL_ATTR, None)
+    if original is None:
+        raise RuntimeError(
+            "This model's config names the attention of a rag_mspoe method that is no longer installed; "
+            "restore config._attn_implementation (e.g. 'sdpa')."
+        )
+    if hooks is None or all(row is None for row in hooks.rows):
+        return original(module, query, key, value, attention_mask, **kwargs)  # type: ignore[no-any-return]
+    output = hooks.attend(
+        module.layer_idx,
+        module,
+        query,
+        key,
+        value,
+        attention_mask=attention_mask,
+        original=original,
+        **kwargs,
+    )
+    return output, None
+
+
+def by_key_head(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    """[B, H, R, X] @ [B, kv_heads, X, Y] -> [B, H, R, Y], query head h reading KV head h // group.
+
+    The query heads of a group share one product, so the KV cache is never copied per query head.
+    """
+    batch, heads, rows, inner = left.shape
+    groups = right.shape[1]
+    grouped = left.reshape(batch, groups, (heads // groups) * rows, inner) @ right
+    return grouped.reshape(batch, heads, rows, right.shape[-1])
+
+
+def row_membership(rows: list[RowDocuments | None], keys: int, device: torch.device) -> torch.Tensor:
+    """[B, keys, K] float: 1 where key j is a token of document k (K the most documents of a row)."""
+    most = max((len(row.spans) for row in rows if row is not None), default=0)
+    member = torch.zeros(len(rows), keys, most, device=device)
+    for b, row in enumerate(rows):
+        if row is None:
+            continue
+        for k, (start, end) in enumerate(row.spans):
+            member[b, start:end, k] = 1.0
+    return member

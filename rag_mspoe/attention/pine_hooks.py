@@ -1,0 +1,200 @@
+"""Hooks of PINE, position-invariant inference (`Pine`).
+
+Every layer's attention runs as usual for rows before the documents. For every query row from
+the first document on (documents, question, generated tokens), per head:
+- q and the documents' keys are un-rotated (RoPE is a rotation per position, so the inverse is
+  exact up to rounding) to score each document position-free: log of the mean exp(q.k) over its
+  tokens;
+- documents get new places inside the documents' region, least important first; a query inside
+  a document puts its own document last and itself at its offset there;
+- RoPE is relative, so a document placed at `start` is read by rotating the query by
+  (query position - start + the document's natural start) against the cached keys as they are;
+- masks: documents read each other in full and themselves causally; the text after the
+  documents reads everything before it. Values are untouched.
+Rows are done in chunks, so memory stays O(chunk x keys) per head.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from rag_mspoe.attention.document_hooks import DocumentAttentionHooks, RowDocuments, by_key_head
+
+ROW_CHUNK = 256
+
+
+class PineHooks(DocumentAttentionHooks):
+    def __init__(self, model: nn.Module, method: Any) -> None:
+        super().__init__(model, method)
+        config: Any = model.config
+        windowed = [
+            index
+            for index, layer in enumerate(self.decoder.layers)
+            if self.arch.sliding_window(layer.self_attn, config) is not None
+        ]
+        if windowed:
+            raise ValueError(
+                f"PINE needs full attention in every layer, but layers {windowed} of this "
+                f"{config.model_type} model attend within a sliding window. Load the model with "
+                "sliding windows off, or use attention-calibration."
+            )
+        self.rotate_half = self.arch.module().rotate_half
+
+    def layers(self) -> list[int]:
+        return list(range(len(self.decoder.layers)))
+
+    def attend(
+        self,
+        layer: int,
+        module: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        original = kwargs.pop("original")
+        attention_mask = kwargs.pop("attention_mask")
+        batch, heads, queries, dim = query.shape
+        keys = key.shape[2]
+        past = keys - queries
+        # When every row is recomputed (decoding), the original attention would be thrown away.
+        every_row = all(row is not None and row.start <= past for row in self.rows)
+        if every_row:
+            output = query.new_empty(batch, queries, heads, dim)
+        else:
+            output = original(module, query, key, value, attention_mask, **kwargs)[0].clone()
+        device = query.device
+        positions = self.positions(keys, device).float()
+        padding = self.key_padding(batch, keys, device)
+        scaling = kwargs.get("scaling", getattr(module, "scaling", None)) or query.shape[-1] ** -0.5
+        layer_type = self._layer_type(layer)
+        keys_float, values_float = key.float(), value.float()
+        for b, row in enumerate(self.rows):
+            if row is None:
+                continue
+            for first in range(max(row.start - past, 0), queries, ROW_CHUNK):
+                last = min(first + ROW_CHUNK, queries)
+                attended = self._rows(
+                    row,
+                    query[b, :, first:last].float(),
+                    torch.arange(past + first, past + last, device=device),
+                    keys_float[b],
+                    values_float[b],
+                    positions[b],
+                    padding[b],
+                    scaling,
+                    layer_type,
+                )
+                output[b, first:last] = attended.transpose(0, 1).to(output.dtype)
+        return output
+
+    def _rows(
+        self,
+        row: RowDocuments,
+        query: torch.Tensor,  # [H, R, D], rotated at the natural positions
+        index: torch.Tensor,  # [R]: each query's index among the keys
+        key: torch.Tensor,  # [kv heads, keys, D], rotated at the natural positions
+        value: torch.Tensor,  # [kv heads, keys, D]
+        positions: torch.Tensor,  # [keys]
+        padding: torch.Tensor,  # [keys] bool
+        scaling: float,
+        layer_type: str | None,
+    ) -> torch.Tensor:
+        device = query.device
+        starts = [start for start, _ in row.spans]
+        # Separators between documents belong to the document before them.
+        spans = list(zip(starts, [*starts[1:], row.end], strict=True))
+        begin, end = row.start, row.end
+        lengths = torch.tensor([float(e - s) for s, e in spans], device=device)
+        natural_starts = positions[torch.tensor(starts, device=device)]
+        region_start = positions[begin]
+        region_end = region_start + (end - begin)
+
+        key_doc = torch.full((key.shape[1],), -1, dtype=torch.long, device=device)
+        for d, (s, e) in enumerate(spans):
+            key_doc[s:e] = d
+        in_docs = index < end
+        own = torch.where(in_docs, key_doc[index.clamp(max=key.shape[1] - 1)], torch.full_like(index, -1))
+        own_safe = own.clamp(min=0)
+        query_positions = positions[index]
+        moved = region_end - lengths[own_safe] + (index - torch.tensor(starts, device=device)[own_safe])
+        effective = torch.where(in_docs, moved, query_positions)  # [R]
+
+        raw_query = self._unrotate(query, query_positions, layer_type)
+        raw_keys = self._unrotate(key[:, begin:end], positions[begin:end], layer_type)
+        scores = grouped(raw_query, raw_keys.transpose(-1, -2)) * scaling  # [H, R, doc tokens]
+        importance = torch.stack(
+            [
+                scores[..., s - begin : e - begin].logsumexp(dim=-1) - lengths[d].log()
+                for d, (s, e) in enumerate(spans)
+            ],
+            dim=-1,
+        )  # [H, R, K]
+        own_mask = torch.nn.functional.one_hot(own_safe, len(spans)).bool() & in_docs[:, None]
+        importance = importance.masked_fill(own_mask[None], float("inf"))
+        order = torch.arange(len(spans), device=device)
+        # before[h, r, d, e]: document e is placed before (farther from the query than) document d.
+        before = (importance[..., None, :] < importance[..., :, None]) | (
+            (importance[..., None, :] == importance[..., :, None]) & (order[None, :] < order[:, None])
+        )
+        placed_starts = region_start + before.float() @ lengths  # [H, R, K]
+
+        # Text before and after the documents keeps its positions; the query may have moved.
+        placed_query = self._rotate(raw_query, effective, layer_type)
+        pieces = [grouped(placed_query, key[:, :begin].transpose(-1, -2))]
+        shifts = effective[None, :, None] - placed_starts + natural_starts  # [H, R, K]
+        per_document = self._rotate(raw_query[:, :, None], shifts, layer_type)  # [H, R, K, D]
+        for d, (s, e) in enumerate(spans):
+            pieces.append(grouped(per_document[:, :, d], key[:, s:e].transpose(-1, -2)))
+        pieces.append(grouped(placed_query, key[:, end:].transpose(-1, -2)))
+        logits = torch.cat(pieces, dim=-1) * scaling
+        cap = self.arch.logit_softcap(self.model.config)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+
+        columns = torch.arange(key.shape[1], device=device)
+        causal = columns[None] <= index[:, None]
+        document_key = (key_doc >= 0)[None]
+        visible = (
+            (columns[None] < begin)
+            | (document_key & ((key_doc[None] != own[:, None]) | causal))
+            | ((columns[None] >= end) & causal)
+        ) & padding[None]
+        weights = torch.softmax(logits.masked_fill(~visible[None], float("-inf")), dim=-1)
+        return grouped(weights, value)  # [H, R, D]
+
+    def _tables(
+        self, positions: torch.Tensor, like: torch.Tensor, layer_type: str | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [..., D] at any positions (shaped like `like` without its last axis)."""
+        rotary = self.arch.rotary(self.decoder)
+        flat = positions.reshape(1, -1)
+        # `forward`, not the module call: the position hook must only see the model's own positions.
+        extra = {"layer_type": layer_type} if layer_type is not None else {}
+        cos, sin = rotary.forward(like, flat, **extra)
+        shape = (*positions.shape, like.shape[-1])
+        return cos.float().reshape(shape), sin.float().reshape(shape)
+
+    def _rotate(self, x: torch.Tensor, positions: torch.Tensor, layer_type: str | None) -> torch.Tensor:
+        cos, sin = self._tables(positions, x, layer_type)
+        return x * cos + self.rotate_half(x) * sin
+
+    def _unrotate(self, x: torch.Tensor, positions: torch.Tensor, layer_type: str | None) -> torch.Tensor:
+        cos, sin = self._tables(positions, x, layer_type)
+        # RoPE multiplies by a rotation times an attention scale: cos^2 + sin^2 is that scale squared.
+        return (x * cos - self.rotate_half(x) * sin) / (cos * cos + sin * sin)
+
+    def _layer_type(self, layer: int) -> str | None:
+        if not self.arch.rope_per_layer_type:
+            return None
+        config: Any = self.model.config
+        layer_type: str = config.layer_types[layer]
+        return layer_type
+
+
+def grouped(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    """[H, R, X] @ [kv heads, X, Y] -> [H, R, Y] (see `by_key_head`)."""
+    return by_key_head(left[None], right[None])[0]

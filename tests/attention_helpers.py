@@ -1,0 +1,70 @@
+"""Prompts made of token blocks (prefix, documents, question), for the attention-method tests."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from rag_mspoe.attention import document_spans
+
+
+def block_prompt(
+    prefix: Sequence[int], documents: Sequence[Sequence[int]], suffix: Sequence[int]
+) -> tuple[list[int], list[tuple[int, int]]]:
+    """Token ids prefix + documents + suffix, and each document's span."""
+    ids = list(prefix)
+    spans = []
+    for document in documents:
+        spans.append((len(ids), len(ids) + len(document)))
+        ids.extend(document)
+    return ids + list(suffix), spans
+
+
+def random_blocks(lengths: Sequence[int], seed: int, vocab: int = 96) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (n,), generator=generator).tolist() for n in lengths]
+
+
+def left_padded(rows: Sequence[Sequence[int]]) -> dict[str, torch.Tensor]:
+    """input_ids, attention_mask and position_ids of rows padded on the left (pad id 0)."""
+    width = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row) :] = torch.tensor(row)
+        mask[i, width - len(row) :] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+
+
+def logits(model: Any, ids: Sequence[int], spans: Sequence[tuple[int, int]] | None = None) -> torch.Tensor:
+    with document_spans(model, [spans or []]), torch.no_grad():
+        return model(input_ids=torch.tensor([list(ids)])).logits[0]
+
+
+def answer_loglikelihood(
+    model: Any, ids: Sequence[int], spans: Sequence[tuple[int, int]], answer: int
+) -> float:
+    """Log-likelihood of the last `answer` tokens of `ids` given the rest."""
+    out = logits(model, ids, spans).float().log_softmax(-1)
+    targets = torch.tensor(list(ids)[-answer:])
+    return float(out[-answer - 1 : -1].gather(-1, targets[:, None]).sum())
+
+
+def incremental_logits(
+    model: Any, ids: Sequence[int], spans: Sequence[tuple[int, int]], prompt: int
+) -> torch.Tensor:
+    """Logits of every token after the first `prompt`, from a prefill and then one token at a time."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    rows = []
+    with document_spans(model, [spans]), torch.no_grad():
+        out = model(input_ids=torch.tensor([list(ids[:prompt])]), past_key_values=cache, use_cache=True)
+        rows.append(out.logits[0, -1])
+        for token in ids[prompt:-1]:
+            out = model(input_ids=torch.tensor([[token]]), past_key_values=cache, use_cache=True)
+            rows.append(out.logits[0, -1])
+    return torch.stack(rows)

@@ -1,0 +1,165 @@
+"""PINE: the answer does not depend on the documents' order; no documents is the unmodified model."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from attention_helpers import (
+    answer_loglikelihood,
+    block_prompt,
+    incremental_logits,
+    left_padded,
+    logits,
+    random_blocks,
+)
+from tiny_models import tiny_model
+
+from rag_mspoe import parse_method, rescale, rescaled
+from rag_mspoe.attention import Pine, document_spans
+
+FULL_ATTENTION = {"layer_types": ["full_attention"] * 4, "use_sliding_window": False, "sliding_window": None}
+ARCHS = {
+    "llama": {},
+    "qwen2": FULL_ATTENTION,
+    "qwen3": FULL_ATTENTION,
+    "mistral": {"sliding_window": None},
+    "gemma3_text": {"layer_types": ["full_attention"] * 4, "sliding_window": 4096},
+}
+ANSWER = 4
+
+
+def _blocks(seed: int = 0, documents: int = 4) -> tuple[list[int], list[list[int]], list[int]]:
+    blocks = random_blocks([5, *[4 + 2 * i for i in range(documents)], 6 + ANSWER], seed)
+    return blocks[0], blocks[1:-1], blocks[-1]
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_permuting_the_documents_leaves_the_answer_unchanged(arch):
+    model = tiny_model(arch, **ARCHS[arch])
+    prefix, documents, suffix = _blocks()
+    orders = [(0, 1, 2, 3), (3, 1, 0, 2), (2, 3, 1, 0)]
+    prompts = [block_prompt(prefix, [documents[i] for i in order], suffix) for order in orders]
+    unmodified = [answer_loglikelihood(model, ids, spans, ANSWER) for ids, spans in prompts]
+    assert max(unmodified) - min(unmodified) > 1e-3  # the order matters to the model itself
+    with rescaled(model, Pine()):
+        scores = [answer_loglikelihood(model, ids, spans, ANSWER) for ids, spans in prompts]
+    assert max(scores) - min(scores) < 1e-4, scores
+
+
+def test_no_documents_is_the_unmodified_model():
+    model = tiny_model("llama")
+    prefix, documents, suffix = _blocks()
+    ids, _ = block_prompt(prefix, documents, suffix)
+    before = logits(model, ids)
+    with rescaled(model, Pine()):
+        assert torch.equal(logits(model, ids, []), before)
+
+
+def test_text_before_the_documents_is_untouched():
+    model = tiny_model("llama")
+    ids, spans = block_prompt(*_blocks())
+    before = logits(model, ids)
+    with rescaled(model, Pine()):
+        after = logits(model, ids, spans)
+    torch.testing.assert_close(after[: spans[0][0]], before[: spans[0][0]], atol=1e-6, rtol=1e-6)
+    assert (after[spans[0][0] :] - before[spans[0][0] :]).abs().max() > 1e-3
+
+
+def test_a_single_document_is_read_as_the_unmodified_model_reads_it():
+    # One document: nothing to reorder and no other document to read, so PINE changes nothing.
+    model = tiny_model("qwen2", **FULL_ATTENTION)
+    prefix, documents, suffix = _blocks()
+    ids, spans = block_prompt(prefix, documents[:1], suffix)
+    before = logits(model, ids)
+    with rescaled(model, Pine()):
+        torch.testing.assert_close(logits(model, ids, spans), before, atol=2e-5, rtol=1e-5)
+
+
+def test_cached_decoding_equals_one_full_forward():
+    model = tiny_model("llama")
+    ids, spans = block_prompt(*_blocks())
+    prompt = len(ids) - ANSWER
+    rescale(model, Pine())
+    full = logits(model, ids, spans)[prompt - 1 : -1]
+    torch.testing.assert_close(incremental_logits(model, ids, spans, prompt), full, atol=2e-5, rtol=1e-5)
+
+
+def test_a_left_padded_batch_equals_each_prompt_alone():
+    model = tiny_model("llama")
+    first, first_spans = block_prompt(*_blocks(seed=1))
+    prefix, documents, suffix = _blocks(seed=2, documents=3)
+    second, second_spans = block_prompt(prefix[:2], documents, suffix)
+    rescale(model, Pine())
+    alone = [logits(model, first, first_spans), logits(model, second, second_spans)]
+    with document_spans(model, [first_spans, second_spans]), torch.no_grad():
+        out = model(**left_padded([first, second])).logits
+    torch.testing.assert_close(out[0, -len(first) :], alone[0], atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(out[1, -len(second) :], alone[1], atol=2e-5, rtol=1e-5)
+
+
+def test_models_with_sliding_windows_are_refused():
+    with pytest.raises(ValueError, match="sliding window"):
+        rescale(tiny_model("mistral"), Pine())
+
+
+def test_spec_names_pine():
+    assert parse_method("pine") == Pine()
+    with pytest.raises(ValueError, match="does not compose"):
+        parse_method("pine+mspoe")
+
+
+@pytest.mark.slow
+def test_permuting_documents_leaves_the_embedded_models_answer_unchanged(embedded):
+    from rag_mspoe.chat_template import render_text
+
+    model, tokenizer = embedded
+    documents = [
+        "(Title: Lanterns) The harbour lantern burns for nine hours on one filling of oil.\n",
+        "(Title: Bridges) The old stone bridge was rebuilt after the flood of 1841.\n",
+        "(Title: Bakery) The bakery on the square opens at six and sells rye bread first.\n",
+    ]
+    marker = "@@DOCUMENTS@@"
+    text = render_text(
+        tokenizer, f"Answer from the search results.\n\n{marker}\nQuestion: How long does the lantern burn?"
+    )
+    before, after = text.split(marker)
+
+    def tokens(piece: str) -> list[int]:
+        return list(tokenizer(piece, add_special_tokens=False)["input_ids"])
+
+    answer = tokens("Nine hours.")
+    dtype = model.dtype
+    model.float()
+    # Each piece tokenized alone: permuting the documents permutes whole token blocks.
+    prompts = [
+        block_prompt(tokens(before), [tokens(documents[i]) for i in order], tokens(after))
+        for order in itertools.permutations(range(3))
+    ]
+    try:
+        unmodified = [answer_loglikelihood(model, ids + answer, spans, len(answer)) for ids, spans in prompts]
+        with rescaled(model, Pine()):
+            scores = [answer_loglikelihood(model, ids + answer, spans, len(answer)) for ids, spans in prompts]
+    finally:
+        model.to(dtype)
+    assert max(unmodified) - min(unmodified) > 1e-2, unmodified
+    assert max(scores) - min(scores) < 1e-3, scores
+
+
+def test_continuations_of_one_prefilled_prompt_equal_full_forwards():
+    # How the engine scores several answers: prefill once, expand the cache, run the answers.
+    from transformers import DynamicCache
+
+    model = tiny_model("llama")
+    ids, spans = block_prompt(*_blocks())
+    prompt, answers = ids[:-ANSWER], [ids[-ANSWER:], ids[-ANSWER:][::-1]]
+    rescale(model, Pine())
+    cache = DynamicCache(config=model.config)
+    with document_spans(model, [spans]), torch.no_grad():
+        model(input_ids=torch.tensor([prompt]), past_key_values=cache, use_cache=True)
+        cache.batch_repeat_interleave(2)
+        together = model(input_ids=torch.tensor(answers), past_key_values=cache, use_cache=True).logits
+    for row, answer in enumerate(answers):
+        alone = logits(model, prompt + answer, spans)[-ANSWER:]
+        torch.testing.assert_close(together[row], alone, atol=2e-5, rtol=1e-5)
