@@ -21,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 
+import bench_rescale  # a sibling script: the same timing loop
 import torch
 
 from rag_mspoe import load_model, rescaled
@@ -59,22 +60,9 @@ def method_config(name: str, bias: Path) -> AttentionCalibration | Pine | None:
 
 
 def prefill_and_decode(model, ids, spans, new_tokens: int) -> tuple[float, float]:
-    """(prefill seconds, decode tokens per second) with greedy cached decoding."""
-    with document_spans(model, [spans]), torch.no_grad():
-        start = time.perf_counter()
-        out = model(ids, use_cache=True)
-        prefill = time.perf_counter() - start
-        cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
-        start = time.perf_counter()
-        for _ in range(new_tokens):
-            out = model(token, past_key_values=cache, use_cache=True)
-            cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
-        return prefill, new_tokens / (time.perf_counter() - start)
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
+    """(prefill seconds, decode tokens per second) with greedy cached decoding, spans given."""
+    with document_spans(model, [spans]):
+        return bench_rescale.prefill_and_decode(model, ids, new_tokens)
 
 
 def peak_prefill_memory(
@@ -86,11 +74,11 @@ def peak_prefill_memory(
     with rescaled(model, method_config(method, bias)), torch.no_grad():
         with document_spans(model, [[]]):
             model(ids[:, :16])  # warm up allocator paths (a prompt without documents)
-        base, peak, done = rss_bytes(), [0], threading.Event()
+        base, peak, done = bench_rescale.rss_bytes(), [0], threading.Event()
 
         def sample() -> None:
             while not done.is_set():
-                peak[0] = max(peak[0], rss_bytes())
+                peak[0] = max(peak[0], bench_rescale.rss_bytes())
                 time.sleep(0.0005)
 
         sampler = threading.Thread(target=sample)
