@@ -55,7 +55,9 @@ def call_grammar(
         opening = f'{_spelled(tokenizer, fmt.open)} "\\n"'
         closing = f'"\\n" {_spelled(tokenizer, fmt.close)}'
         lines.append(f"call: {opening} %json {as_json} {closing}")
-        lines.append('calls: call ("\\n" call)*' if parallel else "calls: call")
+        # Calls one per line; a line break may close the last (models trained on Qwen's template
+        # write one, and the end of turn after it).
+        lines.append('calls: call ("\\n" call)* "\\n"?' if parallel else "calls: call")
     else:
         lines.append(f"calls: %json {as_json}")
     answer = "calls"
