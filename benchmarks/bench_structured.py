@@ -328,7 +328,7 @@ def bench_tools(engine: Any, max_tokens: int) -> dict[str, Any]:
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
     right_tool = valid = correct = no_call = 0
     started = time.perf_counter()
-    for prompt, tool, expected in TOOL_PROMPTS:
+    for number, (prompt, tool, expected) in enumerate(TOOL_PROMPTS, 1):
         answer = generate_with_tools(
             engine,
             prompt,
@@ -337,6 +337,9 @@ def bench_tools(engine: Any, max_tokens: int) -> dict[str, Any]:
             parallel_tool_calls=False,
             max_new_tokens=max_tokens,
         )
+        # One line per prompt as it is answered: progress on a slow CPU, and what each answer was.
+        line = f"{number}/{len(TOOL_PROMPTS)} {prompt!r} -> {answer.result.text!r}"
+        print(line, file=sys.stderr, flush=True)
         if not answer.tool_calls:  # max_tokens ran out inside the call
             no_call += 1
             continue
