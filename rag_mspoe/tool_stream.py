@@ -23,6 +23,7 @@ import re
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any
 
 from rag_mspoe.stopping import unfinished_tail
 from rag_mspoe.tool_format import (
@@ -153,14 +154,15 @@ class CallSplitter:
                     self._whole_call(name, arguments, events)
                 self._held = None
                 return events
-            self._held, held = None, self._held
+            held, self._held = answer, None
+            self._text(thinking, events)
             events += self.feed(held)
         if self._call is not None and self._call.arguments_at is None:
-            call = call_of(self._call.body.strip())  # an unclosed call at the very end
-            if call is None:  # whose name never came, and whose JSON is not a call: text
+            parsed = call_of(self._call.body.strip())  # an unclosed call at the very end
+            if parsed is None:  # whose name never came, and whose JSON is not a call: text
                 self._text(CALL_OPEN + self._call.body, events)
             else:
-                self._whole_call(*call, events)
+                self._whole_call(*parsed, events)
         self._text(self._buffer, events)
         self._call, self._buffer = None, ""
         return events
@@ -187,17 +189,13 @@ class CallSplitter:
         if call.arguments_at is not None:
             return
         body = call.body[: call.body.find(CALL_CLOSE)]
-        try:
-            payload = json.loads(body)
-        except json.JSONDecodeError:
-            payload = None
-        call = call_of(payload)
-        if call is None:
+        parsed = call_of(body)
+        if parsed is None:
             self._text(CALL_OPEN + body + CALL_CLOSE, events)  # not a call: parse_calls keeps it as text
             return
-        self._whole_call(*call, events)
+        self._whole_call(*parsed, events)
 
-    def _whole_call(self, name: str, arguments: dict[str, object], events: list[str | ToolCallDelta]) -> None:
+    def _whole_call(self, name: str, arguments: dict[str, Any], events: list[str | ToolCallDelta]) -> None:
         self.ids.append(new_call_id())
         text = json.dumps(arguments, ensure_ascii=False)
         events.append(ToolCallDelta(len(self.ids) - 1, self.ids[-1], name, text))
