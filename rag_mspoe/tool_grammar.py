@@ -28,7 +28,7 @@ _REGEX_SPECIAL = set("\\.+*?()|[]{}^$/-")
 
 
 def marker(tokenizer: Any, text: str) -> str | None:
-    """The grammar expression of a marker: its token if it is one added token, else its text."""
+    """A marker's token as a grammar expression (`<[id]>`) if it is one added token, else None."""
     token_id = (tokenizer.get_added_vocab() or {}).get(text)
     return f"<[{token_id}]>" if token_id is not None else None
 
