@@ -322,13 +322,24 @@ def _same(expected: Any, got: Any) -> bool:
     return not isinstance(got, bool) and isinstance(got, (int, float)) and float(got) == float(expected)
 
 
+def _round_robin(keys: list[str]) -> list[int]:
+    """Indices of `keys` taking one of each key in turn (first-seen key order)."""
+    groups: dict[str, list[int]] = {}
+    for index, key in enumerate(keys):
+        groups.setdefault(key, []).append(index)
+    rounds = max(len(g) for g in groups.values())
+    return [g[r] for r in range(rounds) for g in groups.values() if r < len(g)]
+
+
 def bench_tools(engine: Any, max_tokens: int) -> dict[str, Any]:
     from rag_mspoe.tool_calls import generate_with_tools
 
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
     right_tool = valid = correct = no_call = 0
     started = time.perf_counter()
-    for prompt, tool, expected in TOOL_PROMPTS:
+    # Round-robin over the tools, so that the lines printed so far cover every tool.
+    order = [TOOL_PROMPTS[i] for i in _round_robin([p[1] for p in TOOL_PROMPTS])]
+    for number, (prompt, tool, expected) in enumerate(order, 1):
         answer = generate_with_tools(
             engine,
             prompt,
@@ -337,6 +348,9 @@ def bench_tools(engine: Any, max_tokens: int) -> dict[str, Any]:
             parallel_tool_calls=False,
             max_new_tokens=max_tokens,
         )
+        # One line per prompt as it is answered: progress on a slow CPU, and what each answer was.
+        line = f"{number}/{len(TOOL_PROMPTS)} {prompt!r} -> {answer.result.text!r}"
+        print(line, file=sys.stderr, flush=True)
         if not answer.tool_calls:  # max_tokens ran out inside the call
             no_call += 1
             continue

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rag_mspoe.engine import GenerationResult
 from rag_mspoe.grammar import Grammar
+from rag_mspoe.json_output import check_schema
 from rag_mspoe.tool_calls import ToolAnswer
 from rag_mspoe.tool_stream import ToolCallDelta
 
@@ -170,7 +171,8 @@ class ChatCompletionRequest(_CompletionParams):
         elif fmt is not None and fmt.type == "json_schema":
             if fmt.json_schema is None:
                 raise ValueError("response_format of type json_schema needs a json_schema: {name, schema}.")
-            options["grammar"] = Grammar.json_schema(fmt.json_schema.schema_)
+            # Objects closed as the library closes them: extra keys would let the model wander off.
+            options["grammar"] = check_schema(fmt.json_schema.schema_)
         return options
 
 

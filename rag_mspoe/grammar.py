@@ -152,7 +152,9 @@ class GrammarProcessor(LogitsProcessor):
 
     Each call first feeds the row's last sampled token to its matcher (from the second call on),
     then sets the logits of forbidden tokens to -inf. A row that `generate` has finished (end of
-    turn, a stop string) keeps receiving padding; its matcher is then left alone.
+    turn, a stop string) keeps receiving padding; its matcher is then left alone. A token its
+    mask allowed is never dropped that way: the matcher refusing it is an error, not a row
+    silently left free of its grammar.
     """
 
     def __init__(self, grammar: Grammar, tokenizer: Any, rows: int) -> None:
@@ -162,13 +164,14 @@ class GrammarProcessor(LogitsProcessor):
             if matcher.is_error():
                 raise GrammarError(f"The {grammar.kind} grammar cannot be used: {matcher.get_error()}")
         self._active = [True] * rows
+        self._allowed: list[np.ndarray | None] = [None] * rows  # each row's last mask
         self._started = False
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if self._started:
             for row, token in enumerate(input_ids[:, -1].tolist()):
                 if self._active[row] and not self._matchers[row].is_stopped():
-                    self._active[row] = self._matchers[row].consume_token(token)
+                    self._active[row] = self._consumed(row, token)
         self._started = True
         width = scores.shape[-1]
         for row, matcher in enumerate(self._matchers):
@@ -178,7 +181,22 @@ class GrammarProcessor(LogitsProcessor):
             allowed = np.unpackbits(bits, bitorder="little")[:width].astype(bool)
             if not allowed.any():
                 raise GrammarError(f"The grammar allows no next token: {matcher.get_error() or 'dead end'}.")
+            self._allowed[row] = allowed
             forbidden = torch.from_numpy(~allowed).to(scores.device)
             scores[row, : forbidden.shape[0]].masked_fill_(forbidden, float("-inf"))
             scores[row, forbidden.shape[0] :] = float("-inf")
         return scores
+
+    def _consumed(self, row: int, token: int) -> bool:
+        """Feed a row its token: False for padding after the row finished. A token the mask
+        allowed and the matcher refuses would leave the row unconstrained; that is an error."""
+        if self._matchers[row].consume_token(token):
+            return True
+        allowed = self._allowed[row]
+        if allowed is not None and token < allowed.shape[0] and allowed[token]:
+            raise GrammarError(
+                f"The grammar allowed token {token} and then refused it "
+                f"({self._matchers[row].get_error()}); write markers that are single tokens as "
+                "<[token id]> in the grammar."
+            )
+        return False

@@ -14,8 +14,10 @@ call, its id and name, then its arguments' JSON in fragments (`tool_stream.ToolC
     for event in stream_with_tools(engine, "Weather in Paris?", [weather_tool]):
         ...                                    # str, or ToolCallDelta(index, id, name, arguments)
 
-Calls are read back with transformers' response parsing where the tokenizer declares a response
-template, else in the project's own format (`tool_parsing`).
+Calls are written in the model's own format (`tool_format.format_for`: Qwen/Hermes `<tool_call>`
+tags, Llama 3.1 JSON, Mistral `[TOOL_CALLS]`), held to the tools' schemas by the grammar
+(`tool_grammar`), and read back with transformers' response parsing where the tokenizer declares
+a response template, else by `tool_format.parse_calls` (`tool_parsing`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rag_mspoe import tool_format, tool_parsing
+from rag_mspoe import tool_format, tool_grammar, tool_parsing
 from rag_mspoe.chat_template import Prompt
 from rag_mspoe.engine import AsyncTextStream, Engine, GenerationResult, TextStream
 from rag_mspoe.tool_stream import CallSplitter, ToolCallDelta, new_call_id
@@ -130,7 +132,7 @@ def generate_with_tools(
 ) -> ToolAnswer:
     """Answer a conversation that offers tools; settings are the engine's generate() arguments
     (cancel included)."""
-    checked, call = _engine_settings(tools, tool_choice, parallel_tool_calls, settings)
+    checked, call = _engine_settings(engine, tools, tool_choice, parallel_tool_calls, settings)
     result = engine.generate(prompt, **call)
     if "grammar" not in call:
         return ToolAnswer(result.text, (), result)
@@ -148,9 +150,9 @@ def stream_with_tools(
 ) -> ToolStream:
     """`generate_with_tools`, streamed: text pieces and `ToolCallDelta`s as they are generated,
     then `.answer`, the answer `generate_with_tools` gives, with the streamed calls' ids."""
-    checked, call = _engine_settings(tools, tool_choice, parallel_tool_calls, settings)
+    checked, call = _engine_settings(engine, tools, tool_choice, parallel_tool_calls, settings)
     stream = engine.stream(prompt, **call)
-    splitter = CallSplitter() if "grammar" in call else None
+    splitter = _splitter(checked) if "grammar" in call else None
     return ToolStream(stream, splitter, lambda result: _finished(engine, prompt, checked, result, splitter))
 
 
@@ -164,9 +166,9 @@ def astream_with_tools(
     **settings: Any,
 ) -> AsyncToolStream:
     """`stream_with_tools` for `async for`; must be called inside a running event loop."""
-    checked, call = _engine_settings(tools, tool_choice, parallel_tool_calls, settings)
+    checked, call = _engine_settings(engine, tools, tool_choice, parallel_tool_calls, settings)
     stream = engine.astream(prompt, **call)
-    splitter = CallSplitter() if "grammar" in call else None
+    splitter = _splitter(checked) if "grammar" in call else None
     return AsyncToolStream(
         stream, splitter, lambda result: _finished(engine, prompt, checked, result, splitter)
     )
@@ -223,14 +225,19 @@ class AsyncToolStream:
 _Finish = Callable[[GenerationResult], ToolAnswer]
 
 
+def _splitter(tools: Sequence[Mapping[str, Any]]) -> CallSplitter:
+    return CallSplitter(tool_names=[tool["function"]["name"] for tool in tools])
+
+
 def _engine_settings(
+    engine: Engine,
     tools: Sequence[Mapping[str, Any]],
     tool_choice: ToolChoice,
     parallel_tool_calls: bool,
     settings: dict[str, Any],
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """(the checked tools, the engine's settings: the tools shown, and the grammar of the calls
-    the model may write unless tool_choice is "none")."""
+    the model may write, in its own format, unless tool_choice is "none")."""
     checked = check_tools(tools)
     mode, callable_tools = resolve_choice(tool_choice, checked)
     taken = sorted({"grammar", "tools", "prefix", "raw"} & set(settings))
@@ -240,7 +247,8 @@ def _engine_settings(
         return checked, {**settings, "tools": checked}
     # A named tool is called once, as in the OpenAI API; otherwise several calls may follow each other.
     parallel = parallel_tool_calls and tool_choice in ("auto", "required")
-    grammar = tool_format.call_grammar(callable_tools, mode, parallel)  # type: ignore[arg-type]
+    fmt = tool_format.format_for(engine.tokenizer)
+    grammar = tool_grammar.call_grammar(engine.tokenizer, fmt, callable_tools, mode, parallel)  # type: ignore[arg-type]
     return checked, {**settings, "tools": checked, "grammar": grammar}
 
 

@@ -1,29 +1,78 @@
-"""How tool calls look as text: one format, written, constrained and parsed in one place.
+"""How tool calls look as text, per model family: written, detected and parsed in one place.
 
-A call is a JSON object between tags, the format Qwen2.5, Qwen3 and Hermes templates use:
+Each instruct model was trained to call tools in its own format, which its chat template's tool
+section describes. `format_for(tokenizer)` reads it from the template:
 
-    <tool_call>
-    {"name": "get_weather", "arguments": {"city": "Paris"}}
-    </tool_call>
+    hermes   Qwen2.5, Qwen3, Hermes   <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>
+    llama3   Llama 3.1 / 3.2          {"name": ..., "parameters": {...}}
+    mistral  Mistral (v3 template)    [TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]
 
-For chat templates that do not render tools (SmolLM2, for one), `fold_into_text` writes the
-tool list into the system turn, earlier calls into the assistant turns and tool results into user
-turns, in the same format. `call_grammar` lets the model write only calls whose arguments are
-valid for their tool's schema (and, with tool_choice "auto", free text instead).
+A template that does not render tools (SmolLM2, Gemma 3) gets the tool list folded into its
+system turn by `fold_into_text`, earlier calls into the assistant turns and tool results into user
+turns, all in the hermes format as plain text.
+
+`parse_calls` reads calls back from an answer whatever the format: tagged calls anywhere in the
+text, and an answer that is nothing but a call's JSON (bare, a list of calls, or in a ```json
+fence: what models write when left free, and what the llama3 and mistral formats are once their
+special marker tokens are dropped from the decoded text).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from rag_mspoe.grammar import JSON_OPTIONS, Grammar, closed_objects
+from rag_mspoe.grammar import closed_objects
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 RESULT_OPEN, RESULT_CLOSE = "<tool_response>", "</tool_response>"
-_CALL = re.compile(re.escape(CALL_OPEN) + r"\s*(.*?)\s*" + re.escape(CALL_CLOSE), re.DOTALL)
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+# A tagged call; an unclosed one at the very end counts too (the model stopped before the tag).
+_CALL = re.compile(re.escape(CALL_OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CALL_CLOSE) + r"|\Z)", re.DOTALL)
+_FENCE = re.compile(r"```(?:json)?\s*\n(.*?)\n?\s*```", re.DOTALL)
+_THINKING = re.compile(r"\s*" + re.escape(THINK_OPEN) + r".*?" + re.escape(THINK_CLOSE), re.DOTALL)
+# Text dropped before a call's JSON in bare form: markers some formats put there.
+_BARE_MARKERS = ("[TOOL_CALLS]", "<|python_tag|>")
+
+
+@dataclass(frozen=True)
+class CallFormat:
+    """One family's way of writing calls.
+
+    open/close: the markers around each call (hermes) or before the list of calls (mistral);
+    arguments_key: what the call's JSON names the arguments;
+    as_list: the calls are one JSON array after `open`, rather than one marked object each;
+    thinks: the model may reason in <think>...</think> before answering (Qwen3).
+    """
+
+    name: str
+    open: str = ""
+    close: str = ""
+    arguments_key: str = "arguments"
+    as_list: bool = False
+    thinks: bool = False
+
+
+HERMES = CallFormat("hermes", open=CALL_OPEN, close=CALL_CLOSE)
+LLAMA3 = CallFormat("llama3", arguments_key="parameters")
+MISTRAL = CallFormat("mistral", open="[TOOL_CALLS]", as_list=True)
+
+
+def format_for(tokenizer: Any) -> CallFormat:
+    """The call format the tokenizer's chat template teaches its model (hermes when it shows none)."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not isinstance(template, str) or "tools" not in template:
+        return HERMES  # folded into the conversation as text
+    if MISTRAL.open in template:
+        return MISTRAL
+    if CALL_OPEN in template:
+        return CallFormat("hermes", CALL_OPEN, CALL_CLOSE, thinks=THINK_OPEN in template)
+    if '"parameters"' in template and ("<|python_tag|>" in template or "ipython" in template):
+        return LLAMA3
+    return HERMES
 
 
 def instructions(tools: Sequence[Mapping[str, Any]]) -> str:
@@ -70,29 +119,77 @@ def fold_into_text(
     return folded
 
 
-def parse_calls(text: str) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
+ParsedCall = tuple[str, dict[str, Any]]
+
+
+def parse_calls(text: str, tool_names: Collection[str] | None = None) -> tuple[str, list[ParsedCall]]:
     """(the text outside the calls, [(name, arguments), ...]) from a model's answer.
 
-    A call whose JSON does not parse, or lacks a name, stays in the text.
+    Tagged calls are read anywhere; an answer that is only JSON is a call when that JSON is a call
+    (or a list of calls) of a tool in `tool_names` (any name when None). A tagged call whose JSON
+    does not parse, or lacks a name, stays in the text.
     """
-    calls: list[tuple[str, dict[str, Any]]] = []
+    calls: list[ParsedCall] = []
 
     def take(match: re.Match[str]) -> str:
-        try:
-            payload = json.loads(match.group(1))
-        except json.JSONDecodeError:
+        call = call_of(match.group(1))
+        if call is None:
             return match.group(0)
-        if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
-            return match.group(0)
-        arguments = payload.get("arguments", payload.get("parameters", {}))
-        calls.append((payload["name"], arguments if isinstance(arguments, dict) else {}))
+        calls.append(call)
         return ""
 
     rest = _CALL.sub(take, text)
+    if not calls:
+        thinking, answer = split_thinking(text)
+        bare = bare_calls(answer, tool_names)
+        if bare:
+            return thinking.strip(), bare
     return rest.strip(), calls
 
 
-def call_schema(tool: Mapping[str, Any]) -> dict[str, Any]:
+def split_thinking(text: str) -> tuple[str, str]:
+    """(a leading <think>...</think> block, the rest of the answer)."""
+    match = _THINKING.match(text)
+    return (text[: match.end()], text[match.end() :]) if match else ("", text)
+
+
+def bare_calls(answer: str, tool_names: Collection[str] | None = None) -> list[ParsedCall]:
+    """The calls of an answer that is only a call's JSON (or a list of them), bare or fenced,
+    after any marker token; [] for any other answer."""
+    body = answer.strip()
+    for marker in _BARE_MARKERS:
+        body = body.removeprefix(marker).strip()
+    fenced = _FENCE.fullmatch(body)
+    try:
+        payload = json.loads(fenced.group(1) if fenced else body)
+    except json.JSONDecodeError:
+        return []
+    entries = payload if isinstance(payload, list) and payload else [payload]
+    calls = [call_of(entry) for entry in entries]
+    if not all(call is not None and (tool_names is None or call[0] in tool_names) for call in calls):
+        return []
+    return [call for call in calls if call is not None]
+
+
+def call_of(payload: Any) -> ParsedCall | None:
+    """(name, arguments) of a call's JSON (text or parsed), or None if it is not a call."""
+    if isinstance(payload, str):
+        try:
+            payload = json.loads(payload)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
+        return None
+    arguments = payload.get("arguments", payload.get("parameters", {}))
+    if isinstance(arguments, str):  # some models write the arguments as JSON text
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return None
+    return payload["name"], arguments if isinstance(arguments, dict) else {}
+
+
+def call_schema(tool: Mapping[str, Any], arguments_key: str = "arguments") -> dict[str, Any]:
     """The JSON schema of one call of `tool`: its name, then arguments valid for its parameters.
 
     Objects take only their listed keys unless the schema says otherwise (`additionalProperties`),
@@ -102,28 +199,7 @@ def call_schema(tool: Mapping[str, Any]) -> dict[str, Any]:
     parameters = closed_objects(function.get("parameters") or {"type": "object", "properties": {}})
     return {
         "type": "object",
-        "properties": {"name": {"const": function["name"]}, "arguments": parameters},
-        "required": ["name", "arguments"],
+        "properties": {"name": {"const": function["name"]}, arguments_key: parameters},
+        "required": ["name", arguments_key],
         "additionalProperties": False,
     }
-
-
-def call_grammar(
-    tools: Sequence[Mapping[str, Any]], mode: Literal["auto", "required"], parallel: bool
-) -> Grammar:
-    """Calls of `tools` only (mode "required"), or free text or calls ("auto").
-
-    parallel: allow several calls in one answer.
-    """
-    options = [call_schema(tool) for tool in tools]
-    schema = options[0] if len(options) == 1 else {"anyOf": options}
-    schema = {**schema, "x-guidance": JSON_OPTIONS}
-    calls = 'call ("\\n" call)*' if parallel else "call"
-    opening, closing = json.dumps(CALL_OPEN + "\n"), json.dumps("\n" + CALL_CLOSE)
-    lines = [f"calls: {calls}", f"call: {opening} %json {json.dumps(schema)} {closing}"]
-    if mode == "auto":
-        # Text that does not open with a call tag is a plain answer.
-        lines = ["start: calls | TEXT", "TEXT: /([^<]|<[^t]|<t[^o])(.|\\n)*|<|<t/", *lines]
-    else:
-        lines = ["start: calls", *lines]
-    return Grammar.lark("\n".join(lines))

@@ -4,7 +4,7 @@ tokenizer declares how its model's answers look, else with the project's own cal
 A tokenizer declares it in its `response_template` (transformers 5: a tokenizer_config.json key,
 or set on the tokenizer), a description of where an answer's content, reasoning and calls sit;
 `tokenizer.parse_response` reads an answer with it. Without one, `tool_format.parse_calls` reads
-the `<tool_call>{json}</tool_call>` blocks the constrained grammar writes.
+the calls in any of the formats the constrained grammar writes.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def parse_answer(
     """
     template = response_template(tokenizer)
     if template is None:
-        return tool_format.parse_calls(text)
+        return tool_format.parse_calls(text, [tool["function"]["name"] for tool in tools])
     prefix = render_text(tokenizer, prompt, tools=tools)
     parsed = tokenizer.parse_response(text, dict(template), prefix=prefix, tools=[dict(t) for t in tools])
     calls = [_call(entry) for entry in parsed.get("tool_calls") or []]

@@ -6,11 +6,14 @@
             ...    # str: answer text; ToolCallDelta: a piece of one call
     events = splitter.finish()
 
-A call (`tool_format`'s `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`) comes out as a
+A tagged call (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`) comes out as a
 first chunk with its index, id and name, then its arguments' JSON text in fragments as they are
 generated, as the OpenAI API streams calls. The constrained grammar writes the name before the
 arguments, so the name is known early; a call written otherwise comes out whole once it closes.
-The text outside calls comes out stripped at both ends, as `tool_format.parse_calls` returns it.
+An answer that starts like a call's bare JSON (the llama3 and mistral formats, or a ```json
+fence) is held back and comes out at its end, as calls if `tool_format.parse_calls` reads it as
+calls, else as text. The text outside calls comes out stripped at both ends, as `parse_calls`
+returns it.
 """
 
 from __future__ import annotations
@@ -18,10 +21,27 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any
 
 from rag_mspoe.stopping import unfinished_tail
-from rag_mspoe.tool_format import CALL_CLOSE, CALL_OPEN
+from rag_mspoe.tool_format import (
+    CALL_CLOSE,
+    CALL_OPEN,
+    THINK_CLOSE,
+    THINK_OPEN,
+    bare_calls,
+    call_of,
+    split_thinking,
+)
+
+# How an answer that is a call's bare JSON starts, whitespace removed (markers dropped or not).
+_BARE_OPENINGS = tuple(
+    start + body
+    for start in ("", "```json", "```", "[TOOL_CALLS]", "<|python_tag|>")
+    for body in ('{"name":', '[{"name":')
+)
 
 # The start of a call's JSON up to its arguments, in the order the constrained grammar writes it.
 _HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
@@ -80,8 +100,11 @@ class _OpenCall:
 class CallSplitter:
     """Turns the pieces of a streamed answer into text and `ToolCallDelta` events."""
 
-    def __init__(self) -> None:
+    def __init__(self, tool_names: Collection[str] | None = None) -> None:
         self.ids: list[str] = []  # the id of each call, in order
+        self._tool_names = tool_names  # bare JSON is a call only of these tools (any, if None)
+        # The answer's start, held back while it may be a call's bare JSON (after any <think> block).
+        self._held: str | None = ""
         self._buffer = ""  # text outside calls not yet sent: maybe the start of a call tag
         self._space = ""  # whitespace held back: it goes out only if more text follows it
         self._text_started = False
@@ -89,6 +112,13 @@ class CallSplitter:
 
     def feed(self, piece: str) -> list[str | ToolCallDelta]:
         events: list[str | ToolCallDelta] = []
+        if self._held is not None:
+            self._held += piece
+            if self._undecided():
+                return events
+            thinking, piece = split_thinking(self._held)
+            self._held = None
+            self._text(thinking, events)
         if self._call is None:
             self._buffer += piece
         else:
@@ -115,9 +145,24 @@ class CallSplitter:
     def finish(self) -> list[str | ToolCallDelta]:
         """The events of what is left at the end of the answer."""
         events: list[str | ToolCallDelta] = []
+        if self._held is not None:
+            thinking, answer = split_thinking(self._held)
+            calls = bare_calls(answer, self._tool_names)
+            if calls:
+                self._text(thinking, events)
+                for name, arguments in calls:
+                    self._whole_call(name, arguments, events)
+                self._held = None
+                return events
+            held, self._held = answer, None
+            self._text(thinking, events)
+            events += self.feed(held)
         if self._call is not None and self._call.arguments_at is None:
-            # An unclosed call whose name never came stays text, as parse_calls leaves it.
-            self._text(CALL_OPEN + self._call.body, events)
+            parsed = call_of(self._call.body.strip())  # an unclosed call at the very end
+            if parsed is None:  # whose name never came, and whose JSON is not a call: text
+                self._text(CALL_OPEN + self._call.body, events)
+            else:
+                self._whole_call(*parsed, events)
         self._text(self._buffer, events)
         self._call, self._buffer = None, ""
         return events
@@ -144,17 +189,26 @@ class CallSplitter:
         if call.arguments_at is not None:
             return
         body = call.body[: call.body.find(CALL_CLOSE)]
-        try:
-            payload = json.loads(body)
-        except json.JSONDecodeError:
-            payload = None
-        if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
+        parsed = call_of(body)
+        if parsed is None:
             self._text(CALL_OPEN + body + CALL_CLOSE, events)  # not a call: parse_calls keeps it as text
             return
-        arguments = payload.get("arguments", payload.get("parameters", {}))
+        self._whole_call(*parsed, events)
+
+    def _whole_call(self, name: str, arguments: dict[str, Any], events: list[str | ToolCallDelta]) -> None:
         self.ids.append(new_call_id())
-        text = json.dumps(arguments if isinstance(arguments, dict) else {}, ensure_ascii=False)
-        events.append(ToolCallDelta(len(self.ids) - 1, self.ids[-1], payload["name"], text))
+        text = json.dumps(arguments, ensure_ascii=False)
+        events.append(ToolCallDelta(len(self.ids) - 1, self.ids[-1], name, text))
+
+    def _undecided(self) -> bool:
+        """Whether the held start of the answer may still be, or is, a call's bare JSON."""
+        assert self._held is not None
+        start = self._held.lstrip()
+        thinking = start.startswith(THINK_OPEN) and THINK_CLOSE not in start
+        if thinking or (start and THINK_OPEN.startswith(start)):
+            return True  # inside (or maybe opening) a thinking block
+        squeezed = "".join(split_thinking(self._held)[1].split())
+        return any(o.startswith(squeezed) or squeezed.startswith(o) for o in _BARE_OPENINGS)
 
     def _text(self, text: str, events: list[str | ToolCallDelta]) -> None:
         if not self._text_started:

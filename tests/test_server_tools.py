@@ -209,6 +209,22 @@ def test_response_format_json_schema_and_json_object(client):
     assert anything.choices[0].message.content.startswith("{")
 
 
+def test_response_format_json_schema_closes_objects_that_do_not_say(client):
+    # additionalProperties is left out, as most clients send it; the library's rule applies.
+    open_city = copy.deepcopy(CITY)
+    del open_city["additionalProperties"]
+    for seed in range(3):
+        reply = client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "A city?"}],
+            response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": open_city}},
+            max_tokens=120,
+            temperature=1.0,
+            seed=seed,
+        )
+        jsonschema.validate(json.loads(reply.choices[0].message.content), CITY)
+
+
 def test_chat_openai_bind_tools_against_the_server(base_url):
     from langchain_openai import ChatOpenAI
 
