@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from rag_mspoe import prefix_scoring
 from rag_mspoe.chat_template import Prompt
 from rag_mspoe.engine_base import EngineBase
 from rag_mspoe.engine_types import ENGINE_DEFAULT, CallMethod, Prefill, PromptTooLongError
@@ -59,50 +59,37 @@ class ScoringEngine(EngineBase):
         attention keeps it out of them (its scores are not counted). With Ms-PoE the ranking made
         on the prompt serves every continuation, as in generation.
         """
-        if isinstance(continuations, str) or not continuations:
-            raise TypeError("continuations is a non-empty list of strings.")
-        context = self._render(prompt, raw, prefix)
-        candidates = [self._render(prompt, raw, prefix + text) for text in continuations]
-        longest = max(len(ids) for ids in candidates)
-        if longest > self.context_window:
-            raise PromptTooLongError(
-                f"Prompt and continuation need {longest} tokens, more than the context window of {self.name} "
-                f"({self.context_window}); shorten the prompt."
-            )
-        # Score from the first token where a continuation changes the prompt's tokenization; it can
-        # merge with the prompt's last tokens, so the cache keeps only what all candidates share.
-        starts = [max(1, _shared_length(context, ids)) for ids in candidates]
-        shared = min(starts)
-        rows = [ids[shared:-1] for ids in candidates]  # inputs; the last token predicts nothing
-        width = max(len(row) for row in rows)
-        inputs = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
-        for index, row in enumerate(rows):
-            inputs[index, : len(row)] = torch.tensor(row, dtype=torch.long)
+        request = self._continuations(prompt, continuations, raw, prefix)
         resolved = self._resolve_method(method)
-        device = self.model.device
         with self._lock, self._method_applied(resolved), torch.inference_mode():
-            if shared < len(context):
+            if len(request.prefill) < len(request.context):
                 # Ms-PoE ranks heads on the whole prompt's last token, as in `loglikelihood`; the
                 # shared tokens then run again with that ranking. Rare, and unlike cropping the
                 # cache it works for sliding-window caches too.
-                self.model(torch.tensor([context], device=device), logits_to_keep=1)
-            with frozen_head_order(self.model) if shared < len(context) else contextlib.nullcontext():
-                out = self.model(
-                    torch.tensor([context[:shared]], device=device), use_cache=True, logits_to_keep=1
-                )
-            cache = out.past_key_values
-            logits = out.logits.float().expand(len(rows), 1, -1)  # predicts token `shared`
-            if width:
-                cache.batch_repeat_interleave(len(rows))
-                rest = self.model(inputs.to(device), past_key_values=cache, use_cache=True).logits.float()
-                logits = torch.cat([logits, rest], dim=1)
-            logprobs = torch.log_softmax(logits, dim=-1)
-        results = []
-        for index, (ids, start) in enumerate(zip(candidates, starts, strict=True)):
-            targets = torch.tensor(ids[start:], dtype=torch.long, device=logprobs.device)
-            picked = logprobs[index, start - shared : len(ids) - shared].gather(1, targets[:, None])
-            results.append((float(picked.sum()), len(targets)))
-        return results
+                self.model(torch.tensor([request.context], device=self.model.device), logits_to_keep=1)
+                with frozen_head_order(self.model):
+                    return prefix_scoring.score(self.model, [request], self._pad_id)[0]
+            return prefix_scoring.score(self.model, [request], self._pad_id)[0]
+
+    def score_prompts(
+        self,
+        items: Sequence[tuple[Prompt, Sequence[str]]],
+        *,
+        method: CallMethod = ENGINE_DEFAULT,
+    ) -> list[list[tuple[float, int]]]:
+        """`score_continuations` of several (prompt, continuations) at once, the same scores.
+
+        Under methods whose rotation does not depend on the prompt's content (and RoPE types that
+        do not depend on its length) the prompts' common starts are computed once
+        (`prefix_scoring`): a gold-position sweep's prompts of one example share everything
+        before the earliest gold document. Other methods score the prompts one by one.
+        """
+        resolved = self._resolve_method(method)
+        if not prefix_scoring.shares_prefixes(resolved, self.model.config):
+            return [self.score_continuations(p, texts, method=method) for p, texts in items]
+        requests = [self._continuations(p, texts, False, "") for p, texts in items]
+        with self._lock, self._method_applied(resolved), torch.inference_mode():
+            return prefix_scoring.score(self.model, requests, self._pad_id)
 
     def prefill(
         self,
@@ -129,7 +116,17 @@ class ScoringEngine(EngineBase):
                 head_scores={layer: scores[0] for layer, scores in head_scores(self.model).items()},
             )
 
-
-def _shared_length(a: list[int], b: list[int]) -> int:
-    """Length of the common start of two token lists."""
-    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    def _continuations(
+        self, prompt: Prompt, continuations: Sequence[str], raw: bool, prefix: str
+    ) -> prefix_scoring.Continuations:
+        if isinstance(continuations, str) or not continuations:
+            raise TypeError("continuations is a non-empty list of strings.")
+        context = self._render(prompt, raw, prefix)
+        candidates = [self._render(prompt, raw, prefix + text) for text in continuations]
+        longest = max(len(ids) for ids in candidates)
+        if longest > self.context_window:
+            raise PromptTooLongError(
+                f"Prompt and continuation need {longest} tokens, more than the context window of {self.name} "
+                f"({self.context_window}); shorten the prompt."
+            )
+        return prefix_scoring.Continuations(context, candidates)

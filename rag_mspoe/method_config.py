@@ -128,6 +128,12 @@ class MethodConfig:
         """Whether it needs to know where each document sits in the prompt (attention-level methods)."""
         return False
 
+    def shares_prompt_prefixes(self) -> bool:
+        """Whether a prompt's start computes the same under it whatever follows, so that prompts
+        with a common start may share its KV cache (`rag_mspoe.prefix_scoring`). Off unless a
+        method declares it: a wrong yes would change scores silently."""
+        return False
+
     # -- JSON --------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {"method": self.kind, **dataclasses.asdict(self)}
@@ -203,6 +209,9 @@ class Compose(MethodConfig):
 
     def needs_document_spans(self) -> bool:
         return any(m.needs_document_spans() for m in self.methods)
+
+    def shares_prompt_prefixes(self) -> bool:
+        return all(m.shares_prompt_prefixes() for m in self.methods)
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": self.kind, "methods": [m.to_dict() for m in self.methods]}

@@ -65,6 +65,8 @@ def git_state() -> dict[str, Any]:
 
 
 def model_facts(model: Any) -> dict[str, Any]:
+    import torch
+
     from rag_mspoe import model_display_name
 
     config = model.config
@@ -77,6 +79,7 @@ def model_facts(model: Any) -> dict[str, Any]:
         "max_position_embeddings": config.max_position_embeddings,
         "rope_parameters": getattr(config, "rope_parameters", None),
         "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "threads": torch.get_num_threads(),  # intra-op threads of the process that scores
     }
 
 

@@ -79,15 +79,26 @@ def score_forced_choice(
     samples need), "gold_sum" (the gold's total log-probability), "gold_tokens"}. Ties go to the
     earlier candidate. All candidates are scored from one prefill of the prompt.
     """
+    options = checked_candidates(candidates, gold)
+    scored = engine.score_continuations(prompt, options, prefix=prefix, method=method)
+    return forced_choice(options, gold, scored)
+
+
+def checked_candidates(candidates: Sequence[str], gold: str) -> list[str]:
+    """The candidates as a list, refused unless distinct, non-empty and holding the gold answer."""
     options = list(candidates)
     if len(set(options)) != len(options) or not all(options):
         raise ValueError(f"Candidates must be distinct non-empty strings, got {options!r}.")
     if gold not in options:
         raise ValueError(f"The gold answer {gold!r} is not among the candidates {options!r}; add it.")
-    scored = engine.score_continuations(prompt, options, prefix=prefix, method=method)
+    return options
+
+
+def forced_choice(options: Sequence[str], gold: str, scored: Sequence[tuple[float, int]]) -> dict[str, Any]:
+    """`score_forced_choice`'s result from each option's (sum of log-probabilities, tokens)."""
     scores = {option: total / tokens for option, (total, tokens) in zip(options, scored, strict=True)}
     choice = max(options, key=lambda option: scores[option])
-    gold_sum, gold_tokens = scored[options.index(gold)]
+    gold_sum, gold_tokens = scored[list(options).index(gold)]
     top = max(scores.values())
     gold_share = math.exp(scores[gold] - top) / sum(math.exp(score - top) for score in scores.values())
     return {

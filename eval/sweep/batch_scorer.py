@@ -100,24 +100,38 @@ class BatchScorer:
             for record, result in zip(records, scored, strict=True):
                 record["prediction"] = result["prediction"]
                 record["match"] = float(result["correct"])
-        for record, (example, _), text in zip(records, arranged, texts, strict=True):
-            if "choice" in metrics:
-                options, gold = candidates_of(example)
-                choice = model_scores.score_forced_choice(
-                    engine, text, list(options), gold, method=method.method
-                )
-                record["choice"] = choice["choice"]
-                record["choice_correct"] = float(choice["correct"])
-                record["choice_share"] = float(choice["gold_share"])
-                record["gold_logprob"] = float(choice["gold_sum"])
-                record["gold_tokens"] = int(choice["gold_tokens"])
-            elif "loglik" in metrics:
-                scored_gold = model_scores.score_loglikelihood(
-                    engine, text, gold_answer(example), method=method.method
-                )
-                record["gold_logprob"] = float(scored_gold["sum"])
-                record["gold_tokens"] = int(scored_gold["tokens"])
+        if "choice" in metrics or "loglik" in metrics:
+            self._score_answers(engine, method, [example for example, _ in arranged], texts, records)
         seconds = (time.perf_counter() - started) / len(records)
         for record in records:
             record["seconds"] = round(seconds, 4)
         return records
+
+    def _score_answers(
+        self,
+        engine: Any,
+        method: ResolvedMethod,
+        examples: list[Example],
+        texts: list[str],
+        records: list[dict[str, Any]],
+    ) -> None:
+        """Forced choice (with the gold's log-likelihood), or the gold's log-likelihood alone, of
+        every item at once: prompts of one example share their start (`Engine.score_prompts`)."""
+        choice = "choice" in self.config.metrics
+        options = [
+            model_scores.checked_candidates(*candidates_of(example)) if choice else [gold_answer(example)]
+            for example in examples
+        ]
+        scored = engine.score_prompts(list(zip(texts, options, strict=True)), method=method.method)
+        for record, example, option_list, scores in zip(records, examples, options, scored, strict=True):
+            if choice:
+                picked = model_scores.forced_choice(option_list, candidates_of(example)[1], scores)
+                record["choice"] = picked["choice"]
+                record["choice_correct"] = float(picked["correct"])
+                record["choice_share"] = float(picked["gold_share"])
+                record["gold_logprob"] = float(picked["gold_sum"])
+                record["gold_tokens"] = int(picked["gold_tokens"])
+            else:
+                ((total, tokens),) = scores
+                record["gold_logprob"] = float(total)
+                record["gold_tokens"] = int(tokens)

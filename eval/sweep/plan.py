@@ -2,7 +2,7 @@
 
 A sweep scores every (method, gold position, example). The examples are the same for every
 method and position, so methods can be compared pairwise on them. Work comes in batches of
-one method and several (position, example) items, ordered example chunk first, so a run that
+one method and every position of a few examples, ordered example chunk first, so a run that
 stops early has every method and position scored on the same first examples.
 """
 
@@ -149,10 +149,16 @@ class Batch:
 def plan_batches(
     num_examples: int, methods: Sequence[str], positions: Sequence[int], batch_size: int
 ) -> Iterator[Batch]:
-    """Every (method, position, example) once, example chunks outermost (see the module docstring)."""
+    """Every (method, position, example) once, example chunks outermost (see the module docstring).
+
+    A batch holds every position of its examples (batch_size // positions of them, at least one),
+    so their prompts, identical up to the earliest gold position, are scored together and share
+    that start.
+    """
+    per_batch = max(1, batch_size // len(positions))
     for start in range(0, num_examples, batch_size):
         chunk = range(start, min(start + batch_size, num_examples))
         for method in methods:
-            items = [(position, index) for position in positions for index in chunk]
-            for offset in range(0, len(items), batch_size):
-                yield Batch(method, tuple(items[offset : offset + batch_size]))
+            for first in range(chunk.start, chunk.stop, per_batch):
+                examples = range(first, min(first + per_batch, chunk.stop))
+                yield Batch(method, tuple((position, index) for index in examples for position in positions))

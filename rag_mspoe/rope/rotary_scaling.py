@@ -138,6 +138,11 @@ class RopeScaling(MethodConfig):
         """The position divisor of every layer (1.0: unchanged)."""
         return [1.0] * num_layers
 
+    def shares_prompt_prefixes(self) -> bool:
+        # Fixed rotations per layer and head; only a ranking read from the prompt's last row
+        # (per-prompt Ms-PoE) makes a start depend on what follows it.
+        return not self.reads_last_row()
+
     def head_plan(
         self, layer: int, factor: float, num_q: int, num_kv: int, num_layers: int
     ) -> HeadPlan | None:
