@@ -116,7 +116,11 @@ class ModelRoutes:
     def __init__(self, engine: Engine, extra_methods: dict[str, MethodConfig] | None = None) -> None:
         self.engine = engine
         self.methods: dict[str, MethodConfig | None] = {"none": None}
-        self.methods.update({name: parse_method(name) for name in NAMED_METHODS})
+        # Methods that need the documents' spans are not served: requests carry no spans yet.
+        named = {name: parse_method(name) for name in NAMED_METHODS}
+        self.methods.update(
+            {n: m for n, m in named.items() if m is not None and not m.needs_document_spans()}
+        )
         if calibrated_config_path(model_display_name(engine.model)) is not None:
             self.methods[CALIBRATED] = engine.method_config(CALIBRATED)  # only where one ships
         self.methods.update(extra_methods or {})

@@ -95,7 +95,17 @@ class EngineBase:
 
     def method_config(self, spec: MethodSpec) -> Any:
         """The config a method spec means for this engine's model ("calibrated": the one shipped for it)."""
-        return parse_method(spec, loading.model_display_name(self.model))
+        config = parse_method(spec, loading.model_display_name(self.model))
+        if config is not None and config.needs_document_spans():
+            # Refused here, before any work: without spans its hooks would fail mid-call.
+            raise ValueError(
+                f"{method_name(config)} needs to know where each document is in the prompt, and the "
+                "engine does not pass document spans yet. Apply it to the model directly: "
+                "rescale(model, config), then run the model inside "
+                "rag_mspoe.attention.document_spans(model, spans) with spans from prompt_with_spans "
+                "(README: 'Methods that see the documents')."
+            )
+        return config
 
     def set_method(self, spec: MethodSpec) -> None:
         """Change the default method; None or "none" means the unmodified model."""

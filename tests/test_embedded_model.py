@@ -6,6 +6,11 @@ import pytest
 import torch
 
 from rag_mspoe import NAMED_METHODS, frozen_head_order, parse_method, rescaled
+from rag_mspoe.attention import AttentionCalibration, Pine, document_spans, prompt_with_spans
+from rag_mspoe.pipelines.packing import render_qa_prompt
+
+# Methods that read the prompt alone; those that need the documents' spans are tested below.
+PROMPT_ONLY_METHODS = [name for name in NAMED_METHODS if not parse_method(name).needs_document_spans()]
 
 QUESTIONS = [
     ("What is the capital of France?", "paris"),
@@ -24,13 +29,50 @@ def answer(model, tokenizer, question, max_new_tokens=16):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["none", *NAMED_METHODS])
+@pytest.mark.parametrize("name", ["none", *PROMPT_ONLY_METHODS])
 def test_embedded_model_answers_under_each_method(embedded, name):
     model, tokenizer = embedded
     with rescaled(model, parse_method(name)):
         for question, expected in QUESTIONS:
             reply = answer(model, tokenizer, question)
             assert expected in reply.lower(), f"{name}: {question!r} -> {reply!r}"
+
+
+DOCUMENTS = [
+    ("Rivers", "The Danube flows through ten countries before it reaches the Black Sea."),
+    ("France", "Paris is the capital of France and its largest city."),
+    ("Mountains", "Mont Blanc is the highest mountain in the Alps."),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["attention-calibration", "pine"])
+def test_embedded_model_answers_over_documents_under_attention_methods(embedded, tmp_path, name):
+    from rag_mspoe.attention import estimate_positional_bias
+
+    model, tokenizer = embedded
+    prompt, char_spans = render_qa_prompt("What is the capital of France?", DOCUMENTS)
+    ids, spans = prompt_with_spans(tokenizer, prompt, char_spans)
+    if name == "pine":
+        method = Pine()
+    else:
+        bias = tmp_path / "bias.json"
+        estimate_positional_bias(model, tokenizer, len(DOCUMENTS), save=bias)
+        method = AttentionCalibration(bias=str(bias))
+    with rescaled(model, method), document_spans(model, [spans]), torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)
+    reply = tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
+    assert "paris" in reply.lower(), f"{name}: {reply!r}"
+
+
+@pytest.mark.parametrize("name", ["attention-calibration", "pine"])
+def test_the_engine_refuses_methods_that_need_spans_and_says_how(name):
+    from tiny_models import tiny_model, tiny_tokenizer
+
+    from rag_mspoe import Engine
+
+    with pytest.raises(ValueError, match="document_spans"):
+        Engine(tiny_model("llama"), tiny_tokenizer(), method=name)
 
 
 @pytest.fixture(scope="module")
@@ -55,3 +97,15 @@ def test_embedded_model_cached_decoding_matches_full_forward(embedded_fp32, name
         with frozen_head_order(model):
             full = model(ids).logits[:, prompt_length - 1 :]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=2e-4, rtol=1e-4)
+
+
+def test_the_server_does_not_offer_methods_that_need_spans():
+    pytest.importorskip("fastapi")
+    from tiny_models import tiny_model, tiny_tokenizer
+
+    from rag_mspoe import Engine
+    from rag_mspoe.connectors.server import ModelRoutes
+
+    names = ModelRoutes(Engine(tiny_model("llama"), tiny_tokenizer(), name="tiny")).names()
+    assert "tiny+pi" in names
+    assert not {"tiny+pine", "tiny+attention-calibration"} & set(names)
