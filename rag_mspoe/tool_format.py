@@ -180,13 +180,19 @@ def call_of(payload: Any) -> ParsedCall | None:
             return None
     if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
         return None
-    arguments = payload.get("arguments", payload.get("parameters", {}))
-    if isinstance(arguments, str):  # some models write the arguments as JSON text
+    arguments = argument_object(payload.get("arguments", payload.get("parameters", {})))
+    return None if arguments is None else (payload["name"], arguments)
+
+
+def argument_object(arguments: Any) -> dict[str, Any] | None:
+    """A call's arguments as a dict: models and templates may write them as JSON text (None if
+    that text does not parse); anything but an object counts as no arguments."""
+    if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
         except json.JSONDecodeError:
             return None
-    return payload["name"], arguments if isinstance(arguments, dict) else {}
+    return arguments if isinstance(arguments, dict) else {}
 
 
 def call_schema(tool: Mapping[str, Any], arguments_key: str = "arguments") -> dict[str, Any]:

@@ -9,7 +9,6 @@ the calls in any of the formats the constrained grammar writes.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -48,10 +47,5 @@ def _call(entry: Any) -> tuple[str, dict[str, Any]] | None:
     function = entry.get("function", entry) if isinstance(entry, Mapping) else None
     if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
         return None
-    arguments = function.get("arguments", {})
-    if isinstance(arguments, str):  # templates may keep the arguments as JSON text
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            return None
-    return function["name"], arguments if isinstance(arguments, dict) else {}
+    arguments = tool_format.argument_object(function.get("arguments", {}))
+    return None if arguments is None else (function["name"], arguments)
