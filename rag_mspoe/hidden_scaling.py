@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from rag_mspoe.method_config import MethodConfig, check_finite, number_argument
-from rag_mspoe.rope.hooks import ModelHooks, key_validity
+from rag_mspoe.rope.hooks import ModelHooks
 
 
 class HiddenScaleState(ModelHooks):
@@ -73,12 +73,7 @@ class HiddenScaleState(ModelHooks):
         groups = q.shape[1] // k.shape[1]
         keys, values = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         logits = (q.float() @ keys.float().transpose(-1, -2)) * module.scaling
-        cap = self.arch.logit_softcap(self.model.config)
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
-        window = self.arch.sliding_window(module, self.model.config)
-        valid = key_validity(self.forward.attention_mask, batch, length, window, hidden.device, rows)
-        weights = torch.softmax(logits.masked_fill(~valid[:, None], float("-inf")), dim=-1)
+        weights = self.last_rows_weights(module, logits)
         attended = (weights @ values.float()).to(hidden.dtype)  # [B, H, rows, D]
         last = module.o_proj(attended.transpose(1, 2).reshape(batch, rows, -1))
 

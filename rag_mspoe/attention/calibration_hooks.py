@@ -9,6 +9,7 @@ token), so the cost over the unmodified model is small; decoding reads the KV ca
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,9 +17,13 @@ import torch
 from torch import nn
 
 from rag_mspoe.attention.bias import REFERENCE_BIAS, ZERO_BIAS, PositionalBias, bias_cache_path
-from rag_mspoe.attention.document_hooks import DocumentAttentionHooks, by_key_head, row_membership
+from rag_mspoe.attention.document_hooks import (
+    DocumentAttentionHooks,
+    attention_scaling,
+    by_key_head,
+    row_membership,
+)
 from rag_mspoe.loading import model_display_name
-from rag_mspoe.rope.hooks import key_validity
 
 if TYPE_CHECKING:
     from rag_mspoe.attention.calibration import AttentionCalibration
@@ -46,12 +51,11 @@ class AttentionCalibrationHooks(DocumentAttentionHooks):
         query: torch.Tensor,
         key: torch.Tensor,
         value: torch.Tensor,
+        attention_mask: Any,
+        original: Callable[..., Any],
         **kwargs: Any,
     ) -> torch.Tensor:
-        original = kwargs.pop("original")
-        attention_mask = kwargs.pop("attention_mask")
-        batch, heads, queries, _ = query.shape
-        keys = key.shape[2]
+        queries, keys = query.shape[2], key.shape[2]
         first = self._first_calibrated(queries, keys)
         start = int(first.min())
         # When every row is calibrated (decoding), the original attention would be thrown away.
@@ -59,17 +63,10 @@ class AttentionCalibrationHooks(DocumentAttentionHooks):
         output = None if every_row else original(module, query, key, value, attention_mask, **kwargs)[0]
         if output is not None and start >= queries:
             return output
-        rows = queries - start
         device = query.device
-        scaling = kwargs.get("scaling", getattr(module, "scaling", None)) or query.shape[-1] ** -0.5
+        scaling = attention_scaling(module, query, kwargs)
         logits = by_key_head(query[:, :, start:].float(), key.float().transpose(-1, -2)) * scaling
-        cap = self.arch.logit_softcap(self.model.config)
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
-        window = self.arch.sliding_window(module, self.model.config)
-        valid = key_validity(self.forward.attention_mask, batch, keys, window, device, rows)
-        weights = torch.softmax(logits.masked_fill(~valid[:, None], float("-inf")), dim=-1)
-        weights = weights.nan_to_num(0.0)  # a padded row that sees no key at all
+        weights = self.last_rows_weights(module, logits).nan_to_num(0.0)  # a padded row sees no key
 
         if "member" not in self.per_forward:
             self.per_forward["member"] = row_membership(self.rows, keys, device)

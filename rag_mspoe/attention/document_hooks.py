@@ -69,9 +69,14 @@ class DocumentAttentionHooks(ModelHooks):
         query: torch.Tensor,
         key: torch.Tensor,
         value: torch.Tensor,
+        attention_mask: Any,
+        original: Callable[..., Any],
         **kwargs: Any,
     ) -> torch.Tensor:
-        """The attention output [B, Tq, H, D] of one layer (q, k, v as [B, heads, T, D])."""
+        """The attention output [B, Tq, H, D] of one layer (q, k, v as [B, heads, T, D]).
+
+        `original(module, query, key, value, attention_mask, **kwargs)` is the model's own attention
+        function, for the rows a method leaves as they are; kwargs are what the layer passed."""
         raise NotImplementedError
 
     def _install(self) -> None:
@@ -224,6 +229,12 @@ def _dispatch(
         **kwargs,
     )
     return output, None
+
+
+def attention_scaling(module: Any, query: torch.Tensor, kwargs: dict[str, Any]) -> float:
+    """The factor on q.k the layer asked for (its `scaling`), else 1/sqrt(head dim)."""
+    scaling: float = kwargs.get("scaling", getattr(module, "scaling", None)) or query.shape[-1] ** -0.5
+    return scaling
 
 
 def by_key_head(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:

@@ -16,12 +16,18 @@ Rows are done in chunks, so memory stays O(chunk x keys) per head.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from rag_mspoe.attention.document_hooks import DocumentAttentionHooks, RowDocuments, by_key_head
+from rag_mspoe.attention.document_hooks import (
+    DocumentAttentionHooks,
+    RowDocuments,
+    attention_scaling,
+    by_key_head,
+)
 
 ROW_CHUNK = 256
 
@@ -53,10 +59,10 @@ class PineHooks(DocumentAttentionHooks):
         query: torch.Tensor,
         key: torch.Tensor,
         value: torch.Tensor,
+        attention_mask: Any,
+        original: Callable[..., Any],
         **kwargs: Any,
     ) -> torch.Tensor:
-        original = kwargs.pop("original")
-        attention_mask = kwargs.pop("attention_mask")
         batch, heads, queries, dim = query.shape
         keys = key.shape[2]
         past = keys - queries
@@ -69,7 +75,7 @@ class PineHooks(DocumentAttentionHooks):
         device = query.device
         positions = self.positions(keys, device).float()
         padding = self.key_padding(batch, keys, device)
-        scaling = kwargs.get("scaling", getattr(module, "scaling", None)) or query.shape[-1] ** -0.5
+        scaling = attention_scaling(module, query, kwargs)
         layer_type = self._layer_type(layer)
         keys_float, values_float = key.float(), value.float()
         for b, row in enumerate(self.rows):
@@ -150,10 +156,7 @@ class PineHooks(DocumentAttentionHooks):
         for d, (s, e) in enumerate(spans):
             pieces.append(grouped(per_document[:, :, d], key[:, s:e].transpose(-1, -2)))
         pieces.append(grouped(placed_query, key[:, end:].transpose(-1, -2)))
-        logits = torch.cat(pieces, dim=-1) * scaling
-        cap = self.arch.logit_softcap(self.model.config)
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
+        logits = self.arch.soft_cap(self.model.config, torch.cat(pieces, dim=-1) * scaling)
 
         columns = torch.arange(key.shape[1], device=device)
         causal = columns[None] <= index[:, None]

@@ -71,9 +71,10 @@ class Architecture:
             return attention.q_norm(q), attention.k_norm(k)
         return q, k
 
-    def logit_softcap(self, config: Any) -> float | None:
-        """The cap of `tanh(logits / cap) * cap` on attention logits, or None when uncapped."""
-        return getattr(config, "attn_logit_softcapping", None) if self.softcapping else None
+    def soft_cap(self, config: Any, logits: torch.Tensor) -> torch.Tensor:
+        """Attention logits as the model caps them (`tanh(logits / cap) * cap`), or as they are."""
+        cap = getattr(config, "attn_logit_softcapping", None) if self.softcapping else None
+        return torch.tanh(logits / cap) * cap if cap else logits
 
 
 _MODELS = "transformers.models"

@@ -50,6 +50,16 @@ class ModelHooks:
         self._handles.clear()
         self._undo.clear()
 
+    def last_rows_weights(self, attention: nn.Module, logits: torch.Tensor) -> torch.Tensor:
+        """Softmax weights of the last query rows of this forward from their scaled logits
+        [B, H, rows, keys], masked as the model masks them: soft-capping, padding, causal
+        (bottom-right), sliding window. For hooks that recompute a few rows eagerly."""
+        batch, _, rows, keys = logits.shape
+        logits = self.arch.soft_cap(self.model.config, logits)
+        window = self.arch.sliding_window(attention, self.model.config)
+        valid = key_validity(self.forward.attention_mask, batch, keys, window, logits.device, rows)
+        return torch.softmax(logits.masked_fill(~valid[:, None], float("-inf")), dim=-1)
+
     def _on_decoder(self, _module: nn.Module, args: tuple, kwargs: dict) -> None:
         self.forward = ForwardInfo(
             attention_mask=kwargs.get("attention_mask"),
