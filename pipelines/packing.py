@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from rag_mspoe.attention.spans import lines_with_spans
 from rag_mspoe.pipelines.retrieval import RetrievedChunk
 
 QA_INSTRUCTION = (
@@ -59,14 +60,8 @@ def render_qa_prompt(
 ) -> tuple[str, list[tuple[int, int]]]:
     """The QA prompt over (title, text) documents, and the character span of each document's line."""
     instruction = f"{QA_INSTRUCTION} {CITE_INSTRUCTION}" if cite else QA_INSTRUCTION
-    text = f"{instruction}\n\n"
-    spans = []
-    for number, (title, body) in enumerate(documents, start=1):
-        if number > 1:
-            text += "\n"
-        line = format_document(number, title, body)
-        spans.append((len(text), len(text) + len(line)))
-        text += line
+    lines = [format_document(number, title, body) for number, (title, body) in enumerate(documents, start=1)]
+    text, spans = lines_with_spans(f"{instruction}\n\n", lines)
     return f"{text}\n\nQuestion: {question.strip()}\nAnswer:", spans
 
 

@@ -7,6 +7,7 @@ scoring an answer means scoring it as the start of that reply, with no further p
 
 from __future__ import annotations
 
+from rag_mspoe.attention.spans import lines_with_spans
 from rag_mspoe.eval.data.records import KVExample, QAExample
 
 QA_INSTRUCTION = (
@@ -27,14 +28,11 @@ def qa_prompt_with_spans(example: QAExample) -> tuple[str, list[tuple[int, int]]
     """`qa_prompt` and the character span [start, end) of each document's line in it, in order."""
     if not example.documents:
         raise ValueError(f"QA example {example.id!r} has no documents; a QA prompt needs at least one.")
-    text = f"{QA_INSTRUCTION}\n\n"
-    spans = []
-    for number, document in enumerate(example.documents, start=1):
-        if number > 1:
-            text += "\n"
-        line = f"Document [{number}](Title: {document.title}) {document.text}"
-        spans.append((len(text), len(text) + len(line)))
-        text += line
+    lines = [
+        f"Document [{number}](Title: {document.title}) {document.text}"
+        for number, document in enumerate(example.documents, start=1)
+    ]
+    text, spans = lines_with_spans(f"{QA_INSTRUCTION}\n\n", lines)
     return f"{text}\n\nQuestion: {example.question}\n{QA_ANSWER_CUE}", spans
 
 

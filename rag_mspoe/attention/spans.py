@@ -64,6 +64,18 @@ class DocumentSpans:
         return len(self.rows)
 
 
+def lines_with_spans(head: str, lines: Sequence[str]) -> tuple[str, list[Span]]:
+    """`head` then `lines` joined by line breaks, and the character span [start, end) of each line:
+    how a prompt lays out its documents, one per line, and where each one is."""
+    text, spans = head, []
+    for number, line in enumerate(lines):
+        if number:
+            text += "\n"
+        spans.append((len(text), len(text) + len(line)))
+        text += line
+    return text, spans
+
+
 def char_to_token_spans(offsets: Sequence[Sequence[int]], char_spans: Sequence[Span]) -> list[Span]:
     """Token spans covering character spans, given each token's (start, end) characters.
 
