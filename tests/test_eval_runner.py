@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -152,3 +153,12 @@ def test_a_killed_run_resumes_without_losing_or_duplicating_a_record(tmp_path):
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert len(manifest["sessions"]) == 2 and manifest["sessions"][-1]["complete"] is True
     assert "120/120 records" in finished.stdout
+
+
+def test_an_empty_gold_answer_is_refused_not_scored_as_zero_tokens(tiny, tmp_path):
+    data = tmp_path / "data.jsonl"
+    examples = generate_invented_qa(4, 2, seed=3)
+    save_jsonl(data, [dataclasses.replace(examples[0], answers=("",), candidates=()), *examples[1:]])
+    config = SweepConfig(data=str(data), num_documents=4, positions=(0,), samples=2, metrics=("loglik",))
+    with pytest.raises(ValueError, match="answer to score is empty"):
+        run_sweep(config, tmp_path / "run", model=tiny[0], tokenizer=tiny[1], progress=False, report=False)

@@ -56,10 +56,17 @@ def score_loglikelihood(
 ) -> dict[str, float]:
     """Teacher-forced log-likelihood of `answer` as the reply to `prompt`:
     {"sum": total log-probability, "mean": per token, "tokens": token count}."""
+    ((total, tokens),) = engine.score_continuations(
+        prompt, [checked_answer(answer)], prefix=prefix, method=method
+    )
+    return {"sum": total, "mean": total / tokens, "tokens": tokens}
+
+
+def checked_answer(answer: str) -> str:
+    """The answer to score, refused when empty (it would score zero tokens)."""
     if not answer:
         raise ValueError("The answer to score is empty; pass the gold answer text.")
-    ((total, tokens),) = engine.score_continuations(prompt, [answer], prefix=prefix, method=method)
-    return {"sum": total, "mean": total / tokens, "tokens": tokens}
+    return answer
 
 
 def score_forced_choice(

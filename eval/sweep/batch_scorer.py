@@ -119,7 +119,9 @@ class BatchScorer:
         every item at once: prompts of one example share their start (`Engine.score_prompts`)."""
         choice = "choice" in self.config.metrics
         options = [
-            model_scores.checked_candidates(*candidates_of(example)) if choice else [gold_answer(example)]
+            model_scores.checked_candidates(*candidates_of(example))
+            if choice
+            else [model_scores.checked_answer(gold_answer(example))]
             for example in examples
         ]
         scored = engine.score_prompts(list(zip(texts, options, strict=True)), method=method.method)
