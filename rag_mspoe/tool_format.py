@@ -19,6 +19,7 @@ special marker tokens are dropped from the decoded text).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Collection, Mapping, Sequence
@@ -35,7 +36,7 @@ _CALL = re.compile(re.escape(CALL_OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CALL_CLO
 _FENCE = re.compile(r"```(?:json)?\s*\n(.*?)\n?\s*```", re.DOTALL)
 _THINKING = re.compile(r"\s*" + re.escape(THINK_OPEN) + r".*?" + re.escape(THINK_CLOSE), re.DOTALL)
 # Text dropped before a call's JSON in bare form: markers some formats put there.
-_BARE_MARKERS = ("[TOOL_CALLS]", "<|python_tag|>")
+BARE_MARKERS = ("[TOOL_CALLS]", "<|python_tag|>")
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ def format_for(tokenizer: Any) -> CallFormat:
     if MISTRAL.open in template:
         return MISTRAL
     if CALL_OPEN in template:
-        return CallFormat("hermes", CALL_OPEN, CALL_CLOSE, thinks=THINK_OPEN in template)
+        return dataclasses.replace(HERMES, thinks=THINK_OPEN in template)
     if '"parameters"' in template and ("<|python_tag|>" in template or "ipython" in template):
         return LLAMA3
     return HERMES
@@ -157,7 +158,7 @@ def bare_calls(answer: str, tool_names: Collection[str] | None = None) -> list[P
     """The calls of an answer that is only a call's JSON (or a list of them), bare or fenced,
     after any marker token; [] for any other answer."""
     body = answer.strip()
-    for marker in _BARE_MARKERS:
+    for marker in BARE_MARKERS:
         body = body.removeprefix(marker).strip()
     fenced = _FENCE.fullmatch(body)
     try:

@@ -27,6 +27,7 @@ from typing import Any
 
 from rag_mspoe.stopping import unfinished_tail
 from rag_mspoe.tool_format import (
+    BARE_MARKERS,
     CALL_CLOSE,
     CALL_OPEN,
     THINK_CLOSE,
@@ -38,9 +39,7 @@ from rag_mspoe.tool_format import (
 
 # How an answer that is a call's bare JSON starts, whitespace removed (markers dropped or not).
 _BARE_OPENINGS = tuple(
-    start + body
-    for start in ("", "```json", "```", "[TOOL_CALLS]", "<|python_tag|>")
-    for body in ('{"name":', '[{"name":')
+    start + body for start in ("", "```json", "```", *BARE_MARKERS) for body in ('{"name":', '[{"name":')
 )
 
 # The start of a call's JSON up to its arguments, in the order the constrained grammar writes it.
