@@ -57,6 +57,7 @@ from langchain_core.utils.function_calling import convert_to_json_schema, conver
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ConfigDict, Field
 
+from rag_mspoe.chat_template import DOCUMENT_SPANS
 from rag_mspoe.connectors.settings import EngineFields, aretrying, engine_settings, retrying
 from rag_mspoe.engine import GenerationResult
 from rag_mspoe.json_output import check_schema, generate_json
@@ -105,6 +106,9 @@ def to_chat_messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
             ]
         if isinstance(message, ToolMessage):
             entry["tool_call_id"] = message.tool_call_id
+        if message.additional_kwargs.get(DOCUMENT_SPANS) is not None:
+            # Where the documents are in the content, for methods that read them.
+            entry[DOCUMENT_SPANS] = message.additional_kwargs[DOCUMENT_SPANS]
         converted.append(entry)
     return converted
 

@@ -47,7 +47,7 @@ from llama_index.core.prompts import BasePromptTemplate
 from llama_index.core.tools import BaseTool
 from pydantic import BaseModel, ConfigDict, Field
 
-from rag_mspoe.chat_template import Prompt
+from rag_mspoe.chat_template import DOCUMENT_SPANS, Prompt
 from rag_mspoe.connectors.settings import EngineFields, aretrying, engine_settings, retrying
 from rag_mspoe.engine import GenerationResult
 from rag_mspoe.json_output import generate_json
@@ -98,6 +98,9 @@ def to_chat_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
             entry["tool_calls"] = calls
         if message.role == MessageRole.TOOL and message.additional_kwargs.get("tool_call_id"):
             entry["tool_call_id"] = message.additional_kwargs["tool_call_id"]
+        if message.additional_kwargs.get(DOCUMENT_SPANS) is not None:
+            # Where the documents are in the content, for methods that read them.
+            entry[DOCUMENT_SPANS] = message.additional_kwargs[DOCUMENT_SPANS]
         converted.append(entry)
     return converted
 

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from rag_mspoe.chat_template import DOCUMENT_SPANS
 from rag_mspoe.engine import GenerationResult
 from rag_mspoe.grammar import Grammar
 from rag_mspoe.json_output import check_schema
@@ -76,6 +77,9 @@ class ChatMessage(_Request):
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
+    # Where the documents are in the content, as [start, end) characters (an extension, for
+    # methods that read documents; 'Document [i]' lines are found without it).
+    document_spans: list[tuple[int, int]] | None = None
 
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
@@ -139,6 +143,8 @@ class ChatCompletionRequest(_CompletionParams):
                 message["tool_calls"] = [call.model_dump() for call in m.tool_calls]
             if m.tool_call_id:
                 message["tool_call_id"] = m.tool_call_id
+            if m.document_spans is not None:
+                message[DOCUMENT_SPANS] = [list(span) for span in m.document_spans]
             messages.append(message)
         return messages
 

@@ -39,6 +39,7 @@ from rag_mspoe.calibrated import calibrated_config_path
 from rag_mspoe.connectors import openai_schema as schema
 from rag_mspoe.connectors.batching import RequestBatcher
 from rag_mspoe.connectors.request_guard import LOOPBACK_HOSTS, UNEXPECTED, GuardSettings, RequestGuard
+from rag_mspoe.document_prompts import MissingDocumentSpans
 from rag_mspoe.engine import (
     ENGINE_DEFAULT,
     Engine,
@@ -116,11 +117,8 @@ class ModelRoutes:
     def __init__(self, engine: Engine, extra_methods: dict[str, MethodConfig] | None = None) -> None:
         self.engine = engine
         self.methods: dict[str, MethodConfig | None] = {"none": None}
-        # Methods that need the documents' spans are not served: requests carry no spans yet.
         named = {name: parse_method(name) for name in NAMED_METHODS}
-        self.methods.update(
-            {n: m for n, m in named.items() if m is not None and not m.needs_document_spans()}
-        )
+        self.methods.update({n: m for n, m in named.items() if m is not None})
         if calibrated_config_path(model_display_name(engine.model)) is not None:
             self.methods[CALIBRATED] = engine.method_config(CALIBRATED)  # only where one ships
         self.methods.update(extra_methods or {})
@@ -250,6 +248,8 @@ def create_app(
             yield
         except PromptTooLongError as exc:
             raise too_long(prompt_field) from exc
+        except MissingDocumentSpans as exc:
+            raise ApiError(400, str(exc), param=prompt_field, code="document_spans_missing") from exc
         except TemplateError as exc:  # e.g. a template that wants user and assistant turns to alternate
             raise ApiError(
                 400, f"The model's chat template refused these messages: {exc}", param=prompt_field

@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from rag_mspoe.attention.spans import lines_with_spans
+from rag_mspoe.document_prompts import document_message, lines_with_spans
 from rag_mspoe.pipelines.retrieval import RetrievedChunk
 
 QA_INSTRUCTION = (
@@ -34,9 +34,13 @@ class PackedPrompt:
     prompt_tokens: int
     budget: int
     reordered: bool
-    # Character range [start, end) of each document's line in `prompt`, in prompt order: turn
-    # them into token spans with rag_mspoe.attention.prompt_with_spans.
+    # Character range [start, end) of each document's line in `prompt`, in prompt order.
     document_spans: list[tuple[int, int]]
+
+    @property
+    def message(self) -> dict[str, Any]:
+        """The prompt as a user message that says where its documents are (for the engine)."""
+        return document_message(self.prompt, self.document_spans)
 
 
 def format_document(number: int, title: str, text: str) -> str:

@@ -24,6 +24,9 @@ Message = Mapping[str, Any]
 Prompt = str | Sequence[Message]
 
 ROLES = ("system", "user", "assistant", "tool")
+# A message's optional list of [start, end) character ranges of the documents in its content
+# (`rag_mspoe.document_prompts`); the chat template never sees it.
+DOCUMENT_SPANS = "document_spans"
 
 
 class EmptyPromptError(ValueError):
@@ -62,8 +65,34 @@ def as_messages(prompt: Prompt) -> list[dict[str, Any]]:
             converted["tool_call_id"] = str(message["tool_call_id"])
         if role == "tool" and message.get("name"):
             converted["name"] = str(message["name"])
+        if message.get(DOCUMENT_SPANS) is not None:
+            converted[DOCUMENT_SPANS] = _document_spans(message[DOCUMENT_SPANS], content, i)
         messages.append(converted)
     return messages
+
+
+def _document_spans(spans: Any, content: str, index: int) -> list[tuple[int, int]]:
+    try:
+        pairs = [(start, end) for start, end in spans]
+    except (TypeError, ValueError):
+        pairs = None
+    if pairs is None or not all(
+        isinstance(v, int) and not isinstance(v, bool) for pair in pairs for v in pair
+    ):
+        raise TypeError(
+            f"Message {index}: document_spans is a list of [start, end] character offsets into its "
+            f"content, got {spans!r}."
+        )
+    previous_end = 0
+    for start, end in pairs:
+        if not previous_end <= start < end <= len(content):
+            raise ValueError(
+                f"Message {index}: the document span [{start}, {end}) is not inside its "
+                f"{len(content)}-character content, or overlaps the one before; give each "
+                "document's [start, end) once, in order."
+            )
+        previous_end = end
+    return pairs
 
 
 def _tool_call(call: Any, index: int) -> dict[str, Any]:
@@ -84,6 +113,10 @@ def _tool_call(call: Any, index: int) -> dict[str, Any]:
         "type": "function",
         "function": {"name": function["name"], "arguments": arguments},
     }
+
+
+def _without_spans(message: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in message.items() if key != DOCUMENT_SPANS}
 
 
 def knows_tools(tokenizer: Any) -> bool:
@@ -144,7 +177,7 @@ def render_text(
             "This tokenizer has no chat template; set tokenizer.chat_template, "
             "or pass raw=True for plain text."
         )
-    messages = untrusted(as_messages(prompt))
+    messages = untrusted([_without_spans(m) for m in as_messages(prompt)])
     tools = untrusted(list(tools))
     uses_tools = bool(tools) or any(m["role"] == "tool" or "tool_calls" in m for m in messages)
     options: dict[str, Any] = {}

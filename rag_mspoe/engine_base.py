@@ -13,7 +13,9 @@ from typing import Any, Literal, Self
 import torch
 
 from rag_mspoe import loading
+from rag_mspoe.attention.spans import Span, document_spans
 from rag_mspoe.chat_template import Prompt, render
+from rag_mspoe.document_prompts import HOW_TO_PASS_SPANS, MissingDocumentSpans, render_with_spans
 from rag_mspoe.engine_types import ENGINE_DEFAULT, CallMethod
 from rag_mspoe.method_config import method_name
 from rag_mspoe.method_spec import MethodSpec, parse_method
@@ -95,17 +97,7 @@ class EngineBase:
 
     def method_config(self, spec: MethodSpec) -> Any:
         """The config a method spec means for this engine's model ("calibrated": the one shipped for it)."""
-        config = parse_method(spec, loading.model_display_name(self.model))
-        if config is not None and config.needs_document_spans():
-            # Refused here, before any work: without spans its hooks would fail mid-call.
-            raise ValueError(
-                f"{method_name(config)} needs to know where each document is in the prompt, and the "
-                "engine does not pass document spans yet. Apply it to the model directly: "
-                "rescale(model, config), then run the model inside "
-                "rag_mspoe.attention.document_spans(model, spans) with spans from prompt_with_spans "
-                "(README: 'Methods that see the documents')."
-            )
-        return config
+        return parse_method(spec, loading.model_display_name(self.model))
 
     def set_method(self, spec: MethodSpec) -> None:
         """Change the default method; None or "none" means the unmodified model."""
@@ -140,10 +132,39 @@ class EngineBase:
         with self._tokenizer_lock:
             return render(self.tokenizer, prompt, raw=raw, prefix=prefix, tools=tools)
 
-    def _method_applied(self, method: Any) -> contextlib.AbstractContextManager[Any]:
-        if current_method(self.model) == method:
-            return contextlib.nullcontext()
-        return rescaled(self.model, method)
+    def _render_for(
+        self,
+        method: Any,
+        prompt: Prompt,
+        raw: bool,
+        prefix: str,
+        tools: Sequence[Mapping[str, Any]] = (),
+    ) -> tuple[list[int], list[Span] | None]:
+        """A prompt's token ids and, when `method` reads documents, their token spans."""
+        if method is None or not method.needs_document_spans():
+            return self._render(prompt, raw, prefix, tools), None
+        with self._tokenizer_lock:
+            ids, spans = render_with_spans(self.tokenizer, prompt, raw=raw, prefix=prefix, tools=tools)
+        if spans is None:
+            raise MissingDocumentSpans(
+                f"{method_name(method)} needs to know where each document is in the prompt, and this "
+                f"prompt does not say. {HOW_TO_PASS_SPANS}"
+            )
+        return ids, spans
+
+    def _method_applied(
+        self, method: Any, spans: Sequence[Sequence[Span] | None] = ()
+    ) -> contextlib.AbstractContextManager[Any]:
+        """`method` on the model for the block and, if it reads documents, the spans of each
+        prompt of the batch (as `_render_for` gave them)."""
+        stack = contextlib.ExitStack()
+        if method is not None:
+            method.prepare(self.model, self.tokenizer, spans)
+        if current_method(self.model) != method:
+            stack.enter_context(rescaled(self.model, method))
+        if method is not None and method.needs_document_spans():
+            stack.enter_context(document_spans(self.model, [row or [] for row in spans]))
+        return stack
 
     def __repr__(self) -> str:
         method = method_name(self._method)

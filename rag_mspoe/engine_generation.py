@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from rag_mspoe.attention.spans import Span
 from rag_mspoe.chat_template import Prompt
 from rag_mspoe.engine_base import EngineBase
 from rag_mspoe.engine_types import (
@@ -33,6 +34,7 @@ from rag_mspoe.text_stream import AsyncTextStream, End, TextStream
 class _Prepared:
     ids: list[int]
     truncation: Truncation | None
+    spans: list[Span] | None = None  # the documents' token spans, for methods that read them
 
 
 class GeneratingEngine(EngineBase):
@@ -58,14 +60,14 @@ class GeneratingEngine(EngineBase):
             )
         config = GenerationSettings.of(settings)
         method = self._resolve_method(config.method)
-        prepared = [self._prepare(prompt, config) for prompt in prompts]
+        prepared = [self._prepare(prompt, config, method) for prompt in prompts]
         return self._run(prepared, config, method, cancel=cancel)
 
     def stream(self, prompt: Prompt, **settings: Any) -> TextStream:
         """Iterate over text pieces as they are generated; `.result` holds the counts at the end."""
         config = GenerationSettings.of(settings)
         method = self._resolve_method(config.method)
-        prepared = self._prepare(prompt, config)
+        prepared = self._prepare(prompt, config, method)
         return TextStream(lambda put, cancel: self._start_worker(prepared, config, method, put, cancel))
 
     async def agenerate(
@@ -82,11 +84,11 @@ class GeneratingEngine(EngineBase):
         """`async for piece in engine.astream(...)`; must be called inside a running event loop."""
         config = GenerationSettings.of(settings)
         method = self._resolve_method(config.method)
-        prepared = self._prepare(prompt, config)
+        prepared = self._prepare(prompt, config, method)
         return AsyncTextStream(lambda put, cancel: self._start_worker(prepared, config, method, put, cancel))
 
-    def _prepare(self, prompt: Prompt, config: GenerationSettings) -> _Prepared:
-        ids = self._render(prompt, config.raw, config.prefix, config.tools)
+    def _prepare(self, prompt: Prompt, config: GenerationSettings, method: Any) -> _Prepared:
+        ids, spans = self._render_for(method, prompt, config.raw, config.prefix, config.tools)
         budget = self.context_window - config.max_new_tokens
         if budget < 1:
             raise PromptTooLongError(
@@ -94,7 +96,7 @@ class GeneratingEngine(EngineBase):
                 f"of {self.context_window} tokens; lower max_new_tokens."
             )
         if len(ids) <= budget:
-            return _Prepared(ids, None)
+            return _Prepared(ids, None, spans)
         if config.truncate == "error":
             raise PromptTooLongError(
                 f"The prompt is {len(ids)} tokens; with max_new_tokens={config.max_new_tokens} it needs "
@@ -109,7 +111,8 @@ class GeneratingEngine(EngineBase):
         with self._tokenizer_lock:
             removed_text = self.tokenizer.decode(removed, skip_special_tokens=False)
         truncation = Truncation(removed_tokens=len(removed), at_token=head, removed_text=removed_text)
-        return _Prepared(ids[:head] + ids[tail_start:], truncation)
+        kept = None if spans is None else spans_after_cut(spans, head, tail_start)
+        return _Prepared(ids[:head] + ids[tail_start:], truncation, kept)
 
     def _start_worker(
         self,
@@ -148,7 +151,8 @@ class GeneratingEngine(EngineBase):
         try:
             trackers = [TextTracker(self.tokenizer, config.stop, self._eos_ids) for _ in prepared]
             watch = GenerationWatch(trackers, on_text=on_text, cancel=cancel, deadline=deadline)
-            with self._method_applied(method), self._seeded(config.seed), torch.inference_mode():
+            spans = [item.spans for item in prepared]
+            with self._method_applied(method, spans), self._seeded(config.seed), torch.inference_mode():
                 self.model.generate(
                     **self._batch(prepared),
                     **self._sampling(config),
@@ -243,3 +247,14 @@ class GeneratingEngine(EngineBase):
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
             yield
+
+
+def spans_after_cut(spans: list[Span], head: int, tail_start: int) -> list[Span]:
+    """Document spans of a prompt whose tokens [head, tail_start) were cut out: documents inside
+    the cut are gone, those after it move up, a document the cut crosses keeps what is left."""
+
+    def moved(index: int) -> int:
+        return index if index <= head else max(index, tail_start) - (tail_start - head)
+
+    cut = [(moved(start), moved(end)) for start, end in spans]
+    return [(start, end) for start, end in cut if start < end]

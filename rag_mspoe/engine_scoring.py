@@ -11,6 +11,7 @@ from rag_mspoe import prefix_scoring
 from rag_mspoe.chat_template import Prompt
 from rag_mspoe.engine_base import EngineBase
 from rag_mspoe.engine_types import ENGINE_DEFAULT, CallMethod, Prefill, PromptTooLongError
+from rag_mspoe.method_config import method_name
 from rag_mspoe.rope.rescaling import frozen_head_order, head_scores
 
 
@@ -59,9 +60,9 @@ class ScoringEngine(EngineBase):
         attention keeps it out of them (its scores are not counted). With Ms-PoE the ranking made
         on the prompt serves every continuation, as in generation.
         """
-        request = self._continuations(prompt, continuations, raw, prefix)
         resolved = self._resolve_method(method)
-        with self._lock, self._method_applied(resolved), torch.inference_mode():
+        request = self._continuations(prompt, continuations, raw, prefix, resolved)
+        with self._lock, self._method_applied(resolved, [request.spans]), torch.inference_mode():
             if len(request.prefill) < len(request.context):
                 # Ms-PoE ranks heads on the whole prompt's last token, as in `loglikelihood`; the
                 # shared tokens then run again with that ranking. Rare, and unlike cropping the
@@ -87,7 +88,7 @@ class ScoringEngine(EngineBase):
         resolved = self._resolve_method(method)
         if not prefix_scoring.shares_prefixes(resolved, self.model.config):
             return [self.score_continuations(p, texts, method=method) for p, texts in items]
-        requests = [self._continuations(p, texts, False, "") for p, texts in items]
+        requests = [self._continuations(p, texts, False, "", resolved) for p, texts in items]
         with self._lock, self._method_applied(resolved), torch.inference_mode():
             return prefix_scoring.score(self.model, requests, self._pad_id)
 
@@ -104,9 +105,18 @@ class ScoringEngine(EngineBase):
         For calibration: returns the hidden states of every layer when asked, and the Ms-PoE
         position-awareness scores the prefill computed (per-prompt Ms-PoE only).
         """
-        ids = list(prompt) if _is_token_ids(prompt) else self._render(prompt, raw, "")  # type: ignore[arg-type]
         resolved = self._resolve_method(method)
-        with self._lock, self._method_applied(resolved), torch.inference_mode():
+        if _is_token_ids(prompt):
+            if resolved is not None and resolved.needs_document_spans():
+                raise ValueError(
+                    f"{method_name(resolved)} needs to know where the documents are; pass the prompt "
+                    "as text or messages, not token ids."
+                )
+            ids: list[int] = [int(token) for token in prompt]  # type: ignore[arg-type]
+            spans = None
+        else:
+            ids, spans = self._render_for(resolved, prompt, raw, "")  # type: ignore[arg-type]
+        with self._lock, self._method_applied(resolved, [spans]), torch.inference_mode():
             out = self.model(
                 torch.tensor([ids], device=self.model.device), output_hidden_states=hidden_states
             )
@@ -117,11 +127,11 @@ class ScoringEngine(EngineBase):
             )
 
     def _continuations(
-        self, prompt: Prompt, continuations: Sequence[str], raw: bool, prefix: str
+        self, prompt: Prompt, continuations: Sequence[str], raw: bool, prefix: str, method: Any
     ) -> prefix_scoring.Continuations:
         if isinstance(continuations, str) or not continuations:
             raise TypeError("continuations is a non-empty list of strings.")
-        context = self._render(prompt, raw, prefix)
+        context, spans = self._render_for(method, prompt, raw, prefix)
         candidates = [self._render(prompt, raw, prefix + text) for text in continuations]
         longest = max(len(ids) for ids in candidates)
         if longest > self.context_window:
@@ -129,4 +139,4 @@ class ScoringEngine(EngineBase):
                 f"Prompt and continuation need {longest} tokens, more than the context window of {self.name} "
                 f"({self.context_window}); shorten the prompt."
             )
-        return prefix_scoring.Continuations(context, candidates)
+        return prefix_scoring.Continuations(context, candidates, spans)

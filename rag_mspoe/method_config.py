@@ -28,7 +28,7 @@ import logging
 import math
 import numbers
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -134,6 +134,11 @@ class MethodConfig:
         method declares it: a wrong yes would change scores silently."""
         return False
 
+    def prepare(self, model: Any, tokenizer: Any, spans: Sequence[Sequence[tuple[int, int]] | None]) -> None:
+        """Make ready, before it is applied, what the method needs to run on prompts with these
+        document spans (one row per prompt; attention calibration estimates its positional bias
+        for a new number of documents). Most methods need nothing."""
+
     # -- JSON --------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {"method": self.kind, **dataclasses.asdict(self)}
@@ -212,6 +217,10 @@ class Compose(MethodConfig):
 
     def shares_prompt_prefixes(self) -> bool:
         return all(m.shares_prompt_prefixes() for m in self.methods)
+
+    def prepare(self, model: Any, tokenizer: Any, spans: Sequence[Sequence[tuple[int, int]] | None]) -> None:
+        for method in self.methods:
+            method.prepare(model, tokenizer, spans)
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": self.kind, "methods": [m.to_dict() for m in self.methods]}

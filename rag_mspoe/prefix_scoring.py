@@ -35,6 +35,7 @@ class Continuations:
 
     context: list[int]
     candidates: list[list[int]]
+    spans: list[tuple[int, int]] | None = None  # the documents' token spans, for methods that read them
 
     @property
     def starts(self) -> list[int]:

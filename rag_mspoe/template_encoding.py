@@ -62,11 +62,42 @@ class SpecialTextMask:
                 ids += self._ids(piece)
         return ids
 
+    def encode_with_offsets(self, rendered: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """`encode`'s ids and each token's character range [start, end) in `rendered` (a
+        placeholder's tokens all cover the placeholder). Needs a fast tokenizer."""
+        ids: list[int] = []
+        offsets: list[tuple[int, int]] = []
+        cursor = 0  # the pieces follow one another in `rendered`
+        for index, piece in enumerate(self._placeholders.split(rendered)):
+            if index % 2:  # a placeholder's number
+                end = cursor + 2 * len(self._tag) + len(piece)
+                special = self._ids(self.specials[int(piece)], split_special_tokens=True)
+                ids += special
+                offsets += [(cursor, end)] * len(special)
+            else:
+                end = cursor + len(piece)
+                if piece:
+                    encoded = self._encoded(piece)
+                    ids += encoded["input_ids"]
+                    offsets += [(cursor + start, cursor + stop) for start, stop in encoded["offset_mapping"]]
+            cursor = end
+        return ids, offsets
+
     def _placeholder(self, match: re.Match[str]) -> str:
         return f"{self._tag}{self.specials.index(match.group())}{self._tag}"
 
     def _ids(self, text: str, **options: Any) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False, **options)["input_ids"])
+
+    def _encoded(self, text: str) -> dict[str, Any]:
+        if not getattr(self.tokenizer, "is_fast", False):
+            raise TypeError(
+                "Finding where documents are in a prompt needs a fast tokenizer (one with offset "
+                f"mappings); {type(self.tokenizer).__name__} is not. Load the model's tokenizer with "
+                "use_fast=True."
+            )
+        encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        return {"input_ids": list(encoded["input_ids"]), "offset_mapping": list(encoded["offset_mapping"])}
 
 
 def encode_untrusted(tokenizer: Any, render: Callable[[SpecialTextMask], str], prefix: str = "") -> list[int]:

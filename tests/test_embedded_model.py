@@ -65,16 +65,6 @@ def test_embedded_model_answers_over_documents_under_attention_methods(embedded,
     assert "paris" in reply.lower(), f"{name}: {reply!r}"
 
 
-@pytest.mark.parametrize("name", ["attention-calibration", "pine"])
-def test_the_engine_refuses_methods_that_need_spans_and_says_how(name):
-    from tiny_models import tiny_model, tiny_tokenizer
-
-    from rag_mspoe import Engine
-
-    with pytest.raises(ValueError, match="document_spans"):
-        Engine(tiny_model("llama"), tiny_tokenizer(), method=name)
-
-
 @pytest.fixture(scope="module")
 def embedded_fp32():
     from rag_mspoe import load_model
@@ -97,15 +87,3 @@ def test_embedded_model_cached_decoding_matches_full_forward(embedded_fp32, name
         with frozen_head_order(model):
             full = model(ids).logits[:, prompt_length - 1 :]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=2e-4, rtol=1e-4)
-
-
-def test_the_server_does_not_offer_methods_that_need_spans():
-    pytest.importorskip("fastapi")
-    from tiny_models import tiny_model, tiny_tokenizer
-
-    from rag_mspoe import Engine
-    from rag_mspoe.connectors.server import ModelRoutes
-
-    names = ModelRoutes(Engine(tiny_model("llama"), tiny_tokenizer(), name="tiny")).names()
-    assert "tiny+pi" in names
-    assert not {"tiny+pine", "tiny+attention-calibration"} & set(names)

@@ -15,11 +15,12 @@ import pytest
 from eval_run_helpers import save_tiny_chat_model, tiny_chat_model
 
 from rag_mspoe.eval.data.loaders import save_jsonl
-from rag_mspoe.eval.data.records import gold_index
+from rag_mspoe.eval.data.records import gold_index, with_gold_at
 from rag_mspoe.eval.data.synthetic import generate_invented_qa
 from rag_mspoe.eval.runs.results import read_records
+from rag_mspoe.eval.sweep.batch_scorer import candidates_of
 from rag_mspoe.eval.sweep.plan import SweepConfig
-from rag_mspoe.eval.sweep.run import run_sweep
+from rag_mspoe.eval.sweep.run import frozen_examples, run_sweep
 from rag_mspoe.method_spec import resolve
 
 
@@ -54,6 +55,37 @@ def test_sweep_scores_every_method_position_and_example_once(tiny, tmp_path):
         assert record["prompt_position"] == slots.index(record["position"])
     for name in ("summary.json", "table.md", "accuracy_by_position.png", "examples.jsonl.gz"):
         assert (tmp_path / name).is_file()
+
+
+@pytest.mark.parametrize(("task", "generator"), [("qa", "invented-qa"), ("kv", "kv-short")])
+def test_a_sweep_runs_the_methods_that_read_documents(tiny, tmp_path, monkeypatch, task, generator):
+    from rag_mspoe.engine import Engine
+    from rag_mspoe.eval.sweep.batch_scorer import prompt_of
+
+    monkeypatch.setenv("RAG_MSPOE_CACHE", str(tmp_path / "cache"))  # the calibration's bias estimate
+    config = SweepConfig(
+        task=task,
+        generator=generator,
+        num_documents=4,
+        positions=(0, 3),
+        methods=("none", "pine", "attention-calibration"),
+        samples=2,
+        metrics=("choice", "generate"),
+        max_new_tokens=3,
+    )
+    outcome = run_sweep(config, tmp_path / "run", model=tiny[0], tokenizer=tiny[1], progress=False)
+    records = read_records(tmp_path / "run" / "results.jsonl")
+    assert outcome.complete and len(records) == 2 * 2 * 3
+    # The sweep scores each prompt as the engine does with the prompt's documents.
+    engine = Engine(*tiny, method="none")
+    examples = {e.id: e for e in frozen_examples(config, tmp_path / "run")}
+    for record in records:
+        placed = with_gold_at(examples[record["example_id"]], record["position"])
+        answer = candidates_of(placed)[1]
+        (expected, _), *_ = engine.score_continuations(prompt_of(placed), [answer], method=record["method"])
+        assert record["gold_logprob"] == pytest.approx(expected, abs=1e-4)
+    by_method = {m: [r["gold_logprob"] for r in records if r["method"] == m] for m in config.methods}
+    assert by_method["pine"] != by_method["none"] != by_method["attention-calibration"]
 
 
 def test_a_labelled_method_is_recorded_under_its_label(tiny, tmp_path):

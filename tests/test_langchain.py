@@ -229,3 +229,36 @@ def test_structured_output_fills_a_schema_from_the_request(real):
     raw = chat.with_structured_output(Person.model_json_schema(), include_raw=True).invoke(text)
     assert isinstance(raw["raw"], AIMessage) and raw["parsing_error"] is None
     assert raw["parsed"] == person.model_dump()
+
+
+def test_a_chain_that_formats_its_documents_runs_the_methods_that_read_them(tiny):
+    from langchain_core.documents import Document
+    from langchain_core.runnables import RunnableLambda, RunnablePassthrough
+
+    from rag_mspoe.connectors import format_documents
+
+    documents = [
+        Document("The Danube reaches the Black Sea.", metadata={"title": "Rivers"}),
+        Document("Paris is the capital of France.", metadata={"source": "france.txt"}),
+    ]
+    prompt = ChatPromptTemplate.from_messages(
+        [("human", "Answer from these search results.\n\n{context}\n\nQuestion: {question}\nAnswer:")]
+    )
+    chat = ChatRagMsPoE(engine=tiny, method="pine", max_tokens=8)
+    chain = (
+        {"context": RunnableLambda(lambda _: documents) | format_documents, "question": RunnablePassthrough()}
+        | prompt
+        | chat
+        | StrOutputParser()
+    )
+    question = "What is the capital of France?"
+    text = prompt.invoke({"context": format_documents(documents), "question": question}).messages[0].content
+    assert "Document [2](Title: france.txt) Paris is the capital" in text
+    expected = tiny.generate(text, max_new_tokens=8, method="pine").text
+    assert chain.invoke(question) == expected
+    assert expected != tiny.generate(text, max_new_tokens=8, method="none").text
+    # Spans given with the message say the same as the 'Document [i]' lines.
+    starts = [text.index("Document [1]"), text.index("Document [2]")]
+    spans = [[starts[0], starts[1] - 1], [starts[1], text.index("\n", starts[1])]]
+    message = HumanMessage(text, additional_kwargs={"document_spans": spans})
+    assert chat.invoke([message]).content == expected

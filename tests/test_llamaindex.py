@@ -188,3 +188,24 @@ def test_vector_index_query_engine_answers_from_whole_chunks(embedded, our_token
     prompt = "\n".join(message.content for message in messages)
     positions = [prompt.index(text) for text in retrieved]
     assert positions == sorted(positions)  # whole chunks, in retrieval order
+
+
+def test_nodes_formatted_as_documents_run_the_methods_that_read_them(tiny):
+    from llama_index.core.schema import NodeWithScore, TextNode
+
+    from rag_mspoe.connectors import format_documents
+
+    nodes = [
+        NodeWithScore(node=TextNode(text="The Danube reaches the Black Sea.", metadata={"title": "Rivers"})),
+        NodeWithScore(node=TextNode(text="Paris is the capital of France."), score=0.5),
+    ]
+    text = f"{format_documents(nodes)}\n\nQuestion: What is the capital of France?\nAnswer:"
+    assert text.startswith("Document [1](Title: Rivers) The Danube")
+    llm = RagMsPoE(engine=tiny, method="pine", max_tokens=8)
+    raw = tiny.generate(text, max_new_tokens=8, method="pine", raw=True).text  # complete() sends raw text
+    assert llm.complete(text).text == raw
+    assert raw != tiny.generate(text, max_new_tokens=8, method="none", raw=True).text
+    reply = llm.chat([ChatMessage(role="user", content=text)])
+    assert reply.message.content == tiny.generate(text, max_new_tokens=8, method="pine").text
+    with pytest.raises(ValueError, match=r"Document \[1\]"):
+        llm.complete("Paris is in France. Where is Paris?")

@@ -54,6 +54,37 @@ def test_model_name_selects_the_method_per_request(client, engine):
     assert engine.method is None  # requests never change the default
 
 
+DOCUMENTS = [
+    ("Rivers", "The Danube flows through ten countries before it reaches the Black Sea."),
+    ("France", "Paris is the capital of France and its largest city."),
+    ("Mountains", "Mont Blanc is the highest mountain in the Alps."),
+]
+
+
+@pytest.mark.parametrize("name", ["pine", "attention-calibration"])
+def test_methods_that_read_documents_find_them_in_requests(base_url, client, engine, name):
+    from rag_mspoe.pipelines.packing import render_qa_prompt
+
+    text, spans = render_qa_prompt("What is the capital of France?", DOCUMENTS)
+    model = f"{engine.name}+{name}"
+    assert model in [m.id for m in client.models.list()]
+    by_lines = [{"role": "user", "content": text}]
+    reply = client.chat.completions.create(model=model, messages=by_lines, max_tokens=12, temperature=0)
+    expected = engine.generate(by_lines, max_new_tokens=12, method=name).text
+    assert reply.choices[0].message.content == expected
+    # Spans sent with the message (an extension of the message object) say the same.
+    explicit = [{"role": "user", "content": text, "document_spans": spans}]
+    body = {"model": model, "messages": explicit, "max_tokens": 12, "temperature": 0}
+    answer = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=60).json()
+    assert answer["choices"][0]["message"]["content"] == expected
+    # A prompt that does not say where its documents are: a 400 that says how.
+    body["messages"] = [{"role": "user", "content": "Paris is in France. Where is Paris?"}]
+    refused = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=60)
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["code"] == "document_spans_missing" and "Document [1]" in error["message"]
+
+
 def test_streaming_equals_non_streaming(client, engine):
     kwargs = dict(model=f"{engine.name}+mspoe", messages=QUESTION, max_tokens=16, temperature=0)
     whole = client.chat.completions.create(**kwargs).choices[0].message.content

@@ -7,7 +7,9 @@ scoring an answer means scoring it as the start of that reply, with no further p
 
 from __future__ import annotations
 
-from rag_mspoe.attention.spans import lines_with_spans
+from typing import Any
+
+from rag_mspoe.document_prompts import document_message, lines_with_spans
 from rag_mspoe.eval.data.records import KVExample, QAExample
 
 QA_INSTRUCTION = (
@@ -38,9 +40,39 @@ def qa_prompt_with_spans(example: QAExample) -> tuple[str, list[tuple[int, int]]
 
 def kv_json(example: KVExample) -> str:
     """The pairs as one JSON object, one pair per line."""
-    return "{" + ",\n ".join(f'"{key}": "{value}"' for key, value in example.pairs) + "}"
+    return kv_json_with_spans(example)[0]
+
+
+def kv_json_with_spans(example: KVExample) -> tuple[str, list[tuple[int, int]]]:
+    """`kv_json` and the character span of each pair in it: the pairs are its documents."""
+    text, spans = "{", []
+    for number, (key, value) in enumerate(example.pairs):
+        if number:
+            text += ",\n "
+        pair = f'"{key}": "{value}"'
+        spans.append((len(text), len(text) + len(pair)))
+        text += pair
+    return text + "}", spans
 
 
 def kv_prompt(example: KVExample) -> str:
     """The key-value retrieval prompt over `kv_json`."""
-    return f'{KV_INSTRUCTION}\n\nJSON data:\n{kv_json(example)}\n\nKey: "{example.key}"\n{KV_ANSWER_CUE}'
+    return kv_prompt_with_spans(example)[0]
+
+
+def kv_prompt_with_spans(example: KVExample) -> tuple[str, list[tuple[int, int]]]:
+    """`kv_prompt` and the character span of each pair in it."""
+    head = f"{KV_INSTRUCTION}\n\nJSON data:\n"
+    data, spans = kv_json_with_spans(example)
+    prompt = f'{head}{data}\n\nKey: "{example.key}"\n{KV_ANSWER_CUE}'
+    return prompt, [(start + len(head), end + len(head)) for start, end in spans]
+
+
+def prompt_message(example: QAExample | KVExample) -> list[dict[str, Any]]:
+    """The example's prompt as the one user message the model gets, with where its documents (or
+    pairs) are, for methods that read them (`rag_mspoe.document_prompts`)."""
+    if isinstance(example, KVExample):
+        text, spans = kv_prompt_with_spans(example)
+    else:
+        text, spans = qa_prompt_with_spans(example)
+    return [document_message(text, spans)]

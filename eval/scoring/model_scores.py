@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from rag_mspoe.chat_template import Prompt
 from rag_mspoe.engine import Engine, MethodSpec
 from rag_mspoe.eval.data.records import KVExample, QAExample
 from rag_mspoe.eval.scoring.metrics import best_subspan_em, kv_match
@@ -18,7 +19,7 @@ from rag_mspoe.eval.scoring.metrics import best_subspan_em, kv_match
 
 def score_generation(
     engine: Engine,
-    prompts: Sequence[str],
+    prompts: Sequence[Prompt],
     examples: Sequence[QAExample | KVExample],
     *,
     method: MethodSpec,
@@ -52,7 +53,7 @@ def score_generation(
 
 
 def score_loglikelihood(
-    engine: Engine, prompt: str, answer: str, *, method: MethodSpec, prefix: str = ""
+    engine: Engine, prompt: Prompt, answer: str, *, method: MethodSpec, prefix: str = ""
 ) -> dict[str, float]:
     """Teacher-forced log-likelihood of `answer` as the reply to `prompt`:
     {"sum": total log-probability, "mean": per token, "tokens": token count}."""
@@ -71,7 +72,7 @@ def checked_answer(answer: str) -> str:
 
 def score_forced_choice(
     engine: Engine,
-    prompt: str,
+    prompt: Prompt,
     candidates: Sequence[str],
     gold: str,
     *,

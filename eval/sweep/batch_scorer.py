@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from rag_mspoe.chat_template import Prompt
 from rag_mspoe.eval.data import prompts
 from rag_mspoe.eval.data.records import KVExample, with_gold_at
 from rag_mspoe.eval.method_engines import EngineSet, stable_seed
@@ -36,8 +37,9 @@ def arranged_example(
     return arranged, indices.index(position)
 
 
-def prompt_of(example: Example) -> str:
-    return prompts.kv_prompt(example) if isinstance(example, KVExample) else prompts.qa_prompt(example)
+def prompt_of(example: Example) -> list[dict[str, Any]]:
+    """The example's prompt: one user message that says where its documents are."""
+    return prompts.prompt_message(example)
 
 
 def candidates_of(example: Example) -> tuple[tuple[str, ...], str]:
@@ -112,7 +114,7 @@ class BatchScorer:
         engine: Any,
         method: ResolvedMethod,
         examples: list[Example],
-        texts: list[str],
+        texts: Sequence[Prompt],
         records: list[dict[str, Any]],
     ) -> None:
         """Forced choice (with the gold's log-likelihood), or the gold's log-likelihood alone, of

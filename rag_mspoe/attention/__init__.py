@@ -17,12 +17,8 @@ with document_spans(model, [spans]):
 from rag_mspoe.attention.bias import PositionalBias, bias_cache_path, estimate_positional_bias
 from rag_mspoe.attention.calibration import AttentionCalibration
 from rag_mspoe.attention.pine import Pine
-from rag_mspoe.attention.spans import (
-    DocumentSpans,
-    char_to_token_spans,
-    document_spans,
-    prompt_with_spans,
-)
+from rag_mspoe.attention.spans import DocumentSpans, document_spans, prompt_with_spans
+from rag_mspoe.document_prompts import char_to_token_spans
 
 __all__ = [
     "AttentionCalibration",

@@ -77,6 +77,12 @@ def bias_cache_path(model_name: str) -> Path:
     return cache_dir() / "positional_bias" / f"{safe}.json"
 
 
+def cached_layouts(model_name: str) -> set[int]:
+    """The numbers of documents whose bias the cache holds for a model."""
+    path = bias_cache_path(model_name)
+    return set(PositionalBias.load(path).layouts) if path.is_file() else set()
+
+
 def estimate_positional_bias(
     model: Any,
     tokenizer: Any,

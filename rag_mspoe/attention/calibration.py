@@ -9,11 +9,13 @@ of the calibrated query rows to each document is rescaled to its calibrated rele
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from rag_mspoe.attention.bias import REFERENCE_BIAS, ZERO_BIAS
+from rag_mspoe.attention.bias import REFERENCE_BIAS, ZERO_BIAS, cached_layouts, estimate_positional_bias
 from rag_mspoe.attention.calibration_hooks import AttentionCalibrationHooks
+from rag_mspoe.loading import model_display_name
 from rag_mspoe.method_config import MethodConfig, number_argument
 
 
@@ -70,6 +72,17 @@ class AttentionCalibration(MethodConfig):
 
     def needs_document_spans(self) -> bool:
         return True
+
+    def prepare(self, model: Any, tokenizer: Any, spans: Sequence[Sequence[tuple[int, int]] | None]) -> None:
+        """Estimate the reference bias for each number of documents the prompts have and the
+        model's cache lacks (one forward each, once per model and number)."""
+        if self.bias != REFERENCE_BIAS:
+            return
+        counts = {len(row) for row in spans if row}
+        known = cached_layouts(model_display_name(model))
+        missing = sorted(counts - known)
+        if missing:
+            estimate_positional_bias(model, tokenizer, missing)
 
     def layer_indices(self, num_layers: int) -> list[int]:
         if self.layers is None:

@@ -1,9 +1,10 @@
 """Document spans: where each document sits in a prompt's tokens, and how they reach a model.
 
 Text-level code (the packer, the evaluation's prompts) knows each document's *character* span in
-the user message; `prompt_with_spans` renders the chat template and turns those into *token*
-spans of the rendered prompt with the tokenizer's offset mapping. A method that sees documents
-reads the spans of the prompts it runs on from `document_spans(model, spans)`:
+the user message; `prompt_with_spans` (or `rag_mspoe.document_prompts.render_with_spans` for any
+prompt) renders the chat template and turns those into *token* spans of the rendered prompt. A
+method that sees documents reads the spans of the prompts it runs on from
+`document_spans(model, spans)`; the engine does this for every call:
 
     ids, spans = prompt_with_spans(tokenizer, packed.prompt, packed.document_spans)
     with document_spans(model, [spans]):
@@ -64,65 +65,21 @@ class DocumentSpans:
         return len(self.rows)
 
 
-def lines_with_spans(head: str, lines: Sequence[str]) -> tuple[str, list[Span]]:
-    """`head` then `lines` joined by line breaks, and the character span [start, end) of each line:
-    how a prompt lays out its documents, one per line, and where each one is."""
-    text, spans = head, []
-    for number, line in enumerate(lines):
-        if number:
-            text += "\n"
-        spans.append((len(text), len(text) + len(line)))
-        text += line
-    return text, spans
-
-
-def char_to_token_spans(offsets: Sequence[Sequence[int]], char_spans: Sequence[Span]) -> list[Span]:
-    """Token spans covering character spans, given each token's (start, end) characters.
-
-    A token belongs to a document when its characters overlap the document's; tokens without
-    characters (special tokens) belong to none. A token shared by two documents goes to the first.
-    """
-    spans: list[Span] = []
-    previous_end = 0
-    for char_start, char_end in char_spans:
-        tokens = [
-            i
-            for i, (start, end) in enumerate(offsets)
-            if end > start and start < char_end and end > char_start and i >= previous_end
-        ]
-        if not tokens:
-            raise ValueError(
-                f"No token covers the characters [{char_start}, {char_end}); is the span inside the text?"
-            )
-        spans.append((tokens[0], tokens[-1] + 1))
-        previous_end = tokens[-1] + 1
-    return spans
-
-
 def prompt_with_spans(
     tokenizer: Any, prompt: str, char_spans: Sequence[Span], *, raw: bool = False
 ) -> tuple[list[int], list[Span]]:
-    """The token ids of `prompt` as one user turn of the chat template (`rag_mspoe.chat_template`)
+    """The token ids of `prompt` as one user turn of the chat template (as the engine renders it)
     and the token span of each document, given its character span in `prompt`.
 
     raw=True: the prompt as plain text, without the chat template.
     """
-    from rag_mspoe import chat_template
+    from rag_mspoe.document_prompts import char_to_token_spans, document_message, render_with_spans
 
     if raw:
-        text, base, special = prompt, 0, True
-    else:
-        text = chat_template.render_text(tokenizer, prompt)
-        # The user message is the last turn the template writes.
-        base, special = text.rfind(prompt), False
-        if base < 0:
-            raise ValueError(
-                "The chat template changed the user message's text, so its document spans cannot be "
-                "located; pass raw=True or spans of the rendered text."
-            )
-    encoded = tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
-    shifted = [(base + start, base + end) for start, end in char_spans]
-    return list(encoded["input_ids"]), char_to_token_spans(encoded["offset_mapping"], shifted)
+        encoded = tokenizer(prompt, add_special_tokens=True, return_offsets_mapping=True)
+        return list(encoded["input_ids"]), char_to_token_spans(encoded["offset_mapping"], char_spans)
+    ids, spans = render_with_spans(tokenizer, [document_message(prompt, char_spans)])
+    return ids, spans or []
 
 
 @contextlib.contextmanager

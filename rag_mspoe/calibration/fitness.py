@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from tqdm.auto import tqdm
 
+from rag_mspoe.chat_template import Prompt
 from rag_mspoe.methods import MethodConfig
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ class Item:
 
     position: str
     example_id: str
-    prompt: str
+    prompt: Prompt
     candidates: tuple[str, ...]
     gold: str
 
