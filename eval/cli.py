@@ -110,6 +110,12 @@ def _register_sweep(subparsers: Any) -> None:
         help="fan out over Ray: alone for a local Ray, or a cluster address (ray://host:10001 or auto)",
     )
     parser.add_argument("--ray-workers", type=int, default=2, help="Ray workers, one model replica each")
+    parser.add_argument(
+        "--budget-hours",
+        type=float,
+        default=None,
+        help="stop starting batches after this many hours; rerun the same command to go on",
+    )
     _common_model_options(parser)
     parser.set_defaults(func=_sweep)
 
@@ -145,6 +151,7 @@ def _sweep(args: argparse.Namespace) -> int:
         ray_address=args.ray,
         ray_workers=args.ray_workers,
         progress=not args.no_progress,
+        budget_hours=args.budget_hours,
     )
     print(f"{outcome.total}/{outcome.expected} records in {outcome.folder} ({outcome.written} new)")
     _print_table(outcome.folder)

@@ -304,3 +304,19 @@ def number_argument(part: str, text: str) -> float:
         return float(text)
     except ValueError:
         raise ValueError(f"{part!r}: {text!r} is not a number; write e.g. 'pi:2' or 'yarn:1.5'.") from None
+
+
+def check_layers(layers: Sequence[int] | None) -> None:
+    """A method's `layers` field: None (every layer) or non-negative layer indices."""
+    if layers is not None and any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in layers):
+        raise ValueError(f"layers must be non-negative layer indices (or None for all), got {layers}")
+
+
+def chosen_layers(owner: str, layers: Sequence[int] | None, num_layers: int) -> list[int]:
+    """The layer indices a method's `layers` field picks in a model of `num_layers` layers."""
+    if layers is None:
+        return list(range(num_layers))
+    bad = [i for i in layers if i >= num_layers]
+    if bad:
+        raise ValueError(f"{owner}.layers has {bad}; the model has {num_layers} layers.")
+    return sorted(set(layers))

@@ -55,6 +55,22 @@ def test_a_bias_equal_in_every_slot_changes_nothing_and_a_sloped_one_does(arch, 
     torch.testing.assert_close(changed[: spans[-1][1]], before[: spans[-1][1]], atol=2e-5, rtol=1e-5)
 
 
+def test_strength_scales_the_bias_subtracted(tmp_path):
+    model = tiny_model("llama")
+    ids, spans = _prompt()
+    before = logits(model, ids)
+    sloped = _bias_file(tmp_path, model, 4)
+    with rescaled(model, AttentionCalibration(bias=sloped, strength=0.0)):
+        torch.testing.assert_close(logits(model, ids, spans), before, atol=2e-5, rtol=1e-5)
+    changes = []
+    for strength in (1.0, 2.0):
+        with rescaled(model, AttentionCalibration(bias=sloped, strength=strength)):
+            changes.append((logits(model, ids, spans) - before).abs().max())
+    assert 1e-3 < changes[0] < changes[1]
+    with pytest.raises(ValueError, match="strength must be 0 or more"):
+        AttentionCalibration(strength=-1.0)
+
+
 def test_no_documents_is_the_unmodified_model():
     model = tiny_model("llama")
     ids, _ = _prompt()

@@ -99,6 +99,40 @@ def test_a_left_padded_batch_equals_each_prompt_alone():
     torch.testing.assert_close(out[1, -len(second) :], alone[1], atol=2e-5, rtol=1e-5)
 
 
+def test_causal_pine_leaves_the_documents_rows_and_replaces_them_for_the_question():
+    model = tiny_model("llama")
+    ids, spans = block_prompt(*_blocks())
+    end = spans[-1][1]
+    before = logits(model, ids)
+    with rescaled(model, Pine(bidirectional=False)):
+        after = logits(model, ids, spans)
+        prompt = len(ids) - ANSWER
+        torch.testing.assert_close(
+            incremental_logits(model, ids, spans, prompt), after[prompt - 1 : -1], atol=2e-5, rtol=1e-5
+        )
+    torch.testing.assert_close(after[:end], before[:end], atol=2e-5, rtol=1e-5)
+    assert (after[end:] - before[end:]).abs().max() > 1e-3
+    with rescaled(model, Pine()):
+        assert (logits(model, ids, spans)[end:] - after[end:]).abs().max() > 1e-3
+
+
+def test_pine_in_some_layers_only():
+    model = tiny_model("llama")
+    ids, spans = block_prompt(*_blocks())
+    before = logits(model, ids)
+    with rescaled(model, Pine(layers=[])):
+        torch.testing.assert_close(logits(model, ids, spans), before, atol=1e-6, rtol=1e-6)
+    with rescaled(model, Pine()):
+        everywhere = logits(model, ids, spans)
+    with rescaled(model, Pine(layers=[1, 3])):
+        some = logits(model, ids, spans)
+    assert (some - before).abs().max() > 1e-3 and (some - everywhere).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="Pine.layers has \\[9\\]"):
+        rescale(model, Pine(layers=[9]))
+    with pytest.raises(ValueError, match="non-negative layer indices"):
+        Pine(layers=[-1])
+
+
 def test_models_with_sliding_windows_are_refused():
     with pytest.raises(ValueError, match="sliding window"):
         rescale(tiny_model("mistral"), Pine())

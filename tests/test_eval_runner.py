@@ -132,6 +132,20 @@ def test_resume_adds_only_what_is_missing_and_refuses_another_sweep(tiny, tmp_pa
         )
 
 
+def test_a_budget_stops_between_batches_and_a_rerun_goes_on(tiny, tmp_path):
+    config = SweepConfig(num_documents=4, positions=(0, 3), methods=("none", "pi"), samples=4, batch_size=2)
+    options = dict(model=tiny[0], tokenizer=tiny[1], progress=False)
+    first = run_sweep(config, tmp_path, budget_hours=1e-9, **options)  # spent after the first batch
+    assert first.written == 2 and not first.complete
+    records = read_records(tmp_path / "results.jsonl")
+    # Examples come outermost: the first batches compare the methods on the same examples.
+    assert {(r["method"], r["example_id"]) for r in records} == {("none", records[0]["example_id"])}
+    rest = run_sweep(config, tmp_path, **options)
+    assert rest.complete and first.written + rest.written == 16
+    with pytest.raises(ValueError, match="budget-hours must be a positive"):
+        run_sweep(config, tmp_path, budget_hours=0, **options)
+
+
 def test_examples_are_frozen_in_the_run_folder(tiny, tmp_path):
     data = tmp_path / "data.jsonl"
     save_jsonl(data, generate_invented_qa(5, 3, seed=1))

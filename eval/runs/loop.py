@@ -17,6 +17,8 @@ import argparse
 import dataclasses
 import hashlib
 import os
+import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,14 +127,19 @@ def run_evaluation(
     ray_address: str | None = None,
     ray_workers: int = 2,
     progress: bool | None = None,
+    budget_hours: float | None = None,
 ) -> RunOutcome:
     """Score every pending unit of `evaluation` into `folder` (see the module docstring).
 
     model/tokenizer: an already loaded model (else `config.model` is loaded; never with Ray,
-    whose workers load their own). ray_address: "local" or a cluster address.
+    whose workers load their own). ray_address: "local" or a cluster address. budget_hours:
+    start no unit after this much time (model loading included); a rerun goes on from there.
     """
     if ray_address is not None and ray_workers < 1:
         raise ValueError(f"--ray-workers must be at least 1, got {ray_workers}.")
+    if budget_hours is not None and not budget_hours > 0:
+        raise ValueError(f"--budget-hours must be a positive number of hours, got {budget_hours}.")
+    deadline = None if budget_hours is None else time.monotonic() + budget_hours * 3600
     out = Path(folder)
     with run_lock(out):
         manifest = _checked_manifest(out, evaluation)
@@ -165,6 +172,12 @@ def run_evaluation(
                 written += results.append(records)
                 scored += 1
                 bar.update(1)
+                if deadline is not None and time.monotonic() > deadline and scored < len(units):
+                    left = len(units) - scored
+                    print(
+                        f"Budget of {budget_hours} h spent; {left} units left for a rerun.", file=sys.stderr
+                    )
+                    break
         finally:
             getattr(stream, "close", lambda: None)()  # stops Ray workers when the run is interrupted
             bar.close()

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from rag_mspoe.attention.bias import REFERENCE_BIAS, ZERO_BIAS, cached_layouts, estimate_positional_bias
 from rag_mspoe.attention.calibration_hooks import AttentionCalibrationHooks
 from rag_mspoe.loading import model_display_name
-from rag_mspoe.method_config import MethodConfig, number_argument
+from rag_mspoe.method_config import MethodConfig, check_finite, check_layers, chosen_layers, number_argument
 
 
 @dataclass
@@ -36,7 +36,8 @@ class AttentionCalibration(MethodConfig):
     saved estimate (.json). layers: the layers calibrated (default all). query_rows: the query
     rows calibrated: None for every row after the last document (question, answer cue and
     generated tokens; a full forward and a cached decode then agree), n for the last n prompt
-    rows and every generated token.
+    rows and every generated token. strength: a factor on the bias subtracted (0: none, 1: the
+    estimate as measured, above 1: more), a setting for calibration to search.
     """
 
     kind: ClassVar[str] = "attention-calibration"
@@ -47,6 +48,7 @@ class AttentionCalibration(MethodConfig):
     bias: str = REFERENCE_BIAS
     layers: list[int] | None = None
     query_rows: int | None = None
+    strength: float = 1.0
 
     def __post_init__(self) -> None:
         if self.temperature is not None and (
@@ -61,8 +63,10 @@ class AttentionCalibration(MethodConfig):
                 f"bias must be {REFERENCE_BIAS!r}, {ZERO_BIAS!r} or the path of a saved estimate, "
                 f"got {self.bias!r}"
             )
-        if self.layers is not None and any(i < 0 for i in self.layers):
-            raise ValueError(f"layers must be non-negative layer indices, got {self.layers}")
+        check_layers(self.layers)
+        check_finite("strength", self.strength)
+        if self.strength < 0:
+            raise ValueError(f"strength must be 0 or more, got {self.strength}")
         if self.query_rows is not None and self.query_rows < 1:
             raise ValueError(f"query_rows must be at least 1 (or None), got {self.query_rows}")
 
@@ -85,9 +89,4 @@ class AttentionCalibration(MethodConfig):
             estimate_positional_bias(model, tokenizer, missing)
 
     def layer_indices(self, num_layers: int) -> list[int]:
-        if self.layers is None:
-            return list(range(num_layers))
-        bad = [i for i in self.layers if i >= num_layers]
-        if bad:
-            raise ValueError(f"AttentionCalibration.layers has {bad}; the model has {num_layers} layers.")
-        return sorted(set(self.layers))
+        return chosen_layers("AttentionCalibration", self.layers, num_layers)

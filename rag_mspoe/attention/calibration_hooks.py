@@ -110,7 +110,7 @@ class AttentionCalibrationHooks(DocumentAttentionHooks):
     ) -> torch.Tensor:
         """[B, H, rows, K]: the factor on each document's weights; the documents' total is kept."""
         present = present[:, None, None, :]
-        bias = bias[:, :, None, :]
+        bias = bias[:, :, None, :] * self.calibration.strength
         total = mass.sum(dim=-1, keepdim=True)
         if self.calibration.temperature is None:
             count = present.sum(dim=-1, keepdim=True).clamp(min=1)

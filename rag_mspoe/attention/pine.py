@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from rag_mspoe.attention.pine_hooks import PineHooks
-from rag_mspoe.method_config import MethodConfig
+from rag_mspoe.method_config import MethodConfig, check_layers, chosen_layers
 
 
 @dataclass
@@ -20,12 +20,27 @@ class Pine(MethodConfig):
     more important, the closer to the query; a query inside a document treats its own document
     as the last one. The documents' region keeps its place and length.
     Tokens between two documents (separators) count as part of the document before them.
-    Needs full attention in every layer (no sliding windows).
+    Needs full attention in every layer it runs in (no sliding windows).
+
+    Settings for calibration to search (the defaults are the paper's method): layers, the layers
+    it runs in (None: all; the order-invariance holds only with all); bidirectional=False leaves
+    the documents' own rows as the model computes them (causal, natural positions) and only
+    re-places the documents for the rows after them (question and answer).
     """
 
     kind: ClassVar[str] = "pine"
     hooks: ClassVar[type[PineHooks]] = PineHooks
     presets: ClassVar[dict[str, dict[str, Any]]] = {"pine": {}}
+    layers: list[int] | None = None
+    bidirectional: bool = True
+
+    def __post_init__(self) -> None:
+        check_layers(self.layers)
+        if not isinstance(self.bidirectional, bool):
+            raise ValueError(f"bidirectional must be true or false, got {self.bidirectional!r}")
 
     def needs_document_spans(self) -> bool:
         return True
+
+    def layer_indices(self, num_layers: int) -> list[int]:
+        return chosen_layers("Pine", self.layers, num_layers)

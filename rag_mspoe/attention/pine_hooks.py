@@ -36,21 +36,24 @@ class PineHooks(DocumentAttentionHooks):
     def __init__(self, model: nn.Module, method: Any) -> None:
         super().__init__(model, method)
         config: Any = model.config
+        self._layers = method.layer_indices(len(self.decoder.layers))
+        self.bidirectional: bool = method.bidirectional
         windowed = [
             index
-            for index, layer in enumerate(self.decoder.layers)
-            if self.arch.sliding_window(layer.self_attn, config) is not None
+            for index in self._layers
+            if self.arch.sliding_window(self.decoder.layers[index].self_attn, config) is not None
         ]
         if windowed:
             raise ValueError(
                 f"PINE needs full attention in every layer, but layers {windowed} of this "
                 f"{config.model_type} model attend within a sliding window. Load the model with "
-                "sliding windows off, or use attention-calibration."
+                "sliding windows off, leave those layers out (Pine(layers=[...])), or use "
+                "attention-calibration."
             )
         self.rotate_half = self.arch.module().rotate_half
 
     def layers(self) -> list[int]:
-        return list(range(len(self.decoder.layers)))
+        return self._layers
 
     def attend(
         self,
@@ -67,7 +70,7 @@ class PineHooks(DocumentAttentionHooks):
         keys = key.shape[2]
         past = keys - queries
         # When every row is recomputed (decoding), the original attention would be thrown away.
-        every_row = all(row is not None and row.start <= past for row in self.rows)
+        every_row = all(row is not None and self._first_row(row) <= past for row in self.rows)
         if every_row:
             output = query.new_empty(batch, queries, heads, dim)
         else:
@@ -81,7 +84,7 @@ class PineHooks(DocumentAttentionHooks):
         for b, row in enumerate(self.rows):
             if row is None:
                 continue
-            for first in range(max(row.start - past, 0), queries, ROW_CHUNK):
+            for first in range(max(self._first_row(row) - past, 0), queries, ROW_CHUNK):
                 last = min(first + ROW_CHUNK, queries)
                 attended = self._rows(
                     row,
@@ -96,6 +99,11 @@ class PineHooks(DocumentAttentionHooks):
                 )
                 output[b, first:last] = attended.transpose(0, 1).to(output.dtype)
         return output
+
+    def _first_row(self, row: RowDocuments) -> int:
+        """The first query row PINE recomputes: the documents' own rows only when they read each
+        other both ways; else the rows after them (question, answer), which read them re-placed."""
+        return row.start if self.bidirectional else row.end
 
     def _rows(
         self,
