@@ -3,6 +3,8 @@
     rag-mspoe calibrate layers --out runs/cal-layers            # Bezier curve: GA vs CMA-ES
     rag-mspoe calibrate heads --out runs/cal-heads              # static Ms-PoE head order
     rag-mspoe calibrate hidden --out runs/cal-hidden            # positional hidden dimension
+    rag-mspoe calibrate search --space pine --data search.jsonl.gz --out runs/cal-pine
+                                                                # any space, on real questions
 
 Each writes `rag_mspoe_method.json` in --out, which `load_model`, `--method` and every connector
 accept. Rerunning `calibrate layers` with the same options resumes a killed search.
@@ -34,6 +36,7 @@ def register(subparsers: Any) -> None:
     _register_layers(commands)
     _register_heads(commands)
     _register_hidden(commands)
+    _register_search(commands)
 
 
 # -- shared options ---------------------------------------------------------------------------------
@@ -300,6 +303,80 @@ def _hidden(args: argparse.Namespace) -> int:
     _save(args, engine, result.config, report)
     _write_markdown(args, "Positional hidden dimension", lines, wall_s)
     _compare(args, engine, heldout_split, [("hidden", result.config)])
+    return 0
+
+
+# -- search -----------------------------------------------------------------------------------------
+def _register_search(commands: Any) -> None:
+    from rag_mspoe.calibration.spaces import SPACES
+
+    parser = commands.add_parser(
+        "search",
+        help="a method's settings on real questions: successive halving over a search space",
+        description="Score every candidate of a search space on a few questions of --data (gold "
+        "log-likelihood at each gold position, against the unmodified model), keep the best and score "
+        "them on new questions, rung after rung. Budgeted and resumable: rerun the same command to go "
+        "on. Writes rag_mspoe_method.json only when the winner beats the unmodified model; validate it "
+        "on questions it was not searched on with `rag-mspoe sweep`.",
+    )
+    parser.add_argument("--out", required=True, help="folder of the search (resumed when it exists)")
+    parser.add_argument("--data", required=True, help="QA examples (lost-in-the-middle format) to search on")
+    parser.add_argument("--space", required=True, choices=sorted(SPACES), help="the candidates' method")
+    parser.add_argument("--documents", type=int, default=10, help="documents per prompt (default 10)")
+    parser.add_argument(
+        "--positions", default="0,4,9", help="comma-separated gold positions, 0-based (default 0,4,9)"
+    )
+    parser.add_argument(
+        "--rungs", default="16,48,144", help="new questions per rung, comma-separated (default 16,48,144)"
+    )
+    parser.add_argument("--keep", type=int, default=4, help="candidates kept from one rung to the next")
+    parser.add_argument(
+        "--worst-weight",
+        type=float,
+        default=1.0,
+        help="weight of the gain at the unmodified model's worst position in the fitness (default 1)",
+    )
+    parser.add_argument(
+        "--budget-hours", type=float, default=None, help="stop after this many hours; rerun to go on"
+    )
+    add_model_options(parser)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.set_defaults(func=_search)
+
+
+def _search(args: argparse.Namespace) -> int:
+    from rag_mspoe import load_model
+    from rag_mspoe.calibration.halving import HalvingSearch, HalvingSettings
+    from rag_mspoe.calibration.spaces import space_candidates
+
+    settings = HalvingSettings(
+        data=str(Path(args.data).resolve()),
+        space=args.space,
+        num_documents=args.documents,
+        positions=tuple(int(p) for p in args.positions.split(",")),
+        rungs=tuple(int(n) for n in args.rungs.split(",")),
+        keep=args.keep,
+        worst_weight=args.worst_weight,
+        model=args.model,
+    )
+    started = time.monotonic()
+    model, tokenizer = load_model(args.model, **model_load_options(args))
+    search = HalvingSearch(
+        args.out, settings, space_candidates(args.space, int(model.config.num_hidden_layers))
+    )
+    tables = search.run(
+        budget_hours=args.budget_hours, model=model, tokenizer=tokenizer, progress=not args.no_progress
+    )
+    print((Path(args.out) / "ranking.md").read_text(), end="")
+    done = len(tables) == len(settings.rungs)
+    winner = search.winner(tables)
+    if not done:
+        print(f"{len(tables)} of {len(settings.rungs)} rungs done; rerun the same command to go on.")
+    elif winner is None:
+        print("No candidate beats the unmodified model on the search questions; no config written.")
+    else:
+        print(f"Winner: {winner.label} -> {Path(args.out) / 'rag_mspoe_method.json'}")
+    print(f"wall time of this run: {time.monotonic() - started:.0f} s")
     return 0
 
 

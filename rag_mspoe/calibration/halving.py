@@ -1,0 +1,245 @@
+"""Search a method's settings on real questions by successive halving, as sweeps that resume.
+
+    out/
+      search.json            the settings; a rerun with other settings is refused
+      candidates/<label>.json every candidate config of the space
+      data/rung-<r>.jsonl.gz the rung's questions: disjoint slices of the search data
+      rung-<r>/              a gold-position sweep (`--metrics loglik`) of none and the candidates
+                             still in the race, over that rung's questions
+      ranking.json, ranking.md  every rung's fitness table
+      rag_mspoe_method.json  the winner of the last rung, when it beats the unmodified model
+
+Rung 1 scores every candidate on a few questions; each later rung keeps the best `keep` of the
+rung before and scores them on new questions. A candidate's fitness counts every question it was
+scored on: the mean gain in the gold answer's log-likelihood per token over the unmodified model
+across the gold positions, plus `worst_weight` times the gain at the worst position (the one where
+the unmodified model does worst), so a candidate cannot buy the average with the middle. The sweeps
+resume where they stopped, and which candidates go on follows from the records alone, so a killed
+or budget-stopped search picks up by running the same command again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rag_mspoe.files import atomic_write
+from rag_mspoe.method_config import MethodConfig
+
+BASELINE = "none"
+
+
+@dataclass(frozen=True)
+class HalvingSettings:
+    data: str  # QA examples in the lost-in-the-middle format, searched on (never the validation split)
+    space: str  # a name of rag_mspoe.calibration.spaces.SPACES
+    num_documents: int = 10
+    positions: tuple[int, ...] = (0, 4, 9)
+    rungs: tuple[int, ...] = (16, 48, 144)  # new questions per rung
+    keep: int = 4  # candidates that go on from one rung to the next
+    worst_weight: float = 1.0
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "positions", tuple(self.positions))
+        object.__setattr__(self, "rungs", tuple(self.rungs))
+        if not self.rungs or any(n < 1 for n in self.rungs):
+            raise ValueError(f"rungs are positive numbers of questions, got {list(self.rungs)}.")
+        if self.keep < 1:
+            raise ValueError(f"keep must be at least 1, got {self.keep}.")
+        if not self.worst_weight >= 0:
+            raise ValueError(f"worst_weight must be 0 or more, got {self.worst_weight}.")
+
+
+@dataclass
+class Standing:
+    """One candidate's scores on the questions it was scored on, against the unmodified model."""
+
+    label: str
+    questions: int
+    gain: dict[int, float]  # per gold position: mean gain in log-likelihood per token
+    level: dict[int, float]  # per gold position: the candidate's mean log-likelihood per token
+    fitness: float
+    # Paired standard error of the fitness's average term, for reading the table.
+    stderr: float = field(default=0.0)
+
+
+def standings(
+    records: Sequence[dict[str, Any]], labels: Sequence[str], positions: Sequence[int], worst_weight: float
+) -> list[Standing]:
+    """Fitness of each label over the examples where it and the baseline were scored at every
+    position, best first."""
+    per_token: dict[tuple[str, int, str], float] = {
+        (r["method"], r["position"], r["example_id"]): r["gold_logprob"] / r["gold_tokens"] for r in records
+    }
+    baseline_examples = {e for m, _, e in per_token if m == BASELINE}
+    result = []
+    for label in labels:
+        examples = sorted(
+            e
+            for e in baseline_examples
+            if all((label, p, e) in per_token and (BASELINE, p, e) in per_token for p in positions)
+        )
+        if not examples:
+            continue
+        level = {p: statistics.fmean(per_token[label, p, e] for e in examples) for p in positions}
+        base = {p: statistics.fmean(per_token[BASELINE, p, e] for e in examples) for p in positions}
+        gain = {p: level[p] - base[p] for p in positions}
+        worst = min(positions, key=lambda p: base[p])
+        fitness = statistics.fmean(gain.values()) + worst_weight * gain[worst]
+        per_example = [
+            statistics.fmean(per_token[label, p, e] - per_token[BASELINE, p, e] for p in positions)
+            for e in examples
+        ]
+        stderr = statistics.stdev(per_example) / math.sqrt(len(examples)) if len(examples) > 1 else 0.0
+        result.append(Standing(label, len(examples), gain, level, fitness, stderr))
+    return sorted(result, key=lambda s: -s.fitness)
+
+
+class HalvingSearch:
+    """The rungs of one search folder (see the module docstring)."""
+
+    def __init__(self, folder: str | Path, settings: HalvingSettings, candidates: dict[str, MethodConfig]):
+        if BASELINE in candidates:
+            raise ValueError(f"{BASELINE!r} is the baseline of every rung; give candidates other labels.")
+        self.folder = Path(folder)
+        self.settings = settings
+        self.candidates = candidates
+        self._check_folder()
+
+    def _check_folder(self) -> None:
+        identity = {
+            **asdict(self.settings),
+            "candidates": {k: c.to_dict() for k, c in self.candidates.items()},
+        }
+        identity = json.loads(json.dumps(identity))  # tuples as lists, as read back
+        path = self.folder / "search.json"
+        if path.is_file():
+            saved = json.loads(path.read_text())
+            if saved != identity:
+                changed = sorted(k for k in identity if saved.get(k) != identity[k])
+                raise ValueError(
+                    f"{self.folder} holds a search with other settings ({', '.join(changed)}); "
+                    "use a new --out."
+                )
+        else:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, (json.dumps(identity, indent=2) + "\n").encode())
+        for label, config in self.candidates.items():
+            target = self.folder / "candidates" / f"{label}.json"
+            if not target.is_file():
+                config.save(target)
+
+    def run(self, *, budget_hours: float | None = None, **load: Any) -> list[list[Standing]]:
+        """Run (or resume) the rungs within the budget; returns every finished rung's standings."""
+        deadline = None if budget_hours is None else time.monotonic() + budget_hours * 3600
+        examples = self._examples()
+        tables: list[list[Standing]] = []
+        labels = list(self.candidates)
+        offset = 0
+        for rung, size in enumerate(self.settings.rungs, start=1):
+            if tables:
+                labels = [s.label for s in tables[-1][: self.settings.keep]]
+            left = None if deadline is None else (deadline - time.monotonic()) / 3600
+            if left is not None and left <= 0:
+                break
+            outcome = self._run_rung(rung, examples[offset : offset + size], labels, left, load)
+            offset += size
+            if not outcome.complete:
+                break
+            tables.append(self._standings(rung, labels))
+        self._write_ranking(tables)
+        return tables
+
+    def _examples(self) -> list[Any]:
+        from rag_mspoe.eval.data.loaders import load_qa
+
+        examples = load_qa(self.settings.data)
+        needed = sum(self.settings.rungs)
+        if len(examples) < needed:
+            raise ValueError(
+                f"{self.settings.data} holds {len(examples)} questions; the rungs "
+                f"{list(self.settings.rungs)} need {needed}. Lower --rungs."
+            )
+        return examples
+
+    def _run_rung(
+        self, rung: int, examples: list[Any], labels: list[str], hours: float | None, load: dict
+    ) -> Any:
+        from rag_mspoe.eval.data.loaders import save_jsonl
+        from rag_mspoe.eval.sweep.plan import SweepConfig
+        from rag_mspoe.eval.sweep.run import run_sweep
+
+        data = self.folder / "data" / f"rung-{rung}.jsonl.gz"
+        if not data.is_file():
+            data.parent.mkdir(parents=True, exist_ok=True)
+            save_jsonl(data, examples)
+        specs = [BASELINE] + [f"{label}={self.folder / 'candidates' / f'{label}.json'}" for label in labels]
+        config = SweepConfig(
+            task="qa",
+            num_documents=self.settings.num_documents,
+            positions=self.settings.positions,
+            methods=tuple(specs),
+            samples=len(examples),
+            data=str(data.resolve()),
+            generator=None,
+            metrics=("loglik",),
+            model=self.settings.model,
+        )
+        return run_sweep(config, self.folder / f"rung-{rung}", budget_hours=hours, **load)
+
+    def _standings(self, rung: int, labels: list[str]) -> list[Standing]:
+        from rag_mspoe.eval.runs.results import read_records
+
+        records = [
+            record
+            for r in range(1, rung + 1)
+            for record in read_records(self.folder / f"rung-{r}" / "results.jsonl")
+        ]
+        return standings(records, labels, self.settings.positions, self.settings.worst_weight)
+
+    def _write_ranking(self, tables: list[list[Standing]]) -> None:
+        payload = [[asdict(s) for s in table] for table in tables]
+        atomic_write(self.folder / "ranking.json", (json.dumps(payload, indent=2) + "\n").encode())
+        atomic_write(self.folder / "ranking.md", ranking_markdown(tables, self.settings).encode())
+        best = self.winner(tables)
+        target = self.folder / "rag_mspoe_method.json"
+        if best is not None:
+            self.candidates[best.label].save(target, base_model=self.settings.model)
+        elif target.is_file():
+            target.unlink()
+
+    def winner(self, tables: list[list[Standing]]) -> Standing | None:
+        """The best of the last rung when every rung ran and it beats the unmodified model."""
+        if len(tables) < len(self.settings.rungs) or not tables[-1]:
+            return None
+        best = tables[-1][0]
+        return best if best.fitness > 0 else None
+
+
+def ranking_markdown(tables: list[list[Standing]], settings: HalvingSettings) -> str:
+    positions = settings.positions
+    lines = [
+        f"# Search `{settings.space}` on {Path(settings.data).name}\n",
+        "Gain in the gold answer's log-likelihood per token over the unmodified model, per gold "
+        f"position (0-based); fitness = mean gain + {settings.worst_weight:g} x gain at the unmodified "
+        "model's worst position; +- is the paired standard error of the mean gain.\n",
+    ]
+    for rung, table in enumerate(tables, start=1):
+        questions = table[0].questions if table else 0
+        lines += [f"\n## Rung {rung} ({questions} questions per candidate)\n"]
+        lines += [
+            "| candidate | " + " | ".join(f"gain @{p}" for p in positions) + " | fitness | mean gain |",
+            "|---|" + "---:|" * (len(positions) + 2),
+        ]
+        for s in table:
+            mean = statistics.fmean(s.gain.values())
+            cells = " | ".join(f"{s.gain[p]:+.4f}" for p in positions)
+            lines.append(f"| {s.label} | {cells} | {s.fitness:+.4f} | {mean:+.4f} +- {s.stderr:.4f} |")
+    return "\n".join(lines) + "\n"

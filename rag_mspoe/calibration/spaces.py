@@ -1,0 +1,103 @@
+"""Search spaces of `calibrate search`: for a model, the candidate configs of one method.
+
+Each space is a function of the model's number of layers that returns labelled configs, a grid
+small enough for a 2-core CPU (tens of candidates, trimmed by successive halving). Layer bands
+split the layers into thirds or halves, because what a layer does to positions differs with
+depth (the papers this package implements calibrate per layer for that reason).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+from rag_mspoe.attention.calibration import AttentionCalibration
+from rag_mspoe.attention.pine import Pine
+from rag_mspoe.method_config import MethodConfig
+from rag_mspoe.rope.layerwise import LayerWise
+from rag_mspoe.rope.mspoe import MsPoE
+
+Space = Callable[[int], dict[str, MethodConfig]]
+
+
+def layer_bands(num_layers: int) -> dict[str, list[int] | None]:
+    """Named sets of layers: all, the lower and upper half, and each third."""
+    third, half = num_layers // 3, num_layers // 2
+    return {
+        "all": None,
+        "low": list(range(half)),
+        "high": list(range(half, num_layers)),
+        "first3": list(range(third)),
+        "mid3": list(range(third, num_layers - third)),
+        "last3": list(range(num_layers - third, num_layers)),
+    }
+
+
+def attention_calibration_space(num_layers: int) -> dict[str, MethodConfig]:
+    """Bias subtracted at several strengths (and the paper's softmax form at several
+    temperatures), in every layer or in one band."""
+    bands = layer_bands(num_layers)
+    candidates: dict[str, MethodConfig] = {}
+    for (band, layers), strength in itertools.product(
+        [(b, bands[b]) for b in ("all", "low", "high", "mid3")], (0.5, 1.0, 2.0, 4.0)
+    ):
+        candidates[f"calibration-s{strength:g}-{band}"] = AttentionCalibration(
+            strength=strength, layers=layers
+        )
+    for band, temperature in itertools.product(("all", "high"), (0.05, 0.2, 1.0)):
+        candidates[f"calibration-t{temperature:g}-{band}"] = AttentionCalibration(
+            temperature=temperature, layers=bands[band]
+        )
+    return candidates
+
+
+def pine_space(num_layers: int) -> dict[str, MethodConfig]:
+    """PINE in every layer or one band, with documents reading each other or not."""
+    bands = layer_bands(num_layers)
+    return {
+        f"pine-{'bi' if bidirectional else 'causal'}-{band}": Pine(
+            layers=bands[band], bidirectional=bidirectional
+        )
+        for bidirectional, band in itertools.product((True, False), ("all", "low", "high", "last3"))
+    }
+
+
+def layerwise_space(num_layers: int) -> dict[str, MethodConfig]:
+    """One interpolation factor per third of the layers, below and above 1."""
+    third = num_layers // 3
+    sizes = (third, num_layers - 2 * third, third)
+    candidates: dict[str, MethodConfig] = {}
+    for factors in itertools.product((0.7, 1.0, 1.3), repeat=3):
+        if factors == (1.0, 1.0, 1.0):
+            continue
+        per_layer = [f for f, size in zip(factors, sizes, strict=True) for _ in range(size)]
+        candidates["layerwise-" + "-".join(f"{f:g}" for f in factors)] = LayerWise(factors=per_layer)
+    return candidates
+
+
+def mspoe_space(num_layers: int) -> dict[str, MethodConfig]:
+    """Ms-PoE's ratio range, narrower and wider than the paper's 1.2-1.8, from the third layer on
+    (the paper's) or in the upper half only."""
+    candidates: dict[str, MethodConfig] = {}
+    for (low, high), skip in itertools.product(
+        ((1.0, 1.2), (1.0, 1.5), (1.2, 1.8), (1.5, 2.5)), (2, num_layers // 2)
+    ):
+        candidates[f"mspoe-{low:g}-{high:g}-from{skip}"] = MsPoE(
+            min_ratio=low, max_ratio=high, skip_layers=skip
+        )
+    return candidates
+
+
+SPACES: dict[str, Space] = {
+    "attention-calibration": attention_calibration_space,
+    "pine": pine_space,
+    "layerwise": layerwise_space,
+    "mspoe": mspoe_space,
+}
+
+
+def space_candidates(name: str, num_layers: int) -> dict[str, MethodConfig]:
+    """The labelled candidates of the space `name` for a model with `num_layers` layers."""
+    if name not in SPACES:
+        raise ValueError(f"Unknown search space {name!r}; choose from {', '.join(SPACES)}.")
+    return SPACES[name](num_layers)

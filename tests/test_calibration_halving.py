@@ -1,0 +1,92 @@
+"""`calibrate search`: successive halving over a search space as resumable sweeps, on a tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from eval_run_helpers import tiny_chat_model
+
+from rag_mspoe.attention import Pine
+from rag_mspoe.calibration.halving import BASELINE, HalvingSearch, HalvingSettings, standings
+from rag_mspoe.calibration.spaces import SPACES, space_candidates
+from rag_mspoe.eval.data.loaders import save_jsonl
+from rag_mspoe.eval.data.synthetic import generate_invented_qa
+from rag_mspoe.eval.runs.results import read_records
+from rag_mspoe.method_config import MethodConfig
+from rag_mspoe.rope.uniform import Uniform
+
+
+def _record(method, position, example, logprob, tokens=2):
+    return {
+        "method": method,
+        "position": position,
+        "example_id": example,
+        "gold_logprob": logprob,
+        "gold_tokens": tokens,
+    }
+
+
+def test_fitness_is_the_mean_gain_plus_the_gain_where_the_model_does_worst():
+    records = [
+        # The unmodified model: -1.0 per token at position 0, -3.0 (its worst) at position 1.
+        *(_record(BASELINE, p, e, lp) for e in "ab" for p, lp in ((0, -2.0), (1, -6.0))),
+        *(_record("middle", p, e, lp) for e in "ab" for p, lp in ((0, -2.0), (1, -4.0))),  # +1 at worst
+        *(_record("start", p, e, lp) for e in "ab" for p, lp in ((0, 0.0), (1, -6.0))),  # +1 at best
+        _record("partial", 0, "a", 0.0),  # not scored at every position: left out
+    ]
+    table = standings(records, ["start", "middle", "partial"], (0, 1), worst_weight=1.0)
+    assert [s.label for s in table] == ["middle", "start"]
+    assert table[0].gain == {0: 0.0, 1: 1.0} and table[0].fitness == pytest.approx(1.5)
+    assert table[1].fitness == pytest.approx(0.5) and table[0].questions == 2
+
+
+def test_every_space_gives_valid_distinct_configs():
+    for name in SPACES:
+        candidates = space_candidates(name, 24)
+        assert 4 <= len(candidates) <= 30, name
+        dumped = [json.dumps(c.to_dict(), sort_keys=True) for c in candidates.values()]
+        assert len(set(dumped)) == len(dumped)
+        for config in candidates.values():
+            assert MethodConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(ValueError, match="Unknown search space"):
+        space_candidates("nope", 24)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_chat_model()
+
+
+def test_a_search_runs_its_rungs_resumes_and_refuses_other_settings(tiny, tmp_path):
+    data = tmp_path / "questions.jsonl"
+    save_jsonl(data, generate_invented_qa(4, 6, seed=3))
+    settings = HalvingSettings(
+        data=str(data), space="custom", num_documents=4, positions=(0, 3), rungs=(2, 3), keep=2
+    )
+    candidates = {
+        "pi-2": Uniform(factor=2.0),
+        "pi-4": Uniform(factor=4.0),
+        "pi-1.1": Uniform(factor=1.1),
+        "pine": Pine(),
+    }
+    search = HalvingSearch(tmp_path / "out", settings, candidates)
+    load = dict(model=tiny[0], tokenizer=tiny[1], progress=False)
+    assert search.run(budget_hours=1e-9, **load) == []  # the budget ends inside rung 1
+    tables = HalvingSearch(tmp_path / "out", settings, candidates).run(**load)  # resumes
+    assert [len(t) for t in tables] == [4, 2]
+    rung_2 = read_records(tmp_path / "out" / "rung-2" / "results.jsonl")
+    kept = {s.label for s in tables[0][:2]}
+    assert {r["method"] for r in rung_2} == kept | {BASELINE}
+    assert {r["example_id"] for r in rung_2}.isdisjoint(
+        {r["example_id"] for r in read_records(tmp_path / "out" / "rung-1" / "results.jsonl")}
+    )
+    assert tables[1][0].questions == 5  # both rungs count
+    best = tables[1][0]
+    saved = tmp_path / "out" / "rag_mspoe_method.json"
+    assert saved.is_file() == (best.fitness > 0)
+    assert "## Rung 2 (5 questions per candidate)" in (tmp_path / "out" / "ranking.md").read_text()
+    with pytest.raises(ValueError, match="other settings"):
+        HalvingSearch(tmp_path / "out", HalvingSettings(**{**settings.__dict__, "keep": 1}), candidates)
+    with pytest.raises(ValueError, match="baseline of every rung"):
+        HalvingSearch(tmp_path / "other", settings, {"none": Uniform(factor=2.0)})
