@@ -111,10 +111,8 @@ def test_which_methods_share_prefixes(tokenizer):
     assert not shares_prefixes(None, model.config)  # frequencies chosen by the sequence's length
 
 
-@pytest.mark.parametrize(("dtype", "tolerance"), [("float32", 1e-3), ("bfloat16", 2e-2)])
-def test_the_embedded_model_scores_a_sweep_the_same_way(examples, dtype, tolerance):
-    model, tokenizer = load_model(dtype=dtype)
-    assert model.dtype == getattr(torch, dtype)
+def test_the_embedded_model_scores_a_sweep_the_same_way(examples):
+    model, tokenizer = load_model(dtype="float32")
     engine = Engine(model, tokenizer, method="none")
     items = sweep_items(examples[:1], (0, 3))
     scored = engine.score_prompts(items, method="layerwise")
@@ -122,4 +120,25 @@ def test_the_embedded_model_scores_a_sweep_the_same_way(examples, dtype, toleran
         full = engine.score_continuations(prompt, options, method="layerwise")
         for (total, tokens), (expected, expected_tokens) in zip(scores, full, strict=True):
             assert tokens == expected_tokens
-            assert abs(total - expected) / tokens < tolerance, (total, expected)
+            assert abs(total - expected) / tokens < 1e-3, (total, expected)
+
+
+def test_in_bf16_sharing_adds_no_error_beyond_bf16s_own(examples):
+    # bf16 rounds every layer's output, and the CPU's kernels round differently for different
+    # shapes, so the same prompt scored in one forward or in pieces differs by up to ~0.15
+    # nats/token on this model whichever way it is cut. Both paths must stay as close to fp32.
+    items = sweep_items(examples[:1], (0, 3))
+    reference = Engine(*load_model(dtype="float32"), method="none").score_prompts(items, method="layerwise")
+    model, tokenizer = load_model(dtype="bfloat16")
+    engine = Engine(model, tokenizer, method="none")
+    shared = engine.score_prompts(items, method="layerwise")
+    plain = [engine.score_continuations(prompt, options, method="layerwise") for prompt, options in items]
+
+    def error(scores):
+        pairs = [
+            (a, r) for row, ref in zip(scores, reference, strict=True) for a, r in zip(row, ref, strict=True)
+        ]
+        return sum(abs(a[0] - r[0]) / r[1] for a, r in pairs) / len(pairs)
+
+    assert model.dtype == torch.bfloat16
+    assert error(shared) < 1.5 * error(plain) + 0.01, (error(shared), error(plain))
