@@ -140,14 +140,8 @@ def render(
     tools: OpenAI-style tool definitions the model may call.
     """
     if raw:
-        if not isinstance(prompt, str):
-            raise TypeError("raw=True takes a plain string prompt; pass messages without raw=True.")
-        if tools:
-            raise ValueError(
-                "raw=True cannot show tools to the model; send messages through the chat template."
-            )
         # The caller writes the whole text, special tokens included, like a template of its own.
-        ids = list(tokenizer(prompt + prefix, add_special_tokens=True)["input_ids"])
+        ids = list(tokenizer(raw_text(prompt, tools) + prefix, add_special_tokens=True)["input_ids"])
         if not ids:
             raise EmptyPromptError(
                 "The prompt is empty: with raw=True the model needs at least one token to continue; "
@@ -159,6 +153,15 @@ def render(
     return encode_untrusted(
         tokenizer, lambda mask: render_text(tokenizer, prompt, tools=tools, untrusted=mask.value), prefix
     )
+
+
+def raw_text(prompt: Prompt, tools: Sequence[Mapping[str, Any]] = ()) -> str:
+    """A raw=True prompt: plain text the model continues, without the chat template."""
+    if not isinstance(prompt, str):
+        raise TypeError("raw=True takes a plain string prompt; pass messages without raw=True.")
+    if tools:
+        raise ValueError("raw=True cannot show tools to the model; send messages through the chat template.")
+    return prompt
 
 
 def render_text(

@@ -21,7 +21,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rag_mspoe.chat_template import DOCUMENT_SPANS, Prompt, as_messages, render_text
+from rag_mspoe.chat_template import DOCUMENT_SPANS, Prompt, as_messages, raw_text, render_text
 from rag_mspoe.template_encoding import SpecialTextMask
 
 Span = tuple[int, int]
@@ -68,13 +68,6 @@ def find_document_lines(text: str) -> list[Span] | None:
     return [(m.start(), m.end()) for m in matches]
 
 
-def has_document_spans(prompt: Prompt) -> bool:
-    """Whether a prompt says where its documents are (explicitly, or by 'Document [i]' lines)."""
-    if isinstance(prompt, str):
-        return find_document_lines(prompt) is not None
-    return any(_message_spans(message) is not None for message in as_messages(prompt))
-
-
 def render_with_spans(
     tokenizer: Any,
     prompt: Prompt,
@@ -87,10 +80,9 @@ def render_with_spans(
     order; None when the prompt does not say where its documents are (an explicit empty list of
     spans gives [])."""
     if raw:
-        if not isinstance(prompt, str):
-            raise TypeError("raw=True takes a plain string prompt; pass messages without raw=True.")
-        encoded = tokenizer(prompt + prefix, add_special_tokens=True, return_offsets_mapping=True)
-        lines = find_document_lines(prompt)
+        text = raw_text(prompt, tools)
+        encoded = tokenizer(text + prefix, add_special_tokens=True, return_offsets_mapping=True)
+        lines = find_document_lines(text)
         spans = None if lines is None else char_to_token_spans(encoded["offset_mapping"], lines)
         return list(encoded["input_ids"]), spans
     messages = as_messages(prompt)

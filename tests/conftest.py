@@ -14,3 +14,18 @@ def embedded():
     from rag_mspoe import load_model
 
     return load_model()
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer():
+    """The embedded Qwen2.5-Coder tokenizer (special tokens for tool calls and chat turns); the
+    test skips where the model's part packages are not installed."""
+    from transformers import AutoTokenizer
+
+    from rag_mspoe import embedded_models
+
+    try:
+        folder = embedded_models.prepare("qwen2.5-coder-0.5b-instruct")
+    except (RuntimeError, ValueError, OSError) as exc:
+        pytest.skip(f"the embedded Qwen2.5-Coder-0.5B is not installed: {exc}")
+    return AutoTokenizer.from_pretrained(folder)

@@ -10,7 +10,6 @@ import itertools
 import pytest
 import torch
 from eval_run_helpers import embedded_tokenizer, tiny_chat_model
-from transformers import AutoTokenizer
 
 from rag_mspoe import rescaled
 from rag_mspoe.attention import Pine, document_spans
@@ -32,22 +31,6 @@ DOCUMENTS = [
     ("Mountains", "Mont Blanc is the highest mountain in the Alps."),
 ]
 QUESTION = "What is the capital of France?"
-
-
-@pytest.fixture(scope="module")
-def qwen_tokenizer():
-    from rag_mspoe import embedded_models
-
-    try:
-        folder = embedded_models.prepare("qwen2.5-coder-0.5b-instruct")
-    except (RuntimeError, ValueError, OSError) as exc:
-        pytest.skip(f"the embedded Qwen2.5-Coder-0.5B is not installed: {exc}")
-    return AutoTokenizer.from_pretrained(folder)
-
-
-def _tokenizers(request):
-    yield "smollm2", embedded_tokenizer()
-    yield "qwen2.5", request.getfixturevalue("qwen_tokenizer")
 
 
 def _decoded(tokenizer, ids, spans):

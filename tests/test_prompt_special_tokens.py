@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from eval_run_helpers import embedded_tokenizer, tiny_chat_model
 from tiny_models import ARCH_NAMES
-from transformers import AddedToken, AutoTokenizer
+from transformers import AddedToken
 
 from rag_mspoe.chat_template import EmptyPromptError, render, render_text
 from rag_mspoe.engine import Engine
@@ -121,17 +121,6 @@ def test_the_real_smollm2_tokenizer_keeps_a_document_out_of_the_system_turn():
     ids = assert_plain_text(tokenizer, [{"role": "user", "content": document}])
     start = tokenizer.convert_tokens_to_ids("<|im_start|>")
     assert ids.count(start) == 3  # the template's system, user and assistant turns only
-
-
-@pytest.fixture(scope="module")
-def qwen_tokenizer():
-    from rag_mspoe import embedded_models
-
-    try:
-        folder = embedded_models.prepare("qwen2.5-coder-0.5b-instruct")
-    except (RuntimeError, ValueError, OSError) as exc:
-        pytest.skip(f"the embedded Qwen2.5-Coder-0.5B is not installed: {exc}")
-    return AutoTokenizer.from_pretrained(folder)
 
 
 def test_the_real_qwen_tokenizer_encodes_im_start_in_user_text_as_text(qwen_tokenizer):

@@ -114,23 +114,10 @@ class HalvingSearch:
         self._check_folder()
 
     def _check_folder(self) -> None:
-        identity = {
-            **asdict(self.settings),
-            "candidates": {k: c.to_dict() for k, c in self.candidates.items()},
-        }
-        identity = json.loads(json.dumps(identity))  # tuples as lists, as read back
-        path = self.folder / "search.json"
-        if path.is_file():
-            saved = json.loads(path.read_text())
-            if saved != identity:
-                changed = sorted(k for k in identity if saved.get(k) != identity[k])
-                raise ValueError(
-                    f"{self.folder} holds a search with other settings ({', '.join(changed)}); "
-                    "use a new --out."
-                )
-        else:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, (json.dumps(identity, indent=2) + "\n").encode())
+        from rag_mspoe.calibration.search import claim_search_folder
+
+        configs = {label: config.to_dict() for label, config in self.candidates.items()}
+        claim_search_folder(self.folder, {**asdict(self.settings), "candidates": configs})
         for label, config in self.candidates.items():
             target = self.folder / "candidates" / f"{label}.json"
             if not target.is_file():

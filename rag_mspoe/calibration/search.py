@@ -96,6 +96,23 @@ def write_json(path: Path, data: Any) -> None:
     atomic_write(path, (json.dumps(data, indent=2) + "\n").encode())
 
 
+def claim_search_folder(folder: Path, identity: dict[str, Any]) -> None:
+    """Keep a search's settings in `folder/search.json`; refuse a rerun with other settings."""
+    path = folder / "search.json"
+    identity = json.loads(json.dumps(identity))  # tuples as lists, as read back
+    if not path.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        write_json(path, identity)
+        return
+    saved = json.loads(path.read_text())
+    if saved != identity:
+        differ = sorted(k for k in identity if saved.get(k) != identity[k])
+        raise ValueError(
+            f"{folder} holds a search with other settings (they differ in {', '.join(differ)}); "
+            "rerun with the same settings to resume, or use another output folder."
+        )
+
+
 class LayerSearch:
     """The searches of one run folder: calibration evaluator, held-out evaluator, shared cache."""
 
@@ -122,18 +139,7 @@ class LayerSearch:
         }
 
     def _check_folder(self) -> None:
-        path = self.folder / "search.json"
-        identity = self._identity()
-        if path.is_file():
-            saved = json.loads(path.read_text())
-            if saved != identity:
-                differ = sorted(k for k in identity if saved.get(k) != identity[k])
-                raise ValueError(
-                    f"{self.folder} holds a search with other settings (they differ in {', '.join(differ)}); "
-                    "rerun with the same settings to resume, or use another output folder."
-                )
-        else:
-            write_json(path, identity)
+        claim_search_folder(self.folder, self._identity())
 
     def fitness(self, scores: PositionScores) -> float:
         return utility(scores, self.settings.weights, self.settings.metric)
