@@ -15,6 +15,7 @@ import torch
 from rag_mspoe import loading
 from rag_mspoe.attention.spans import Span, document_spans
 from rag_mspoe.chat_template import Prompt, render
+from rag_mspoe.document_prefix import DocumentPrefixCache
 from rag_mspoe.document_prompts import HOW_TO_PASS_SPANS, MissingDocumentSpans, render_with_spans
 from rag_mspoe.engine_types import ENGINE_DEFAULT, CallMethod
 from rag_mspoe.method_config import method_name
@@ -60,6 +61,9 @@ class EngineBase:
             )
         self._pad_id = int(pad)
         self._compile_config = _compile_config(model, compile, compile_backend)
+        # The unmodified model's caches through each prompt's documents, for the methods that keep
+        # those rows (scoring only).
+        self._document_prefixes = DocumentPrefixCache(model)
 
     @classmethod
     def load(

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from rag_mspoe import prefix_scoring
+from rag_mspoe.attention.spans import document_spans
 from rag_mspoe.chat_template import Prompt
 from rag_mspoe.engine_base import EngineBase
 from rag_mspoe.engine_types import ENGINE_DEFAULT, CallMethod, Prefill, PromptTooLongError
@@ -21,6 +22,12 @@ def _is_token_ids(prompt: Any) -> bool:
         and not isinstance(prompt, str)
         and all(isinstance(t, int) for t in prompt)
     )
+
+
+def _through_documents(request: prefix_scoring.Continuations) -> list[int]:
+    """The request's prompt tokens up to the end of its last document."""
+    assert request.spans
+    return request.prefill[: request.spans[-1][1]]
 
 
 class ScoringEngine(EngineBase):
@@ -62,6 +69,9 @@ class ScoringEngine(EngineBase):
         """
         resolved = self._resolve_method(method)
         request = self._continuations(prompt, continuations, raw, prefix, resolved)
+        if self._after_documents(resolved, request):
+            with self._lock:
+                return self._score_after_documents(resolved, [request])[0]
         with self._lock, self._method_applied(resolved, [request.spans]), torch.inference_mode():
             if len(request.prefill) < len(request.context):
                 # Ms-PoE ranks heads on the whole prompt's last token, as in `loglikelihood`; the
@@ -91,6 +101,34 @@ class ScoringEngine(EngineBase):
         requests = [self._continuations(p, texts, False, "", resolved) for p, texts in items]
         with self._lock, self._method_applied(resolved), torch.inference_mode():
             return prefix_scoring.score(self.model, requests, self._pad_id)
+
+    def _after_documents(self, method: Any, request: prefix_scoring.Continuations) -> bool:
+        """Whether the request's rows through its documents may come from the unmodified model."""
+        return (
+            method is not None
+            and method.keeps_rows_through_documents()
+            and bool(request.spans)
+            and request.spans[-1][1] < len(request.prefill)
+        )
+
+    def _score_after_documents(
+        self, method: Any, requests: Sequence[prefix_scoring.Continuations]
+    ) -> list[list[tuple[float, int]]]:
+        """Score requests under a method that keeps the rows through the documents: the unmodified
+        model's cache of those rows (computed once per prompt, `rag_mspoe.document_prefix`), then
+        the question and the answers under the method. The caller holds the lock."""
+        with torch.inference_mode():
+            with self._method_applied(None):
+                caches = [self._document_prefixes.copy_of(_through_documents(r)) for r in requests]
+            scores = []
+            with self._method_applied(method, [r.spans for r in requests]):
+                for request, cache in zip(requests, caches, strict=True):
+                    depth = len(_through_documents(request))
+                    with document_spans(self.model, [request.spans or []]):
+                        scores.append(
+                            prefix_scoring.score_from(self.model, request, cache, depth, self._pad_id)
+                        )
+            return scores
 
     def prefill(
         self,

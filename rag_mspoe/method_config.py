@@ -134,6 +134,13 @@ class MethodConfig:
         method declares it: a wrong yes would change scores silently."""
         return False
 
+    def keeps_rows_through_documents(self) -> bool:
+        """Whether every prompt row up to the end of its last document computes exactly as in the
+        unmodified model (the method changes only what reads the documents), so that the KV cache
+        of those rows may come from the unmodified model, computed once for several such methods
+        (`rag_mspoe.document_prefix`). Off unless a method declares it."""
+        return False
+
     def prepare(self, model: Any, tokenizer: Any, spans: Sequence[Sequence[tuple[int, int]] | None]) -> None:
         """Make ready, before it is applied, what the method needs to run on prompts with these
         document spans (one row per prompt; attention calibration estimates its positional bias
@@ -217,6 +224,9 @@ class Compose(MethodConfig):
 
     def shares_prompt_prefixes(self) -> bool:
         return all(m.shares_prompt_prefixes() for m in self.methods)
+
+    def keeps_rows_through_documents(self) -> bool:
+        return all(m.keeps_rows_through_documents() for m in self.methods)
 
     def prepare(self, model: Any, tokenizer: Any, spans: Sequence[Sequence[tuple[int, int]] | None]) -> None:
         for method in self.methods:

@@ -77,6 +77,13 @@ def score(model: Any, requests: Sequence[Continuations], pad_id: int) -> list[li
     return results
 
 
+def score_from(model: Any, request: Continuations, cache: Any, depth: int, pad_id: int) -> list[Score]:
+    """`score` of one request whose first `depth` prompt tokens `cache` already holds."""
+    results: list[list[Score]] = [[]]
+    _extend(model, [request], [request.prefill], [0], depth, cache, None, results, pad_id)
+    return results[0]
+
+
 def _extend(
     model: Any,
     requests: Sequence[Continuations],

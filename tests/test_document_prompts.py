@@ -180,3 +180,34 @@ def test_the_packers_message_says_where_its_documents_are():
     by_lines = render_with_spans(tokenizer, packed.prompt)
     assert render_with_spans(tokenizer, [packed.message]) == by_lines
     assert _decoded(tokenizer, by_lines[0], by_lines[1])[1].startswith("Document [2](Title: France) Paris")
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_methods_that_keep_the_documents_rows_share_the_unmodified_prefix(arch, tmp_path, monkeypatch):
+    from tiny_models import tiny_model
+
+    from rag_mspoe.attention import AttentionCalibration
+
+    monkeypatch.setenv("RAG_MSPOE_CACHE", str(tmp_path))
+    tokenizer = embedded_tokenizer()
+    full_attention = (
+        {"layer_types": ["full_attention"] * 4, "use_sliding_window": False} if arch == "qwen2" else {}
+    )
+    model = tiny_model(arch, vocab_size=len(tokenizer), max_position_embeddings=2048, **full_attention)
+    model._rag_mspoe_name = f"tiny-{arch}"
+    engine = Engine(model, tokenizer, method="none")
+    methods = [
+        Pine(bidirectional=False),
+        AttentionCalibration(),
+        AttentionCalibration(temperature=0.1, strength=2),
+    ]
+    prompts = [_qa(order) for order in ((0, 1, 2), (2, 0, 1))]
+    answers = [" Paris", " The capital is Paris"]
+    shared = [[engine.score_continuations(p, answers, method=m) for p in prompts] for m in methods]
+    assert engine._document_prefixes.computed == len(prompts)  # once per prompt, for every method
+    engine._after_documents = lambda *_: False  # the whole prompt under each method
+    for scores, method in zip(shared, methods, strict=True):
+        full = [engine.score_continuations(p, answers, method=method) for p in prompts]
+        for got, want in zip(scores, full, strict=True):
+            assert [t for _, t in got] == [t for _, t in want]
+            assert [s for s, _ in got] == pytest.approx([s for s, _ in want], abs=2e-5), method

@@ -77,6 +77,9 @@ class AttentionCalibration(MethodConfig):
     def needs_document_spans(self) -> bool:
         return True
 
+    def keeps_rows_through_documents(self) -> bool:
+        return True  # only rows after the last document are calibrated
+
     def prepare(self, model: Any, tokenizer: Any, spans: Sequence[Sequence[tuple[int, int]] | None]) -> None:
         """Estimate the reference bias for each number of documents the prompts have and the
         model's cache lacks (one forward each, once per model and number)."""

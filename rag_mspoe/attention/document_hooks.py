@@ -12,7 +12,8 @@ ids the model uses and, on a prefill, where each row's documents are (from `docu
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +49,12 @@ class DocumentAttentionHooks(ModelHooks):
 
     def __init__(self, model: nn.Module, method: MethodConfig) -> None:
         super().__init__(model, method)
-        self.spans: DocumentSpans | None = None
+        self._spans: DocumentSpans | None = None
+        # Spans given since the last prefill: the next forward reads them even if the cache it
+        # continues was filled before (by the unmodified model, for a method that leaves the rows
+        # through the documents as they are: `MethodConfig.keeps_rows_through_documents`).
+        self._spans_pending = False
+        self._continued = 0  # keys cached before this forward, when it is such a prefill
         self.rows: list[RowDocuments | None] = []  # per batch row, from the last prefill
         self.prompt_length = 0  # tokens in the last prefill, padding included
         self.key_positions: torch.Tensor | None = None  # [B, keys]: position id of every cached key
@@ -57,6 +63,16 @@ class DocumentAttentionHooks(ModelHooks):
         self.per_forward: dict[str, Any] = {}
         # What holds from one prefill until the next (per-layer tables of its documents), by name.
         self.per_prefill: dict[str, Any] = {}
+
+    @contextlib.contextmanager
+    def given_spans(self, spans: DocumentSpans) -> Iterator[None]:
+        """The spans of the prompts the next prefill runs (see `document_spans`)."""
+        previous = self._spans, self._spans_pending
+        self._spans, self._spans_pending = spans, True
+        try:
+            yield
+        finally:
+            self._spans, self._spans_pending = previous
 
     def layers(self) -> list[int]:
         """The layers whose attention goes to `attend`."""
@@ -129,10 +145,19 @@ class DocumentAttentionHooks(ModelHooks):
         if inputs is None:
             raise ValueError("The decoder was called without input_ids or inputs_embeds.")
         batch, length = inputs.shape[0], inputs.shape[1]
-        if self.forward.starts_fresh:
+        self._continued = 0
+        if self.forward.starts_fresh or self._spans_pending:
+            cache = kwargs.get("past_key_values")
+            self._continued = 0 if self.forward.starts_fresh else int(cache.get_seq_length())
+            if self._continued and kwargs.get("attention_mask") is not None:
+                raise ValueError(
+                    "A prefill that continues a cache is supported for unpadded prompts only; "
+                    "pass no attention mask."
+                )
+            self._spans_pending = False
             self.per_prefill = {}
-            self.rows = self._row_documents(batch, length)
-            self.prompt_length = length
+            self.rows = self._row_documents(batch, self._continued + length)
+            self.prompt_length = self._continued + length
         elif len(self.rows) == 1 and batch > 1:
             # Several continuations of one prefilled prompt (its cache expanded to the batch).
             self.rows = self.rows * batch
@@ -141,7 +166,7 @@ class DocumentAttentionHooks(ModelHooks):
         self.forward.position_ids = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
 
     def _row_documents(self, batch: int, length: int) -> list[RowDocuments | None]:
-        if self.spans is None:
+        if self._spans is None:
             raise ValueError(
                 f"{type(self.method).__name__} needs to know where the documents are in the prompt. Run "
                 "the model inside `with rag_mspoe.attention.document_spans(model, spans):`, with one "
@@ -149,14 +174,14 @@ class DocumentAttentionHooks(ModelHooks):
                 "(character spans from PackedPrompt.document_spans or eval's qa_prompt_with_spans); "
                 "an empty list for a prompt without documents."
             )
-        if len(self.spans) != batch:
+        if len(self._spans) != batch:
             raise ValueError(
-                f"The document spans have {len(self.spans)} rows but the batch has {batch} prompts; "
+                f"The document spans have {len(self._spans)} rows but the batch has {batch} prompts; "
                 "give one list of spans per prompt."
             )
         mask = self.forward.attention_mask
         rows: list[RowDocuments | None] = []
-        for index, spans in enumerate(self.spans.rows):
+        for index, spans in enumerate(self._spans.rows):
             # Left padding shifts a row's tokens right; its first real token is the mask's first 1.
             offset = 0
             if mask is not None and mask.dim() == 2:
@@ -177,7 +202,12 @@ class DocumentAttentionHooks(ModelHooks):
             if current is None:
                 raise ValueError("The model computed no position ids; cannot place the documents.")
             current = current.to(device)
-            earlier = self.key_positions if not self.forward.starts_fresh else None
+            if self.forward.starts_fresh:
+                earlier = None
+            elif self._continued:  # a prefill continuing a cache filled without the method
+                earlier = torch.arange(self._continued, device=device)[None]
+            else:
+                earlier = self.key_positions
             if earlier is not None and earlier.shape[0] != current.shape[0]:
                 batch = max(earlier.shape[0], current.shape[0])
                 earlier, current = earlier.expand(batch, -1), current.expand(batch, -1)

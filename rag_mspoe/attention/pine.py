@@ -42,5 +42,8 @@ class Pine(MethodConfig):
     def needs_document_spans(self) -> bool:
         return True
 
+    def keeps_rows_through_documents(self) -> bool:
+        return not self.bidirectional  # then only the rows after the documents change
+
     def layer_indices(self, num_layers: int) -> list[int]:
         return chosen_layers("Pine", self.layers, num_layers)

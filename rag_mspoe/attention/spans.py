@@ -89,18 +89,17 @@ def document_spans(
     """Give the method applied to `model` the document spans of the prompts run inside the block.
 
     One row of spans per batch row of the prefill. Methods that do not read documents ignore them,
-    so callers may always pass spans. Decoding after the prefill keeps the prefill's spans.
+    so callers may always pass spans. Decoding after the prefill keeps the prefill's spans. The
+    first forward inside the block is the prefill of these spans even when it continues a cache:
+    one filled by the unmodified model, for methods that leave the rows through the documents as
+    they are (`MethodConfig.keeps_rows_through_documents`).
     """
     from rag_mspoe.rope.rescaling import STATE_ATTR
 
     resolved = DocumentSpans.of(spans)
     state: Any = getattr(model, STATE_ATTR, None)
-    if not hasattr(state, "spans"):
+    if not hasattr(state, "given_spans"):
         yield resolved
         return
-    previous = state.spans
-    state.spans = resolved
-    try:
+    with state.given_spans(resolved):
         yield resolved
-    finally:
-        state.spans = previous

@@ -1,0 +1,59 @@
+"""The unmodified model's KV cache of each prompt through its last document, computed once.
+
+Methods that change only what reads the documents (attention calibration, causal PINE:
+`MethodConfig.keeps_rows_through_documents`) compute every row through the last document exactly
+as the unmodified model does. Scoring a prompt under several of them (a sweep, a calibration
+search) then needs those rows once: the cache is kept here, keyed by the tokens, and each method
+runs only the question and the answer on a copy of it. For a 10-document prompt that is ~30 of
+~1,300 tokens per method.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+DEFAULT_MAX_BYTES = 1 << 30  # ~60 prompts of 1,300 tokens for the 0.5B in bf16, ~25 for the 1.5B
+
+
+class DocumentPrefixCache:
+    """Least recently used KV caches of the unmodified `model`, up to `max_bytes` of tensors."""
+
+    def __init__(self, model: Any, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self.model = model
+        self.max_bytes = max_bytes
+        self._caches: OrderedDict[tuple[int, ...], tuple[Any, int]] = OrderedDict()
+        self._bytes = 0
+        self.computed = 0  # prefixes run through the model, for tests and benchmarks
+
+    def copy_of(self, prefix: Sequence[int]) -> Any:
+        """A fresh copy of the cache after `prefix`, computed by the model as it is now (the caller
+        makes sure no method is applied)."""
+        key = tuple(prefix)
+        if key in self._caches:
+            self._caches.move_to_end(key)
+        else:
+            with torch.inference_mode():
+                out = self.model(torch.tensor([list(prefix)], device=self.model.device), use_cache=True,
+                                 logits_to_keep=1)  # fmt: skip
+            size = _bytes(out.past_key_values)
+            self.computed += 1
+            self._caches[key] = (out.past_key_values, size)
+            self._bytes += size
+            while self._bytes > self.max_bytes and len(self._caches) > 1:
+                _, (_, dropped) = self._caches.popitem(last=False)
+                self._bytes -= dropped
+        return copy.deepcopy(self._caches[key][0])
+
+
+def _bytes(cache: Any) -> int:
+    total = 0
+    for layer in getattr(cache, "layers", []):
+        for tensor in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+            if isinstance(tensor, torch.Tensor):
+                total += tensor.numel() * tensor.element_size()
+    return total
