@@ -48,6 +48,19 @@ def test_permuting_the_documents_leaves_the_answer_unchanged(arch):
     assert max(scores) - min(scores) < 1e-4, scores
 
 
+def test_placing_the_important_documents_first_is_order_invariant_too():
+    model = tiny_model("llama")
+    prefix, documents, suffix = _blocks()
+    orders = [(0, 1, 2, 3), (3, 1, 0, 2)]
+    prompts = [block_prompt(prefix, [documents[i] for i in order], suffix) for order in orders]
+    with rescaled(model, Pine(important_first=True)):
+        scores = [answer_loglikelihood(model, ids, spans, ANSWER) for ids, spans in prompts]
+    with rescaled(model, Pine()):
+        nearest = answer_loglikelihood(model, *prompts[0], ANSWER)
+    assert max(scores) - min(scores) < 1e-4, scores
+    assert abs(scores[0] - nearest) > 1e-4  # another placement: another answer
+
+
 def test_no_documents_is_the_unmodified_model():
     model = tiny_model("llama")
     prefix, documents, suffix = _blocks()

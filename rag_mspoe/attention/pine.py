@@ -25,7 +25,9 @@ class Pine(MethodConfig):
     Settings for calibration to search (the defaults are the paper's method): layers, the layers
     it runs in (None: all; the order-invariance holds only with all); bidirectional=False leaves
     the documents' own rows as the model computes them (causal, natural positions) and only
-    re-places the documents for the rows after them (question and answer).
+    re-places the documents for the rows after them (question and answer). important_first=True
+    places the most important document farthest from the query (where a model that reads the
+    start of its context best looks), the least important nearest.
     """
 
     kind: ClassVar[str] = "pine"
@@ -33,11 +35,13 @@ class Pine(MethodConfig):
     presets: ClassVar[dict[str, dict[str, Any]]] = {"pine": {}}
     layers: list[int] | None = None
     bidirectional: bool = True
+    important_first: bool = False
 
     def __post_init__(self) -> None:
         check_layers(self.layers)
-        if not isinstance(self.bidirectional, bool):
-            raise ValueError(f"bidirectional must be true or false, got {self.bidirectional!r}")
+        for name in ("bidirectional", "important_first"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
 
     def needs_document_spans(self) -> bool:
         return True

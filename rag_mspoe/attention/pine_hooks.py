@@ -38,6 +38,7 @@ class PineHooks(DocumentAttentionHooks):
         config: Any = model.config
         self._layers = method.layer_indices(len(self.decoder.layers))
         self.bidirectional: bool = method.bidirectional
+        self.important_first: bool = method.important_first
         windowed = [
             index
             for index in self._layers
@@ -148,7 +149,10 @@ class PineHooks(DocumentAttentionHooks):
             dim=-1,
         )  # [H, R, K]
         own_mask = torch.nn.functional.one_hot(own_safe, len(spans)).bool() & in_docs[:, None]
-        importance = importance.masked_fill(own_mask[None], float("inf"))
+        # Placed nearest the query: the most important document (PINE), or the least important
+        # one (important_first, for models that read the start of their context best).
+        nearness = -importance if self.important_first else importance
+        importance = nearness.masked_fill(own_mask[None], float("inf"))
         order = torch.arange(len(spans), device=device)
         # before[h, r, d, e]: document e is placed before (farther from the query than) document d.
         before = (importance[..., None, :] < importance[..., :, None]) | (

@@ -52,14 +52,19 @@ def attention_calibration_space(num_layers: int) -> dict[str, MethodConfig]:
 
 
 def pine_space(num_layers: int) -> dict[str, MethodConfig]:
-    """PINE in every layer or one band, with documents reading each other or not."""
+    """PINE as published (every layer, documents reading each other) and cheaper variants: causal
+    (documents read as the model reads them, re-placed for the question), in one band of layers,
+    with the most important document placed nearest the question or farthest from it."""
     bands = layer_bands(num_layers)
-    return {
-        f"pine-{'bi' if bidirectional else 'causal'}-{band}": Pine(
-            layers=bands[band], bidirectional=bidirectional
-        )
-        for bidirectional, band in itertools.product((True, False), ("all", "low", "high", "last3"))
-    }
+    candidates: dict[str, MethodConfig] = {}
+    for bidirectional, band, first in itertools.product(
+        (True, False), ("all", "low", "high", "last3"), (False, True)
+    ):
+        if bidirectional and band in ("low", "last3"):
+            continue  # three times the prefill each: only the paper's and one band
+        label = f"pine-{'bi' if bidirectional else 'causal'}-{band}{'-important-first' if first else ''}"
+        candidates[label] = Pine(layers=bands[band], bidirectional=bidirectional, important_first=first)
+    return candidates
 
 
 def layerwise_space(num_layers: int) -> dict[str, MethodConfig]:
