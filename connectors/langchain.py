@@ -59,7 +59,7 @@ from pydantic import ConfigDict, Field
 
 from rag_mspoe.chat_template import DOCUMENT_SPANS
 from rag_mspoe.connectors.settings import EngineFields, aretrying, engine_settings, retrying
-from rag_mspoe.engine import GenerationResult
+from rag_mspoe.engine import ENGINE_DEFAULT, GenerationResult
 from rag_mspoe.json_output import check_schema, generate_json
 from rag_mspoe.tool_calls import ToolAnswer, astream_with_tools, generate_with_tools, stream_with_tools
 from rag_mspoe.tool_stream import ToolCallDelta
@@ -178,7 +178,7 @@ class EngineParams(EngineFields):
     def _identifying_params(self) -> dict[str, Any]:
         from rag_mspoe import method_name
 
-        method = self.engine.method if self.method is None else self.engine.method_config(self.method)
+        method = self.engine.method if self.method_config is ENGINE_DEFAULT else self.method_config
         return {
             "model_name": self.model_name,
             "method": method_name(method),

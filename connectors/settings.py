@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from rag_mspoe.engine import Engine, GenerationTimeout, shared_engine
+from rag_mspoe.engine import ENGINE_DEFAULT, Engine, GenerationTimeout, shared_engine
 
 # Settings a single call may override, by the names the adapters use for their fields.
 PER_CALL_SETTINGS = ("temperature", "max_tokens", "top_p", "seed", "stop", "method", "truncate", "timeout")
@@ -28,6 +28,8 @@ def engine_settings(adapter: Any, overrides: dict[str, Any]) -> dict[str, Any]:
     value = {
         name: overrides[name] if name in overrides else getattr(adapter, name) for name in PER_CALL_SETTINGS
     }
+    if "method" not in overrides:
+        value["method"] = adapter.method_config  # resolved once, when the adapter was made
     value["max_new_tokens"] = value.pop("max_tokens")
     return value
 
@@ -92,11 +94,20 @@ class EngineFields(BaseModel):
     timeout: float | None = Field(default=None, gt=0, description="Seconds per attempt, waiting included.")
     max_retries: int = Field(default=0, ge=0, description="Retries of a non-streaming call that timed out.")
 
+    _method_config: Any = PrivateAttr(default=ENGINE_DEFAULT)
+
     @model_validator(mode="after")
     def _attach_engine(self) -> EngineFields:
         if self.engine is None:
             self.engine = shared_engine(self.source, device=self.device, dtype=self.dtype)
         if not self.model_name:
             self.model_name = self.engine.name
-        self.engine.method_config(self.method)  # a bad method name fails here, not on the first call
+        # Resolved here, once: a bad method name fails now, not on the first call.
+        if self.method is not None:
+            self._method_config = self.engine.method_config(self.method)
         return self
+
+    @property
+    def method_config(self) -> Any:
+        """The method every call uses: a config, None (unmodified) or ENGINE_DEFAULT."""
+        return self._method_config

@@ -262,3 +262,12 @@ def test_a_chain_that_formats_its_documents_runs_the_methods_that_read_them(tiny
     spans = [[starts[0], starts[1] - 1], [starts[1], text.index("\n", starts[1])]]
     message = HumanMessage(text, additional_kwargs={"document_spans": spans})
     assert chat.invoke([message]).content == expected
+
+
+def test_the_method_is_resolved_once_when_the_adapter_is_made(tiny, tmp_path):
+    from rag_mspoe.rope.uniform import Uniform
+
+    path = Uniform(factor=2.0).save(tmp_path)
+    chat = ChatRagMsPoE(engine=tiny, method=str(path), max_tokens=6)
+    path.unlink()  # later calls need the config, not the file
+    assert chat.invoke(QUESTION).content == tiny.generate(QUESTION, max_new_tokens=6, method="pi:2").text
