@@ -156,6 +156,27 @@ class EngineBase:
             )
         return ids, spans
 
+    @property
+    def document_prefixes(self) -> DocumentPrefixCache:
+        """The unmodified model's caches through each prompt's documents (see rag_mspoe.document_prefix)."""
+        return self._document_prefixes
+
+    def document_spans_of(
+        self, method: Any, prompt: Prompt, *, raw: bool = False
+    ) -> tuple[list[int], list[Span]]:
+        """A prompt's token ids and its documents' token spans; MissingDocumentSpans (naming
+        `method`) when it does not say where they are."""
+        ids, spans = self._render_for(method, prompt, raw, "")
+        return ids, spans or []
+
+    def _rewritten(self, method: Any, prompts: Sequence[Prompt], raw: bool) -> tuple[Any, list[Prompt]]:
+        """The prompts a method that rewrites them gives (it may run the model: the lock is taken),
+        and the method the model then runs: the unmodified model for such methods."""
+        if method is None or not method.rewrites_prompt():
+            return method, list(prompts)
+        with self._lock:
+            return None, [method.rewrite(self, prompt, raw=raw) for prompt in prompts]
+
     def _method_applied(
         self, method: Any, spans: Sequence[Sequence[Span] | None] = ()
     ) -> contextlib.AbstractContextManager[Any]:

@@ -59,16 +59,20 @@ class GeneratingEngine(EngineBase):
                 "generate_batch takes a non-empty list of prompts; use generate() for a single one."
             )
         config = GenerationSettings.of(settings)
-        method = self._resolve_method(config.method)
+        asked = self._resolve_method(config.method)
+        method, prompts = self._rewritten(asked, prompts, config.raw)
         prepared = [self._prepare(prompt, config, method) for prompt in prompts]
-        return self._run(prepared, config, method, cancel=cancel)
+        return self._run(prepared, config, method, cancel=cancel, shown=asked)
 
     def stream(self, prompt: Prompt, **settings: Any) -> TextStream:
         """Iterate over text pieces as they are generated; `.result` holds the counts at the end."""
         config = GenerationSettings.of(settings)
-        method = self._resolve_method(config.method)
+        asked = self._resolve_method(config.method)
+        method, (prompt,) = self._rewritten(asked, [prompt], config.raw)
         prepared = self._prepare(prompt, config, method)
-        return TextStream(lambda put, cancel: self._start_worker(prepared, config, method, put, cancel))
+        return TextStream(
+            lambda put, cancel: self._start_worker(prepared, config, method, put, cancel, asked)
+        )
 
     async def agenerate(
         self, prompt: Prompt, *, cancel: threading.Event | None = None, **settings: Any
@@ -83,9 +87,12 @@ class GeneratingEngine(EngineBase):
     def astream(self, prompt: Prompt, **settings: Any) -> AsyncTextStream:
         """`async for piece in engine.astream(...)`; must be called inside a running event loop."""
         config = GenerationSettings.of(settings)
-        method = self._resolve_method(config.method)
+        asked = self._resolve_method(config.method)
+        method, (prompt,) = self._rewritten(asked, [prompt], config.raw)
         prepared = self._prepare(prompt, config, method)
-        return AsyncTextStream(lambda put, cancel: self._start_worker(prepared, config, method, put, cancel))
+        return AsyncTextStream(
+            lambda put, cancel: self._start_worker(prepared, config, method, put, cancel, asked)
+        )
 
     def _prepare(self, prompt: Prompt, config: GenerationSettings, method: Any) -> _Prepared:
         ids, spans = self._render_for(method, prompt, config.raw, config.prefix, config.tools)
@@ -121,10 +128,11 @@ class GeneratingEngine(EngineBase):
         method: Any,
         put: Callable[[object], None],
         cancel: threading.Event,
+        shown: Any,
     ) -> None:
         def work() -> None:
             try:
-                (result,) = self._run([prepared], config, method, on_text=put, cancel=cancel)
+                (result,) = self._run([prepared], config, method, on_text=put, cancel=cancel, shown=shown)
                 put(End(result))
             except BaseException as exc:  # handed to the consumer, who re-raises it
                 put(exc)
@@ -138,7 +146,10 @@ class GeneratingEngine(EngineBase):
         method: Any,
         on_text: Callable[[str], None] | None = None,
         cancel: threading.Event | None = None,
+        shown: Any = None,
     ) -> list[GenerationResult]:
+        """Generate for prepared prompts under `method`; results name `shown` (the method the
+        caller asked for, when it rewrote the prompts) or `method`."""
         deadline = None if config.timeout is None else time.monotonic() + config.timeout
         # Built before taking the model: compiling a grammar needs no model, and must not hold up others.
         constraints = (
@@ -184,7 +195,7 @@ class GeneratingEngine(EngineBase):
                     prompt_tokens=len(item.ids),
                     completion_tokens=tracker.n_tokens,
                     finish_reason="stop" if tracker.done else "length",
-                    method=method_name(method),
+                    method=method_name(shown if shown is not None else method),
                     truncation=item.truncation,
                 )
             )

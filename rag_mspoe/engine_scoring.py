@@ -67,7 +67,7 @@ class ScoringEngine(EngineBase):
         attention keeps it out of them (its scores are not counted). With Ms-PoE the ranking made
         on the prompt serves every continuation, as in generation.
         """
-        resolved = self._resolve_method(method)
+        resolved, (prompt,) = self._rewritten(self._resolve_method(method), [prompt], raw)
         request = self._continuations(prompt, continuations, raw, prefix, resolved)
         if self._after_documents(resolved, request):
             with self._lock:
@@ -95,9 +95,11 @@ class ScoringEngine(EngineBase):
         (`prefix_scoring`): a gold-position sweep's prompts of one example share everything
         before the earliest gold document. Other methods score the prompts one by one.
         """
-        resolved = self._resolve_method(method)
+        resolved, prompts = self._rewritten(self._resolve_method(method), [p for p, _ in items], False)
+        items = list(zip(prompts, [texts for _, texts in items], strict=True))
         if not prefix_scoring.shares_prefixes(resolved, self.model.config):
-            return [self.score_continuations(p, texts, method=method) for p, texts in items]
+            call = "none" if resolved is None else resolved  # a call's None is the engine's default
+            return [self.score_continuations(p, texts, method=call) for p, texts in items]
         requests = [self._continuations(p, texts, False, "", resolved) for p, texts in items]
         with self._lock, self._method_applied(resolved), torch.inference_mode():
             return prefix_scoring.score(self.model, requests, self._pad_id)
@@ -144,6 +146,8 @@ class ScoringEngine(EngineBase):
         position-awareness scores the prefill computed (per-prompt Ms-PoE only).
         """
         resolved = self._resolve_method(method)
+        if not _is_token_ids(prompt):
+            resolved, (prompt,) = self._rewritten(resolved, [prompt], raw)  # type: ignore[list-item]
         if _is_token_ids(prompt):
             if resolved is not None and resolved.needs_document_spans():
                 raise ValueError(

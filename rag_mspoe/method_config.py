@@ -134,6 +134,16 @@ class MethodConfig:
         method declares it: a wrong yes would change scores silently."""
         return False
 
+    def rewrites_prompt(self) -> bool:
+        """Whether the method works by rewriting the prompt (`rewrite`), after which the model
+        reads the new prompt unmodified. Off unless a method declares it."""
+        return False
+
+    def rewrite(self, engine: Any, prompt: Any, *, raw: bool = False) -> Any:
+        """The prompt the model reads instead of `prompt` (methods that `rewrites_prompt`); called by
+        the engine with its lock held, so it may run the model."""
+        raise NotImplementedError(f"{type(self).__name__} does not rewrite prompts.")
+
     def keeps_rows_through_documents(self) -> bool:
         """Whether every prompt row up to the end of its last document computes exactly as in the
         unmodified model (the method changes only what reads the documents), so that the KV cache

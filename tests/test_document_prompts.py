@@ -211,3 +211,62 @@ def test_methods_that_keep_the_documents_rows_share_the_unmodified_prefix(arch, 
         for got, want in zip(scores, full, strict=True):
             assert [t for _, t in got] == [t for _, t in want]
             assert [s for s, _ in got] == pytest.approx([s for s, _ in want], abs=2e-5), method
+
+
+def test_reordering_moves_document_lines_renumbers_them_and_keeps_the_spans():
+    from rag_mspoe.attention.reorder import reordered_prompt
+
+    text, spans = render_qa_prompt(QUESTION, DOCUMENTS)
+    for prompt in (text, [document_message(text, spans)]):
+        (message,) = reordered_prompt(prompt, [1, 0, 2])
+        lines = [message["content"][s:e] for s, e in message["document_spans"]]
+        assert lines == [
+            "Document [1](Title: France) Paris is the capital of France and its largest city.",
+            "Document [2](Title: Rivers) The Danube flows through ten countries before it reaches "
+            "the Black Sea.",
+            "Document [3](Title: Mountains) Mont Blanc is the highest mountain in the Alps.",
+        ]
+        assert message["content"].endswith(f"Question: {QUESTION}\nAnswer:")
+    with pytest.raises(ValueError, match="permutation"):
+        reordered_prompt(text, [0, 0, 1])
+
+
+def test_calibrated_reorder_places_the_top_ranked_document():
+    from rag_mspoe.attention import CalibratedReorder
+
+    relevance = [0.1, 0.5, 0.2, 0.4]
+    assert CalibratedReorder().order(relevance) == [1, 0, 2, 3]
+    assert CalibratedReorder(place="last").order(relevance) == [0, 2, 3, 1]
+    assert CalibratedReorder(place="sorted").order(relevance) == [1, 3, 2, 0]
+    with pytest.raises(TypeError, match="rewrites the prompt"):
+        rescaled(tiny_chat_model()[0], CalibratedReorder()).__enter__()
+
+
+def test_the_engine_answers_calibrated_reorder_from_the_prompt_it_reorders(engine, tmp_path, monkeypatch):
+    from rag_mspoe.attention import AttentionCalibration, CalibratedReorder
+    from rag_mspoe.attention.reorder import calibrated_relevance, reordered_prompt
+    from rag_mspoe.rope.rescaling import STATE_ATTR
+
+    monkeypatch.setenv("RAG_MSPOE_CACHE", str(tmp_path))
+    method = CalibratedReorder(strength=0.0)  # raw attention: the order this test works out itself
+    text = _qa((2, 0, 1))
+    ids, spans = render_with_spans(engine.tokenizer, text)
+    # The ranking pass on a full forward, recorded by attention calibration's hooks.
+    layers = method.ranking_layers(engine.model.config.num_hidden_layers)
+    with rescaled(engine.model, AttentionCalibration(bias="zero", layers=layers)), torch.no_grad():
+        state = getattr(engine.model, STATE_ATTR)
+        state.recorded = {}
+        with document_spans(engine.model, [spans]):
+            engine.model(torch.tensor([ids]))
+        full = torch.stack([state.recorded[layer] for layer in layers]).mean(dim=(0, 1)).tolist()
+    cache = engine.document_prefixes.copy_of(ids[: spans[-1][1]])
+    assert calibrated_relevance(engine.model, cache, ids, spans, method) == pytest.approx(full, abs=1e-5)
+    expected = reordered_prompt(text, method.order(full))
+    answer = engine.generate(text, method=method, max_new_tokens=6)
+    assert answer.text == engine.generate(expected, method="none", max_new_tokens=6).text
+    assert answer.method == "calibrated-reorder"
+    scored = engine.score_continuations(text, [" Paris"], method=method)
+    assert scored == engine.score_continuations(expected, [" Paris"], method="none")
+    assert engine.score_prompts([(text, [" Paris"])], method=method) == [scored]
+    # With the reference bias (estimated on first use) it runs too.
+    assert engine.generate(text, method="calibrated-reorder", max_new_tokens=2).method == "calibrated-reorder"

@@ -68,14 +68,14 @@ def test_a_sweep_runs_the_methods_that_read_documents(tiny, tmp_path, monkeypatc
         generator=generator,
         num_documents=4,
         positions=(0, 3),
-        methods=("none", "pine", "attention-calibration"),
+        methods=("none", "pine", "attention-calibration", "calibrated-reorder"),
         samples=2,
         metrics=("choice", "generate"),
         max_new_tokens=3,
     )
     outcome = run_sweep(config, tmp_path / "run", model=tiny[0], tokenizer=tiny[1], progress=False)
     records = read_records(tmp_path / "run" / "results.jsonl")
-    assert outcome.complete and len(records) == 2 * 2 * 3
+    assert outcome.complete and len(records) == 2 * 2 * 4
     # The sweep scores each prompt as the engine does with the prompt's documents.
     engine = Engine(*tiny, method="none")
     examples = {e.id: e for e in frozen_examples(config, tmp_path / "run")}

@@ -6,6 +6,7 @@ calibration_hooks  its hooks: each document's share of attention rescaled by cal
 bias               the positional bias it subtracts, estimated per model and number of documents
 pine               Pine (position-invariant inference): the config
 pine_hooks         its hooks: bidirectional attention between documents, positions by importance
+reorder            CalibratedReorder: documents ranked by calibrated attention, read again reordered
 document_hooks     what both hooks share: the attention function they install, spans, positions
 
 rescale(model, AttentionCalibration())      # or Pine(), "attention-calibration", "pine"
@@ -17,11 +18,13 @@ with document_spans(model, [spans]):
 from rag_mspoe.attention.bias import PositionalBias, bias_cache_path, estimate_positional_bias
 from rag_mspoe.attention.calibration import AttentionCalibration
 from rag_mspoe.attention.pine import Pine
+from rag_mspoe.attention.reorder import CalibratedReorder
 from rag_mspoe.attention.spans import DocumentSpans, document_spans, prompt_with_spans
 from rag_mspoe.document_prompts import char_to_token_spans
 
 __all__ = [
     "AttentionCalibration",
+    "CalibratedReorder",
     "DocumentSpans",
     "Pine",
     "PositionalBias",

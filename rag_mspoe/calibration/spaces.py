@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from rag_mspoe.attention.calibration import AttentionCalibration
 from rag_mspoe.attention.pine import Pine
+from rag_mspoe.attention.reorder import CalibratedReorder
 from rag_mspoe.method_config import MethodConfig
 from rag_mspoe.rope.layerwise import LayerWise
 from rag_mspoe.rope.mspoe import MsPoE
@@ -93,8 +94,22 @@ def mspoe_space(num_layers: int) -> dict[str, MethodConfig]:
     return candidates
 
 
+def calibrated_reorder_space(num_layers: int) -> dict[str, MethodConfig]:
+    """The layers whose calibrated attention ranks the documents, the bias strength, and where the
+    top-ranked document goes."""
+    bands = layer_bands(num_layers)
+    candidates: dict[str, MethodConfig] = {}
+    for band, strength in itertools.product(("high", "last3", "mid3", "all"), (0.5, 1.0, 2.0)):
+        label = f"reorder-{band}-s{strength:g}"
+        candidates[label] = CalibratedReorder(layers=bands[band], strength=strength)
+    for place in ("sorted", "last"):
+        candidates[f"reorder-high-s1-{place}"] = CalibratedReorder(layers=bands["high"], place=place)
+    return candidates
+
+
 SPACES: dict[str, Space] = {
     "attention-calibration": attention_calibration_space,
+    "calibrated-reorder": calibrated_reorder_space,
     "pine": pine_space,
     "layerwise": layerwise_space,
     "mspoe": mspoe_space,

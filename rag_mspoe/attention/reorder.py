@@ -1,0 +1,179 @@
+"""Calibrated reordering: the model ranks its documents by calibrated attention, then reads them again
+with the most relevant one where it reads best.
+
+"Found in the Middle" (Hsieh et al., 2024) shows that the attention a document gets from the
+question is its relevance plus a positional bias, and that attention minus the bias of its slot
+(`rag_mspoe.attention.bias`) ranks documents by relevance. Rescaling attention inside the model
+by that relevance (`AttentionCalibration`) moves a small model's answers little; the ranking
+itself is sharp. This method uses it the other way: one pass scores each document by its
+calibrated attention from the question rows (in the upper layers by default), the documents are
+put in that order, and the model answers from the new prompt, unmodified.
+
+The first pass costs only the question rows: every row through the documents is the unmodified
+model's (`rag_mspoe.document_prefix`). The second pass is an ordinary prompt. The engine runs the
+method wherever it runs one (generation, scoring, sweeps, the adapters, the server).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import torch
+
+from rag_mspoe.attention.bias import PositionalBias, bias_cache_path, cached_layouts
+from rag_mspoe.chat_template import DOCUMENT_SPANS, Prompt, as_messages
+from rag_mspoe.loading import model_display_name
+from rag_mspoe.method_config import MethodConfig, check_finite, check_layers, chosen_layers
+from rag_mspoe.rope.rescaling import rescaled
+
+Placement = Literal["first", "sorted", "last"]
+_NUMBER = re.compile(r"^Document \[\d+\]")
+
+
+@dataclass
+class CalibratedReorder(MethodConfig):
+    """Rank the documents by calibrated attention, then answer from them reordered.
+
+    layers: the layers whose attention ranks (None: the upper half, where the ranking is sharpest
+    on the models measured). strength: the factor on the positional bias subtracted (0: raw
+    attention, which favours the ends). place: "first" moves the top-ranked document to the front
+    and keeps the others in their order; "last" moves it to the end (for models that read the end
+    best); "sorted" orders every document by rank, best first. 'Document [i]' numbers are
+    rewritten to run 1, 2, ... in the new order.
+    """
+
+    kind: ClassVar[str] = "calibrated-reorder"
+    presets: ClassVar[dict[str, dict[str, Any]]] = {"calibrated-reorder": {}}
+    layers: list[int] | None = None
+    strength: float = 1.0
+    place: Placement = "first"
+
+    def __post_init__(self) -> None:
+        check_layers(self.layers)
+        check_finite("strength", self.strength)
+        if self.strength < 0:
+            raise ValueError(f"strength must be 0 or more, got {self.strength}")
+        if self.place not in ("first", "sorted", "last"):
+            raise ValueError(f"place must be 'first', 'sorted' or 'last', got {self.place!r}")
+
+    def hooks_class(self) -> Any:
+        raise TypeError(
+            "calibrated-reorder rewrites the prompt before the model reads it, so it is not applied "
+            "to a model with rescale(); run it through the engine (Engine(..., method="
+            "'calibrated-reorder'), the adapters, the server, `rag-mspoe sweep`)."
+        )
+
+    def needs_document_spans(self) -> bool:
+        return True
+
+    def rewrites_prompt(self) -> bool:
+        return True
+
+    def rewrite(self, engine: Any, prompt: Prompt, *, raw: bool = False) -> Prompt:
+        ids, spans = engine.document_spans_of(self, prompt, raw=raw)
+        if len(spans) < 2:
+            return prompt  # nothing to reorder
+        self.prepare(engine.model, engine.tokenizer, [spans])
+        with rescaled(engine.model, None):
+            cache = engine.document_prefixes.copy_of(ids[: spans[-1][1]])
+        relevance = calibrated_relevance(engine.model, cache, ids, spans, self)
+        reordered = reordered_prompt(prompt, self.order(relevance))
+        return reordered[0]["content"] if raw else reordered
+
+    def prepare(self, model: Any, tokenizer: Any, spans: Sequence[Sequence[tuple[int, int]] | None]) -> None:
+        from rag_mspoe.attention.bias import estimate_positional_bias
+
+        counts = {len(row) for row in spans if row}
+        missing = sorted(counts - cached_layouts(model_display_name(model)))
+        if missing:
+            estimate_positional_bias(model, tokenizer, missing)
+
+    def ranking_layers(self, num_layers: int) -> list[int]:
+        if self.layers is None:
+            return list(range(num_layers // 2, num_layers))
+        return chosen_layers("CalibratedReorder", self.layers, num_layers)
+
+    def order(self, relevance: Sequence[float]) -> list[int]:
+        """The new order of the documents (indices into the old one) given their relevance."""
+        count = len(relevance)
+        ranked = sorted(range(count), key=lambda k: (-relevance[k], k))
+        if self.place == "sorted":
+            return ranked
+        best = ranked[0]
+        others = [k for k in range(count) if k != best]
+        return [best, *others] if self.place == "first" else [*others, best]
+
+
+def calibrated_relevance(
+    model: Any, cache: Any, ids: Sequence[int], spans: Sequence[tuple[int, int]], method: CalibratedReorder
+) -> list[float]:
+    """Each document's attention from the rows after the documents, minus its slot's bias, averaged
+    over the ranking layers and their heads. `cache` holds the unmodified model's rows through the
+    last document (a copy is used up); the model must have no method applied."""
+    from rag_mspoe.attention.calibration import AttentionCalibration
+    from rag_mspoe.attention.spans import document_spans
+    from rag_mspoe.rope.rescaling import STATE_ATTR
+
+    layers = method.ranking_layers(int(model.config.num_hidden_layers))
+    end = spans[-1][1]
+    with rescaled(model, AttentionCalibration(bias="zero", layers=layers)), torch.inference_mode():
+        state = getattr(model, STATE_ATTR)
+        state.recorded = {}
+        with document_spans(model, [list(spans)]):
+            rest = torch.tensor([list(ids[end:])], device=model.device)
+            model(rest, past_key_values=cache, logits_to_keep=1)
+        mass = torch.stack([state.recorded[layer].float().cpu() for layer in layers])  # [layers, heads, K]
+        state.recorded = None
+    if method.strength:
+        bias = _bias(model, len(spans))[layers]
+        mass = mass - method.strength * bias
+    relevance = mass.mean(dim=(0, 1)).tolist()
+    return [value if math.isfinite(value) else -math.inf for value in relevance]
+
+
+def _bias(model: Any, documents: int) -> torch.Tensor:
+    path = bias_cache_path(model_display_name(model))
+    config: Any = model.config
+    table = PositionalBias.load(path).table(documents, config.num_hidden_layers, config.num_attention_heads)
+    if table is None:
+        raise ValueError(
+            f"No positional-bias estimate for {documents} documents in {path}; estimate it with "
+            "rag_mspoe.attention.estimate_positional_bias."
+        )
+    return table
+
+
+def reordered_prompt(prompt: Prompt, order: Sequence[int]) -> list[dict[str, Any]]:
+    """The prompt with its documents in `order` (old indices, one per document, across the messages
+    in turn), each message's document spans updated; 'Document [i]' numbers run 1, 2, ... again."""
+    from rag_mspoe.document_prompts import find_document_lines
+
+    messages = as_messages(prompt)
+    located = []  # (message index, char span) of every document, in prompt order
+    for index, message in enumerate(messages):
+        spans = message.get(DOCUMENT_SPANS)
+        if spans is None and message["role"] in ("user", "system"):
+            spans = find_document_lines(message["content"])
+        located += [(index, (start, end)) for start, end in spans or []]
+    if sorted(order) != list(range(len(located))):
+        raise ValueError(f"An order of {len(located)} documents is a permutation of 0..{len(located) - 1}.")
+    texts = [messages[i]["content"][start:end] for i, (start, end) in located]
+    moved = [texts[k] for k in order]
+    result = [dict(message) for message in messages]
+    slot = 0
+    for index, message in enumerate(messages):
+        pieces, spans, cursor, content = [], [], 0, message["content"]
+        for _, (start, end) in [item for item in located if item[0] == index]:
+            pieces.append(content[cursor:start])
+            text = _NUMBER.sub(f"Document [{slot + 1}]", moved[slot], count=1)
+            begin = sum(len(p) for p in pieces)
+            spans.append([begin, begin + len(text)])
+            pieces.append(text)
+            cursor, slot = end, slot + 1
+        if spans:
+            result[index] = {**message, "content": "".join(pieces) + content[cursor:], DOCUMENT_SPANS: spans}
+    return result
