@@ -119,21 +119,26 @@ def _register_ask(subparsers: Any) -> None:
 
 
 def _register_demo(subparsers: Any) -> None:
-    from rag_mspoe.pipelines.demo import DEMO_MAX_NEW_TOKENS, DEMO_METHODS, DEMO_QUESTIONS, DEMO_TOP_K
+    from rag_mspoe.pipelines.demo import DEMO_MAX_NEW_TOKENS, DEMO_MODELS, DEMO_QUESTIONS, DEMO_TOP_K
 
     parser = subparsers.add_parser(
         "demo",
-        help="index the shipped demo corpus and compare the unmodified model with each method",
+        help="answer from the shipped demo corpus with and without a method, then the position curve "
+        "on real questions",
         description="Builds an index over the bundled Skerrow Isles documents (invented facts), asks "
         "questions whose answer sits in the middle of the retrieved context, and prints each "
-        "method's answer and time side by side.",
+        "method's answer and time side by side. Then sweeps the gold passage of real NQ-open "
+        "questions through the first, middle and last of 10 documents, and prints the table (and "
+        "writes the plot) of exact match and gold log-likelihood per position.",
     )
     add_engine_options(parser)
+    parser.set_defaults(model=None)
+    parser.description += f" Default model: the first installed of {', '.join(DEMO_MODELS)}."  # type: ignore[operator]
     parser.add_argument(
         "--methods",
-        default=",".join(DEMO_METHODS),
-        help="comma-separated methods to compare, e.g. none,mspoe,calibrated "
-        f"(default: {','.join(DEMO_METHODS)})",
+        default=None,
+        help="comma-separated methods to compare, e.g. none,mspoe,calibrated (default: none and the "
+        "method shipped for the model, else none and calibrated-reorder)",
     )
     parser.add_argument("-k", type=int, default=DEMO_TOP_K, help=f"chunks retrieved (default {DEMO_TOP_K})")
     parser.add_argument("--max-new-tokens", type=int, default=DEMO_MAX_NEW_TOKENS)
@@ -141,7 +146,16 @@ def _register_demo(subparsers: Any) -> None:
         "--questions",
         type=int,
         default=len(DEMO_QUESTIONS),
-        help=f"how many of the {len(DEMO_QUESTIONS)} demo questions to ask",
+        help=f"how many of the {len(DEMO_QUESTIONS)} demo corpus questions to ask",
+    )
+    parser.add_argument(
+        "--curve-questions",
+        type=int,
+        default=8,
+        help="real questions in the position curve (at most 8; 0 skips it)",
+    )
+    parser.add_argument(
+        "--out", default="rag-mspoe-demo", help="folder for the position curve's records, table and plot"
     )
     parser.add_argument(
         "--index", default=None, help="keep the demo index in this folder (default: temporary)"
@@ -256,17 +270,21 @@ def _ask(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from rag_mspoe import parse_method
     from rag_mspoe.engine import Engine
-    from rag_mspoe.loading import source_name
-    from rag_mspoe.pipelines.demo import DEMO_QUESTIONS, demo_corpus_dir, run_demo
+    from rag_mspoe.pipelines.demo import DEMO_QUESTIONS, demo_corpus_dir, demo_methods, demo_model, run_demo
     from rag_mspoe.pipelines.indexing import index_documents
     from rag_mspoe.pipelines.retrieval import Retriever
 
-    methods = [name.strip() for name in args.methods.split(",") if name.strip()]
+    model = args.model or demo_model()
+    methods = (
+        [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else demo_methods(model)
+    )
     for name in methods:
-        parse_method(name, source_name(args.model))  # a typo fails here, not after the index is built
+        parse_method(name, model)  # a typo fails here, not after the index is built
     load_options = engine_options(args)  # and so does a device this machine lacks
     if not 1 <= args.questions <= len(DEMO_QUESTIONS):
         raise ValueError(f"--questions must be between 1 and {len(DEMO_QUESTIONS)}, got {args.questions}")
+    if not 0 <= args.curve_questions <= 8:
+        raise ValueError(f"--curve-questions must be between 0 and 8, got {args.curve_questions}")
 
     with tempfile.TemporaryDirectory(prefix="rag-mspoe-demo-") as scratch:
         index_dir = args.index or os.path.join(scratch, "index")
@@ -274,7 +292,7 @@ def _demo(args: argparse.Namespace) -> int:
         print(report.summary())
         retriever = Retriever.load(index_dir)
         started = time.perf_counter()
-        engine = Engine.load(args.model, **load_options)
+        engine = Engine.load(model, **load_options)
         print(
             f"Loaded {engine.name} in {time.perf_counter() - started:.1f} s; methods: {', '.join(methods)}\n"
         )
@@ -288,7 +306,36 @@ def _demo(args: argparse.Namespace) -> int:
             on_result=_print_demo_result,
         )
     _print_demo_summary(results, methods)
+    if args.curve_questions:
+        _demo_curve(engine, methods, args)
     return 0
+
+
+def _demo_curve(engine: Any, methods: list[str], args: argparse.Namespace) -> None:
+    from rag_mspoe.eval.report import PLOT_FILE, TABLE_FILE
+    from rag_mspoe.pipelines.demo import run_position_curve
+
+    print(
+        f"\nPosition curve: {args.curve_questions} real NQ-open questions, 10 documents, the gold "
+        "passage first, in the middle and last (records, table and plot in "
+        f"{args.out}/) ...",
+        flush=True,
+    )
+    started = time.perf_counter()
+    run_position_curve(
+        engine.model,
+        engine.tokenizer,
+        methods,
+        Path(args.out),
+        questions=args.curve_questions,
+        max_new_tokens=max(args.max_new_tokens, 48),  # room for a sentence-long answer
+    )
+    print((Path(args.out) / TABLE_FILE).read_text())
+    print(f"plot: {Path(args.out) / PLOT_FILE}; took {time.perf_counter() - started:.0f} s")
+    print(
+        "A few questions say little: see README's validation tables (hundreds of questions per "
+        "position) for what each method does."
+    )
 
 
 # -- printing ----------------------------------------------------------------------------------------

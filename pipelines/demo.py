@@ -1,10 +1,16 @@
 """The demo: index the shipped Skerrow Isles corpus, ask questions whose answer sits in the middle
-of the retrieved context, and compare the unmodified model with each rescaling method.
+of the retrieved context, and compare the unmodified model with each method; then the position
+curve on real questions.
 
 The corpus (`demo_corpus/`) describes invented islands, so a model can only answer from the
 retrieved documents. Several documents are about the same things (lighthouses, the instrument
 maker, the tides), so the chunk holding the answer is retrieved, but not first: with k=7 it
 lands at position 3 to 5 of the packed context, where "lost in the middle" bites.
+
+The position curve is a small gold-position sweep over `demo_questions.jsonl.gz`: 8 NQ-open
+questions (Kwiatkowski et al., 2019, CC BY-SA 3.0) with their gold Wikipedia passage and 9
+retrieved distractors (the lost-in-the-middle format of Liu et al., 2023), from the validation
+half of the project's split, which no method was searched on.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from rag_mspoe.pipelines.answer import GenerationEngine, generate_answer, pack_for_engine
 from rag_mspoe.pipelines.packing import PackedPrompt
@@ -24,6 +31,9 @@ from rag_mspoe.pipelines.retrieval import Retriever
 DEMO_METHODS = ("none", "pi", "mspoe", "layerwise")
 DEMO_TOP_K = 7
 DEMO_MAX_NEW_TOKENS = 32
+DEMO_POSITIONS = (0, 4, 9)  # first, middle and last of 10 documents
+# Embedded models from the most capable down: the demo runs the first one installed.
+DEMO_MODELS = ("qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct")
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,53 @@ class DemoResult:
 
 def demo_corpus_dir() -> Path:
     return Path(str(resources.files("rag_mspoe.pipelines") / "demo_corpus"))
+
+
+def demo_questions_file() -> Path:
+    return Path(str(resources.files("rag_mspoe.pipelines") / "demo_questions.jsonl.gz"))
+
+
+def demo_model() -> str:
+    """The most capable embedded model that is installed (the 0.5B answers the demo's questions
+    where the 135M mostly cannot, in a few minutes on two CPU cores)."""
+    from rag_mspoe import embedded_models
+
+    for name in DEMO_MODELS:
+        model = embedded_models.get(name)
+        if all(embedded_models.locate_part(part) is not None for part in model.parts):
+            return name
+    return embedded_models.DEFAULT_MODEL
+
+
+def demo_methods(model_name: str) -> tuple[str, ...]:
+    """The unmodified model and the method shipped for it (or calibrated-reorder where none ships)."""
+    from rag_mspoe.calibrated import calibrated_config_path
+
+    return ("none", "calibrated" if calibrated_config_path(model_name) else "calibrated-reorder")
+
+
+def run_position_curve(
+    model: Any, tokenizer: Any, methods: Sequence[str], folder: Path, *, questions: int, max_new_tokens: int
+) -> Any:
+    """Sweep the gold passage of `questions` real questions through the first, middle and last of
+    10 documents under each method: greedy answers (exact match) and the gold answer's
+    log-likelihood, with the sweep's table and plot in `folder` (resumed if it exists)."""
+    from rag_mspoe.eval.sweep.plan import SweepConfig
+    from rag_mspoe.eval.sweep.run import run_sweep
+    from rag_mspoe.loading import model_display_name
+
+    config = SweepConfig(
+        num_documents=10,
+        positions=DEMO_POSITIONS,
+        methods=tuple(methods),
+        samples=questions,
+        data=str(demo_questions_file()),
+        generator=None,
+        metrics=("loglik", "generate"),
+        max_new_tokens=max_new_tokens,
+        model=model_display_name(model),
+    )
+    return run_sweep(config, folder, model=model, tokenizer=tokenizer, progress=False)
 
 
 def contains_answer(prediction: str, answers: Sequence[str]) -> bool:

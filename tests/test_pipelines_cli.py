@@ -115,8 +115,9 @@ def test_demo_questions_have_their_answer_in_the_middle_of_the_context(tmp_path)
 
 
 @pytest.mark.slow
-def test_demo_prints_each_method_side_by_side(capsys):
+def test_demo_prints_each_method_side_by_side(capsys, tmp_path):
     argv = ["demo", "--questions", "1", "--methods", "none,mspoe", "--max-new-tokens", "8"]
+    argv += ["--curve-questions", "1", "--out", str(tmp_path / "curve")]
     assert main(argv) == 0
     out = capsys.readouterr().out
     question = DEMO_QUESTIONS[0]
@@ -126,3 +127,6 @@ def test_demo_prints_each_method_side_by_side(capsys):
     assert any(line.strip().startswith("none ") and " s  correct: " in line for line in lines)
     assert any(line.strip().startswith("mspoe ") and " s  correct: " in line for line in lines)
     assert "Summary" in out and "s per answer" in out
+    # The position curve on a real question: a table per metric, and the plot.
+    assert "Position curve: 1 real NQ-open questions" in out and "| mspoe |" in out
+    assert (tmp_path / "curve" / "accuracy_by_position.png").is_file()
