@@ -165,7 +165,8 @@ def load_model(
     is not there, a dtype it cannot compute or weights larger than its free memory raise
     `DeviceError` before any weights load. threads sets torch's CPU thread count (default:
     the CPUs the load average shows free, `default_threads`). quantize: None, or "int8" for
-    int8 Linear layers on the CPU (`rag_mspoe.quantization`; faster prefill, scores move a little).
+    int8 Linear layers on the CPU (`rag_mspoe.quantization`: faster decoding, slower prefill than
+    bf16, and log-likelihoods move).
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
