@@ -75,6 +75,16 @@ def test_manifest_records_model_methods_versions_and_commit(tiny, tmp_path):
     assert len(session["git"]["commit"]) == 40 and session["complete"] is True
 
 
+def test_manifest_records_dtype_quantization_and_threads_of_a_loaded_model(tmp_path):
+    model_dir = save_tiny_chat_model(tmp_path / "model")
+    config = SweepConfig(
+        num_documents=3, positions=(0, 2), methods=("none",), samples=1, model=str(model_dir)
+    )
+    run_sweep(config, tmp_path / "run", threads=1, quantize="int8", progress=False, report=False)
+    model = json.loads((tmp_path / "run" / "manifest.json").read_text())["model"]
+    assert (model["dtype"], model["quantization"], model["threads"]) == ("float32", "int8", 1)
+
+
 def test_resume_adds_only_what_is_missing_and_refuses_another_sweep(tiny, tmp_path):
     base = dict(num_documents=4, positions=(0, 3), samples=3, batch_size=2)
     run_sweep(
