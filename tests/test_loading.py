@@ -10,6 +10,7 @@ import transformers
 from tiny_models import fake_gguf_conversion, tiny_model, tiny_tokenizer
 
 from rag_mspoe import ModelLoadError, load_model, loading, model_display_name
+from rag_mspoe.loading import default_threads
 
 
 class _Interrupted(Exception):
@@ -90,4 +91,4 @@ def test_bad_sources_say_what_is_wrong(tmp_path):
 def test_default_threads_are_the_cpus_the_load_leaves_free(monkeypatch, cpus, load, expected):
     monkeypatch.setattr(loading.os, "sched_getaffinity", lambda pid: set(range(cpus)))
     monkeypatch.setattr(loading.os, "getloadavg", lambda: (load, load, load))
-    assert loading.default_threads() == expected
+    assert default_threads() == expected  # the function itself: conftest pins tests' loads to one thread
