@@ -215,3 +215,11 @@ def test_gpu_benchmark_refuses_without_cuda_and_says_what_to_do():
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "measures on a CUDA GPU" in done.stderr and "--smoke" in done.stderr
+
+
+def test_int8_on_a_gpu_fails_before_any_long_work(tmp_path, monkeypatch, capsys, fake_gpus):
+    fake_gpus()
+    monkeypatch.setattr("rag_mspoe.loading.load_model", lambda *a, **k: pytest.fail("loaded a model"))
+    code = main(["ask", "What is it?", "--index", str(tmp_path / "no-index"), "--quantize", "int8"])
+    error = capsys.readouterr().err
+    assert code == 1 and "runs on the CPU only" in error and "--device cpu" in error  # not the missing index
