@@ -41,16 +41,14 @@ def main() -> None:
         import llama_cpp
     except ImportError:
         sys.exit("This benchmark needs llama-cpp-python: pip install llama-cpp-python (builds from source).")
-    import torch
-
     from rag_mspoe import load_model
     from rag_mspoe.eval.data.loaders import load_qa
     from rag_mspoe.eval.data.prompts import qa_prompt
     from rag_mspoe.eval.data.records import with_gold_at
     from rag_mspoe.quantization import quantize_model
 
-    model, tokenizer = load_model(args.model, dtype="float32", threads=args.threads)
-    ours = {"bf16": copy.deepcopy(model).to(torch.bfloat16), "int8": quantize_model(model, "int8")}
+    model, tokenizer = load_model(args.model, dtype="bfloat16", threads=args.threads)
+    ours = {"bf16": model, "int8": quantize_model(copy.deepcopy(model), "int8")}
     examples = load_qa(DATA)[: args.prompts]
     prompts = [prompt_ids(tokenizer, qa_prompt(with_gold_at(e, GOLD_POSITION))) for e in examples]
     with joined_gguf(args.model) as gguf:

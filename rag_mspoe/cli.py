@@ -56,8 +56,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         "--quantize",
         choices=QUANTIZE_CHOICES,
         default=None,
-        help="int8: most Linear layers in int8 on the CPU (faster decoding, slower prefill than bf16; "
-        "log-likelihoods move: README, 'CPU inference')",
+        help="int8: most Linear layers in int8 on the CPU (faster than bf16, but log-likelihoods move: "
+        "README, 'CPU inference')",
     )
 
 

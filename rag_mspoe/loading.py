@@ -165,8 +165,8 @@ def load_model(
     is not there, a dtype it cannot compute or weights larger than its free memory raise
     `DeviceError` before any weights load. threads sets torch's CPU thread count (default:
     the CPUs the load average shows free, `default_threads`). quantize: None, or "int8" for
-    int8 Linear layers on the CPU (`rag_mspoe.quantization`: faster decoding, slower prefill than
-    bf16, and log-likelihoods move).
+    most Linear layers in int8 on the CPU (`rag_mspoe.quantization`: faster than bf16, but
+    log-likelihoods move).
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -178,7 +178,7 @@ def load_model(
         set_threads(threads)
     folder, name = resolve_source(source)
     try:
-        placement = place(AutoConfig.from_pretrained(folder), device, torch.float32 if quantize else dtype)
+        placement = place(AutoConfig.from_pretrained(folder), device, dtype)
         kwargs: dict[str, Any] = {"dtype": placement.dtype, **from_pretrained_kwargs}
         if placement.device_map:
             kwargs["device_map"] = placement.device_map

@@ -10,10 +10,17 @@ from tiny_models import prompt_ids, tiny_model, tiny_tokenizer
 from torch import nn
 
 from rag_mspoe import LayerWise, MsPoE, Uniform, load_model, rescaled
+from rag_mspoe.devices import default_dtype
 from rag_mspoe.engine import Engine
 from rag_mspoe.eval.runs.manifest import model_facts
 from rag_mspoe.methods import Compose
-from rag_mspoe.quantization import QuantizationError, check_quantize, quantization_of, quantize_model
+from rag_mspoe.quantization import (
+    Int8Linear,
+    QuantizationError,
+    check_quantize,
+    quantization_of,
+    quantize_model,
+)
 
 METHODS = {
     "mspoe": MsPoE(1.2, 2.4, skip_layers=1),
@@ -34,7 +41,8 @@ def test_int8_keeps_the_output_layer_and_scores_close_to_fp32(arch):
     quantized = quantize_model(copy.deepcopy(model), "int8")
     modules = quantized.named_modules()
     linears = {name.rpartition(".")[2] for name, module in modules if type(module) is nn.Linear}
-    assert linears == {"down_proj", "lm_head"}  # see rag_mspoe.quantization on why these stay in float32
+    assert linears == {"down_proj", "lm_head"}  # see rag_mspoe.quantization on why these stay as they are
+    assert sum(isinstance(module, Int8Linear) for module in quantized.modules()) == 4 * 6
     assert quantization_of(quantized) == "int8" and quantization_of(model) is None
     ids = prompt_ids(length=40)
     reference, scores = token_logprobs(model, ids), token_logprobs(quantized, ids)
@@ -60,11 +68,12 @@ def test_methods_change_the_int8_model_as_they_change_fp32(arch, name):
 def test_int8_is_refused_on_a_gpu_and_with_another_dtype_with_the_fix():
     with pytest.raises(QuantizationError, match="CPU only.*--device cpu"):
         check_quantize("int8", torch.device("cuda", 0))
-    with pytest.raises(QuantizationError, match="float32.*drop --dtype"):
-        check_quantize("int8", torch.device("cpu"), "bfloat16")
+    with pytest.raises(QuantizationError, match="bfloat16 or float32, not float16; drop --dtype"):
+        check_quantize("int8", torch.device("cpu"), "float16")
     with pytest.raises(QuantizationError, match="one of: int8"):
         check_quantize("int4", torch.device("cpu"))
     check_quantize("int8", torch.device("cpu"), "float32")
+    check_quantize("int8", torch.device("cpu"), torch.bfloat16)
     check_quantize(None, torch.device("cuda", 0), "bfloat16")
 
 
@@ -77,7 +86,8 @@ def test_load_model_quantizes_and_the_manifest_says_so(tmp_path):
     finally:
         torch.set_num_threads(before)
     facts = model_facts(model)
-    assert facts["quantization"] == "int8" and facts["dtype"] == "float32"
+    dtype = str(default_dtype("cpu")).removeprefix("torch.")  # the layers int8 leaves alone
+    assert facts["quantization"] == "int8" and facts["dtype"] == dtype
     result = Engine(model, tokenizer, method="mspoe").generate("abc", raw=True, max_new_tokens=3)
     assert result.completion_tokens == 3
 
