@@ -12,10 +12,11 @@ rotary embeddings and attention modules, never a Linear layer's weights, so they
 quantised model unchanged.
 
 What it buys (`benchmarks/bench_cpu_inference.py`, Qwen2.5-Coder-0.5B, real 10-document
-prompts, one thread; README "CPU inference: int8, threads, compiled decoding"): prefill and
-decoding somewhat faster than bf16 (the figures are in the README), short of the 1.5x the
-quantised layers alone would allow, since the rest of the model is not quantised. The scores
-move (below) far more than bf16 moves them, so sweeps should stay in bf16: this is opt-in.
+prompts, one thread; README "CPU inference: int8, threads, compiled decoding"): prefill 1.15x
+and decoding 1.17x as fast as bf16, short of the 1.8x of the quantised matmuls, since the rest
+of the model is not quantised. With the unquantised layers in float32 instead, prefill ran at
+0.72x bf16. The scores move (below) far more than bf16 moves them, so sweeps should stay in
+bf16: this is opt-in.
 
 What stays unquantised, and why (teacher-forced log-likelihood of 800-1,000 tokens of English
 text, mean change per token against float32):
@@ -29,8 +30,8 @@ quantised, 0.13 against 0.58 nats per token of gold answer on four real 10-docum
 
 torch's quantisation is used, not torchao's `Int8DynamicActivationInt8WeightConfig` (one scale
 per token): measured side by side, torchao's moved the gold answers' log-likelihood less (0.045
-against 0.24 nats per token) but was slower than bf16 at both prefill (262 against 399 tokens/s)
-and decoding (6.7 against 10.0), so it offers nothing bf16 does not.
+against 0.22 nats per token) but was slower than bf16 at both prefill (262 against 402 tokens/s)
+and decoding (7.0 against 9.7), so it offers nothing bf16 does not.
 """
 
 from __future__ import annotations

@@ -93,16 +93,16 @@ def test_load_model_quantizes_and_the_manifest_says_so(tmp_path):
 
 
 @pytest.mark.slow
-def test_embedded_int8_model_generates_and_scores_close_to_fp32_under_methods():
+def test_embedded_int8_model_answers_and_scores_close_to_fp32_under_methods():
     fp32, tokenizer = load_model(dtype=torch.float32, threads=1)
     int8, _ = load_model(threads=1, quantize="int8")
     question, answer = "What is the capital of France?", "The capital of France is Paris."
     for method in ("none", "mspoe", "layerwise"):
         engine = Engine(int8, tokenizer, method=method)
-        assert engine.generate(question, max_new_tokens=8).completion_tokens > 0, method
+        assert "paris" in engine.generate(question, max_new_tokens=12).text.lower(), method
         (total, tokens), (reference, _) = (
             Engine(model, tokenizer, method=method).score_continuations(question, [answer])[0]
             for model in (int8, fp32)
         )
-        # Measured 0.01-0.08 nats per token; int8 is opt-in because of moves of this size.
+        # Measured 0.01-0.03 nats per token here (0.2 on the 0.5B's real prompts: README).
         assert abs(total - reference) / tokens < 0.15, (method, total, reference)
