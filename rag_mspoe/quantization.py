@@ -108,9 +108,9 @@ def _quantized(linear: nn.Linear) -> nn.Module:
         # torch.ao.quantization warns that it will move to torchao; its kernels are the fast ones here.
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", UserWarning)
-        float_linear = copy.deepcopy(linear).float()
-        float_linear.qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
-        return torch.ao.nn.quantized.dynamic.Linear.from_float(float_linear)
+        wrapped = nn.Sequential(copy.deepcopy(linear).float())
+        qconfig = {nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}
+        return torch.ao.quantization.quantize_dynamic(wrapped, qconfig, dtype=torch.qint8)[0]
 
 
 def quantization_of(model: Any) -> str | None:
