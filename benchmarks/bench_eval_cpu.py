@@ -80,7 +80,7 @@ def main() -> None:
         matmul_peak_gflops=peak,
         load_average=os.getloadavg()[0],
     )
-    own_peak = peak["bf16" if model.dtype == torch.bfloat16 else "fp32"]  # int8 runs against fp32's
+    own_peak = peak["bf16" if model.dtype == torch.bfloat16 else "fp32"]
     for path in ("plain", "shared"):
         result[f"{path}_share_of_peak"] = round(result[f"{path}_gflops"] / own_peak, 3)
     print(json.dumps(result))
