@@ -17,7 +17,8 @@ passage): each gets `--documents - 1` distractors, the gold passages of other re
 none of its answers, and as candidates its gold answer and those records' answers. Without
 --oracle the invented-fact generator is used (shorter prompts).
 
-The JSON line printed last holds `speedup` (shared over plain prompts per hour),
+Progress goes to stderr, one line per (example, path, method) with its seconds, so a slow run
+shows where it is. The JSON line printed last holds `speedup` (shared over plain prompts per hour),
 `max_abs_loglik_diff` (largest difference of a gold log-likelihood between the paths, nats per
 token), and the achieved GFLOP/s of each path against the machine's bf16 and fp32 matmul peak
 measured here with a large matmul. On a machine other jobs share, absolute rates are depressed;
@@ -31,11 +32,13 @@ import gzip
 import json
 import os
 import random
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+# Sized to finish in minutes on 2 CPUs: 2 examples x 4 methods x 3 positions, on each path.
 QUICK = {"model": "qwen2.5-coder-0.5b-instruct", "documents": 10, "samples": 2}
 METHODS = "none,pi,layerwise,static-mspoe"
 
@@ -55,6 +58,7 @@ def main() -> None:
     parser.add_argument("--methods", default=METHODS, help="'static-mspoe' is Ms-PoE with a fixed head order")
     parser.add_argument("--dtype", default=None, help="as load_model takes it (default: bf16 where native)")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--quantize", choices=["int8"], default=None, help="as load_model takes it")
     args = parser.parse_args()
     if args.quick:
         for key, value in QUICK.items():
@@ -65,12 +69,13 @@ def main() -> None:
     from rag_mspoe import load_model
 
     peak = {name: matmul_gflops(dtype) for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32))}
-    model, tokenizer = load_model(args.model, dtype=args.dtype, threads=args.threads)
+    model, tokenizer = load_model(args.model, dtype=args.dtype, threads=args.threads, quantize=args.quantize)
     result = compare_paths(model, tokenizer, args)
     dtype = str(model.dtype).replace("torch.", "")
     result.update(
         model=args.model,
         dtype=dtype,
+        quantize=args.quantize,
         threads=torch.get_num_threads(),
         matmul_peak_gflops=peak,
         load_average=os.getloadavg()[0],
@@ -135,7 +140,11 @@ def compare_paths(model: Any, tokenizer: Any, args: argparse.Namespace) -> dict[
                         length = engine.count_tokens(prompt)
                         tokens += length
                         flops += prefill_flops(model.config, length)
-                seconds[path] += time.perf_counter() - started
+                took = time.perf_counter() - started
+                seconds[path] += took
+                print(
+                    f"example {index + 1}/{len(examples)} {path} {method.name}: {took:.1f} s", file=sys.stderr
+                )
     prompts = len(gold["plain"])
     diffs = [
         abs(gold["plain"][key][0] - gold["shared"][key][0]) / gold["plain"][key][1] for key in gold["plain"]

@@ -74,13 +74,16 @@ class EngineBase:
         threads: int | None = None,
         device: str | torch.device | None = "auto",
         compile: bool | Literal["auto"] = "auto",
+        quantize: str | None = None,
     ) -> Self:
         """Load a model (None: the embedded SmolLM2-135M-Instruct) and wrap it.
 
-        device ("auto", "cpu", "cuda", "cuda:N") and dtype as `load_model` takes them; compile
-        as `Engine` takes it.
+        device ("auto", "cpu", "cuda", "cuda:N"), dtype and quantize as `load_model` takes them;
+        compile as `Engine` takes it.
         """
-        model, tokenizer = loading.load_model(source, dtype=dtype, device=device, threads=threads)
+        model, tokenizer = loading.load_model(
+            source, dtype=dtype, device=device, threads=threads, quantize=quantize
+        )
         return cls(model, tokenizer, method=method, compile=compile)
 
     # -- facts -------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from rag_mspoe.devices import place, resolve_device
+from rag_mspoe.quantization import check_quantize, quantize_model
 
 logger = logging.getLogger(__name__)
 
@@ -124,13 +125,15 @@ def model_display_name(model: Any) -> str:
 
 
 def default_threads() -> int:
-    """Half the CPUs this process may use, at least one.
+    """The CPUs this process may use that other processes leave free, at least one.
 
-    Measured on a 2-CPU machine, 1k-token bf16 prefill of the embedded model: 1 thread 1.6 s,
-    2 threads 1.1 s when the machine is idle but 5-12 s when another process keeps one CPU
-    busy. Oversubscribed threads cost far more than an idle core, so we leave half free.
+    Free means not counted in the 1-minute load average. Measured on a 2-CPU machine
+    (`benchmarks/bench_cpu_inference.py`): on idle CPUs, 2 threads prefill and decode faster than
+    1; when another process keeps a CPU busy, oversubscribed threads cost far more than the idle
+    core brings (1k-token prefill of the embedded model: 1.6 s on 1 thread, 5-12 s on 2).
     """
-    return max(1, len(os.sched_getaffinity(0)) // 2)
+    cpus = len(os.sched_getaffinity(0))
+    return max(1, min(cpus, cpus - round(os.getloadavg()[0])))
 
 
 def set_threads(threads: int | None) -> None:
@@ -148,6 +151,7 @@ def load_model(
     device: str | torch.device | None = "auto",
     threads: int | None = None,
     attn_implementation: str | None = None,
+    quantize: str | None = None,
     **from_pretrained_kwargs: Any,
 ) -> tuple[Any, Any]:
     """Load a causal LM and its tokenizer, ready for `rescale`.
@@ -160,13 +164,17 @@ def load_model(
     with native bf16 (else fp32), or a name ("bfloat16", "float16", "float32"). A device that
     is not there, a dtype it cannot compute or weights larger than its free memory raise
     `DeviceError` before any weights load. threads sets torch's CPU thread count (default:
-    half the CPUs).
+    the CPUs the load average shows free, `default_threads`). quantize: None, or "int8" for
+    most Linear layers in int8 on the CPU (`rag_mspoe.quantization`: faster than bf16, but
+    log-likelihoods move).
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from rag_mspoe.embedded_models import MODELS
 
-    if resolve_device(device).type == "cpu" or threads is not None:
+    target = resolve_device(device)
+    check_quantize(quantize, target, dtype)
+    if target.type == "cpu" or threads is not None:
         set_threads(threads)
     folder, name = resolve_source(source)
     try:
@@ -186,6 +194,7 @@ def load_model(
     if not placement.device_map:
         model.to(placement.device)
     model.eval()
+    quantize_model(model, quantize)
     model._rag_mspoe_name = name
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

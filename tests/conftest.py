@@ -8,6 +8,14 @@ import torch
 torch.set_num_threads(1)  # measured faster than 2 threads on the 2-core CI machines, and deterministic
 
 
+@pytest.fixture(autouse=True, scope="session")
+def one_thread_for_loaded_models():
+    """load_model's default thread count follows the CPUs free at load time; tests keep one."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("rag_mspoe.loading.default_threads", lambda: 1)
+        yield
+
+
 @pytest.fixture(scope="session")
 def embedded():
     """The real embedded SmolLM2-135M-Instruct (converted once into the cache), as (model, tokenizer)."""

@@ -11,8 +11,8 @@ import torch
 import transformers
 from tiny_models import tiny_config, tiny_model, tiny_tokenizer
 
-from rag_mspoe import DeviceError, devices, load_model
-from rag_mspoe.cli import DTYPE_CHOICES, build_parser, engine_options, main
+from rag_mspoe import DeviceError, devices, load_model, quantization
+from rag_mspoe.cli import DTYPE_CHOICES, QUANTIZE_CHOICES, build_parser, engine_options, main
 
 
 @pytest.fixture
@@ -139,9 +139,11 @@ def test_every_command_that_loads_a_model_takes_device_and_dtype():
     assert {"calibrate layers", "calibrate heads", "calibrate hidden"} <= set(commands)
     for name, command in commands.items():
         options = {o for action in command._actions for o in action.option_strings}
-        assert {"--device", "--dtype", "--threads"} <= options, name
+        assert {"--device", "--dtype", "--threads", "--quantize"} <= options, name
         dtype_action = next(a for a in command._actions if "--dtype" in a.option_strings)
         assert tuple(dtype_action.choices) == DTYPE_CHOICES == devices.DTYPE_CHOICES, name
+        quantize_action = next(a for a in command._actions if "--quantize" in a.option_strings)
+        assert tuple(quantize_action.choices) == QUANTIZE_CHOICES == quantization.QUANTIZE_CHOICES, name
 
 
 def test_engine_commands_take_compile():
@@ -150,7 +152,13 @@ def test_engine_commands_take_compile():
         options = {o for action in commands[name]._actions for o in action.option_strings}
         assert "--compile" in options, name
     args = build_parser().parse_args(["serve", "--compile", "off", "--device", "cpu"])
-    assert engine_options(args) == {"device": "cpu", "dtype": None, "threads": None, "compile": False}
+    assert engine_options(args) == {
+        "device": "cpu",
+        "dtype": None,
+        "threads": None,
+        "quantize": None,
+        "compile": False,
+    }
 
 
 @pytest.mark.parametrize(
@@ -176,7 +184,7 @@ def test_the_device_option_reaches_load_model(argv, tmp_path, monkeypatch, capsy
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     code = main([*argv, "--device", "cuda:1", "--dtype", "float16", "--threads", "1"])
     assert code == 1 and "stop here" in capsys.readouterr().err
-    assert seen == {"device": "cuda:1", "dtype": "float16", "threads": 1}
+    assert seen == {"device": "cuda:1", "dtype": "float16", "threads": 1, "quantize": None}
 
 
 def test_a_missing_gpu_fails_before_any_long_work(tmp_path, monkeypatch, capsys):
@@ -207,3 +215,11 @@ def test_gpu_benchmark_refuses_without_cuda_and_says_what_to_do():
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "measures on a CUDA GPU" in done.stderr and "--smoke" in done.stderr
+
+
+def test_int8_on_a_gpu_fails_before_any_long_work(tmp_path, monkeypatch, capsys, fake_gpus):
+    fake_gpus()
+    monkeypatch.setattr("rag_mspoe.loading.load_model", lambda *a, **k: pytest.fail("loaded a model"))
+    code = main(["ask", "What is it?", "--index", str(tmp_path / "no-index"), "--quantize", "int8"])
+    error = capsys.readouterr().err
+    assert code == 1 and "runs on the CPU only" in error and "--device cpu" in error  # not the missing index

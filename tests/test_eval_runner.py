@@ -14,6 +14,7 @@ from collections import Counter
 import pytest
 from eval_run_helpers import save_tiny_chat_model, tiny_chat_model
 
+from rag_mspoe.devices import default_dtype
 from rag_mspoe.eval.data.loaders import save_jsonl
 from rag_mspoe.eval.data.records import gold_index, with_gold_at
 from rag_mspoe.eval.data.synthetic import generate_invented_qa
@@ -105,6 +106,17 @@ def test_manifest_records_model_methods_versions_and_commit(tiny, tmp_path):
     session = manifest["sessions"][-1]
     assert {"torch", "transformers", "rag-mspoe"} <= set(session["versions"])
     assert len(session["git"]["commit"]) == 40 and session["complete"] is True
+
+
+def test_manifest_records_dtype_quantization_and_threads_of_a_loaded_model(tmp_path):
+    model_dir = save_tiny_chat_model(tmp_path / "model")
+    config = SweepConfig(
+        num_documents=3, positions=(0, 2), methods=("none",), samples=1, model=str(model_dir)
+    )
+    run_sweep(config, tmp_path / "run", threads=1, quantize="int8", progress=False, report=False)
+    model = json.loads((tmp_path / "run" / "manifest.json").read_text())["model"]
+    dtype = str(default_dtype("cpu")).removeprefix("torch.")  # the layers int8 leaves alone
+    assert (model["dtype"], model["quantization"], model["threads"]) == (dtype, "int8", 1)
 
 
 def test_resume_adds_only_what_is_missing_and_refuses_another_sweep(tiny, tmp_path):

@@ -10,6 +10,7 @@ import transformers
 from tiny_models import fake_gguf_conversion, tiny_model, tiny_tokenizer
 
 from rag_mspoe import ModelLoadError, load_model, loading, model_display_name
+from rag_mspoe.loading import default_threads
 
 
 class _Interrupted(Exception):
@@ -84,3 +85,10 @@ def test_bad_sources_say_what_is_wrong(tmp_path):
         load_model(tmp_path / "empty")
     with pytest.raises(ValueError, match="threads must be at least 1"):
         load_model(tmp_path / "empty", threads=0)
+
+
+@pytest.mark.parametrize(("cpus", "load", "expected"), [(2, 0.1, 2), (2, 0.9, 1), (2, 6.5, 1), (8, 2.4, 6)])
+def test_default_threads_are_the_cpus_the_load_leaves_free(monkeypatch, cpus, load, expected):
+    monkeypatch.setattr(loading.os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    monkeypatch.setattr(loading.os, "getloadavg", lambda: (load, load, load))
+    assert default_threads() == expected  # the function itself: conftest pins tests' loads to one thread

@@ -124,6 +124,7 @@ def run_evaluation(
     threads: int | None = None,
     device: str | None = "auto",
     dtype: str | None = None,
+    quantize: str | None = None,
     ray_address: str | None = None,
     ray_workers: int = 2,
     progress: bool | None = None,
@@ -131,9 +132,10 @@ def run_evaluation(
 ) -> RunOutcome:
     """Score every pending unit of `evaluation` into `folder` (see the module docstring).
 
-    model/tokenizer: an already loaded model (else `config.model` is loaded; never with Ray,
-    whose workers load their own). ray_address: "local" or a cluster address. budget_hours:
-    start no unit after this much time (model loading included); a rerun goes on from there.
+    model/tokenizer: an already loaded model (else `config.model` is loaded, with threads, device,
+    dtype and quantize as `load_model` takes them; never with Ray, whose workers load their own).
+    ray_address: "local" or a cluster address. budget_hours: start no unit after this much time
+    (model loading included); a rerun goes on from there.
     """
     if ray_address is not None and ray_workers < 1:
         raise ValueError(f"--ray-workers must be at least 1, got {ray_workers}.")
@@ -162,10 +164,12 @@ def run_evaluation(
                     from rag_mspoe.eval.runs.ray_backend import score_on_ray
 
                     stream, facts = score_on_ray(
-                        evaluation, units, ray_address, ray_workers, threads, device, dtype
+                        evaluation, units, ray_address, ray_workers, threads, device, dtype, quantize
                     )
                 else:
-                    stream, facts = _score_here(evaluation, units, model, tokenizer, threads, device, dtype)
+                    stream, facts = _score_here(
+                        evaluation, units, model, tokenizer, threads, device, dtype, quantize
+                    )
                 manifest["model"] = facts  # a report of a run still going can name its model
                 write_manifest(out, manifest)
             for records in stream:
@@ -226,10 +230,13 @@ def _score_here(
     threads: int | None,
     device: str | None,
     dtype: str | None,
+    quantize: str | None,
 ) -> tuple[Iterator[list[dict[str, Any]]], dict[str, Any]]:
     if model is None:
         from rag_mspoe import load_model
 
-        model, tokenizer = load_model(evaluation.config.model, device=device, dtype=dtype, threads=threads)
+        model, tokenizer = load_model(
+            evaluation.config.model, device=device, dtype=dtype, threads=threads, quantize=quantize
+        )
     score = evaluation.scorer(model, tokenizer)
     return (score(unit) for unit in units), model_facts(model)

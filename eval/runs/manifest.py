@@ -68,6 +68,7 @@ def model_facts(model: Any) -> dict[str, Any]:
     import torch
 
     from rag_mspoe import model_display_name
+    from rag_mspoe.quantization import quantization_of
 
     config = model.config
     return {
@@ -79,6 +80,7 @@ def model_facts(model: Any) -> dict[str, Any]:
         "max_position_embeddings": config.max_position_embeddings,
         "rope_parameters": getattr(config, "rope_parameters", None),
         "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "quantization": quantization_of(model),  # "int8": Linear layers in int8, the rest in dtype
         "threads": torch.get_num_threads(),  # intra-op threads of the process that scores
     }
 

@@ -47,12 +47,13 @@ class Worker:
         threads: int | None,
         device: str | None = "auto",
         dtype: str | None = None,
+        quantize: str | None = None,
     ) -> None:
         from rag_mspoe import load_model
         from rag_mspoe.eval.runs.manifest import model_facts
 
         model, tokenizer = load_model(
-            evaluation.config.model, device=device, dtype=dtype, threads=threads or 1
+            evaluation.config.model, device=device, dtype=dtype, threads=threads or 1, quantize=quantize
         )
         self.facts = model_facts(model)
         self.scorer = evaluation.scorer(model, tokenizer)
@@ -93,13 +94,14 @@ class WorkerPool:
         threads: int | None,
         device: str | None = "auto",
         dtype: str | None = None,
+        quantize: str | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}.")
         self._ray = _import_ray()
         self._started_here = connect(address, workers)
         actor = self._ray.remote(num_cpus=1)(Worker)
-        self._replicas = [actor.remote(evaluation, threads, device, dtype) for _ in range(workers)]
+        self._replicas = [actor.remote(evaluation, threads, device, dtype, quantize) for _ in range(workers)]
         try:
             self.facts: dict[str, Any] = self._ray.get(self._replicas[0].model_facts.remote())
         except BaseException:
@@ -148,10 +150,11 @@ def score_on_ray(
     threads: int | None,
     device: str | None = "auto",
     dtype: str | None = None,
+    quantize: str | None = None,
 ) -> tuple[Iterator[list[dict[str, Any]]], dict[str, Any]]:
     """Start `workers` replicas (no more than units) and return (records of each unit as it
     completes, model facts); the replicas stop when the stream ends or is closed."""
-    pool = WorkerPool(evaluation, address, min(workers, len(units)), threads, device, dtype)
+    pool = WorkerPool(evaluation, address, min(workers, len(units)), threads, device, dtype, quantize)
     return _stream_once(pool, units), pool.facts
 
 

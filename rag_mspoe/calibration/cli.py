@@ -192,7 +192,12 @@ def _layers(args: argparse.Namespace) -> int:
         if args.ray:
             workers = workers_running.enter_context(
                 start_ray_workers(
-                    args.model, args.workers, threads=args.threads or 1, device=args.device, dtype=args.dtype
+                    args.model,
+                    args.workers,
+                    threads=args.threads or 1,
+                    device=args.device,
+                    dtype=args.dtype,
+                    quantize=args.quantize,
                 )
             )
             calibration: Any = RayEvaluator(workers, calibration_split, engine.name)

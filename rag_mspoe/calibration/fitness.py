@@ -289,8 +289,9 @@ def start_ray_workers(
     threads: int = 1,
     device: str | None = "auto",
     dtype: str | None = None,
+    quantize: str | None = None,
 ) -> WorkerPool:
-    """`workers` replicas of the model (`source`, `device` and `dtype` as `load_model` takes them)
+    """`workers` replicas of the model (`source`, `device`, `dtype` and `quantize` as `load_model` takes them)
     that score fitness until the pool is closed; every generation and split reuses them.
 
     Connects to a running cluster when RAY_ADDRESS is set, else starts Ray on this machine.
@@ -298,7 +299,7 @@ def start_ray_workers(
     from rag_mspoe.eval.runs.ray_backend import WorkerPool
 
     address = os.environ.get("RAY_ADDRESS") or "local"
-    return WorkerPool(_FitnessUnits(_ModelSource(source)), address, workers, threads, device, dtype)
+    return WorkerPool(_FitnessUnits(_ModelSource(source)), address, workers, threads, device, dtype, quantize)
 
 
 class RayEvaluator:
