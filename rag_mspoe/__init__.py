@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from rag_mspoe.attention import AttentionCalibration, Pine, document_spans
 from rag_mspoe.devices import DeviceError
-from rag_mspoe.loading import ModelLoadError, load_model, model_display_name
+from rag_mspoe.loading import load_model, model_display_name
 from rag_mspoe.methods import (
     NAMED_METHODS,
     Compose,
@@ -51,6 +51,7 @@ from rag_mspoe.methods import (
     method_name,
     parse_method,
 )
+from rag_mspoe.model_cache import ModelLoadError
 from rag_mspoe.rope.architectures import ARCHITECTURES, UnsupportedArchitectureError
 from rag_mspoe.rope.rescaling import (
     current_method,

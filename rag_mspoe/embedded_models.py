@@ -4,7 +4,7 @@ A small model ships whole inside one package. A larger one is split into numbere
 packages, each holding one chunk, because package indexes limit the size of a file; joined in
 order the chunks are the GGUF file. `prepare(name)` finds the installed packages, joins the
 chunks, checks the size and sha256 recorded here, converts the GGUF once into the cache
-(atomically, see `loading.convert_gguf`) and returns the converted folder; later calls find the
+(atomically, see `model_cache.convert_gguf`) and returns the converted folder; later calls find the
 folder and skip all of that.
 """
 
@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rag_mspoe.loading import ModelLoadError, cache_dir, convert_gguf
+from rag_mspoe.model_cache import ModelLoadError, cache_dir, convert_gguf
 
 logger = logging.getLogger(__name__)
 

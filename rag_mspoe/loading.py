@@ -1,86 +1,24 @@
 """Load a causal LM and its tokenizer: an embedded model by name, a local folder, a hub id or a GGUF file.
 
-GGUF files are de-quantised by transformers, which takes tens of seconds, so we convert once
-into a cache folder and reload from there. The conversion writes into a temporary folder
-beside the final one and renames it into place, so an interrupted conversion never leaves a
-half-written cache behind.
+A GGUF file is converted once into the cache (`model_cache`) and loaded from there.
 """
 
 from __future__ import annotations
 
-import hashlib
-import logging
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from rag_mspoe import embedded_models
 from rag_mspoe.devices import place, resolve_device
+from rag_mspoe.model_cache import ModelLoadError, convert_gguf
 from rag_mspoe.quantization import check_quantize, quantize_model
-
-logger = logging.getLogger(__name__)
-
-CACHE_ENV = "RAG_MSPOE_CACHE"
-
-
-class ModelLoadError(RuntimeError):
-    """A model could not be found or converted; the message says what to do."""
-
-
-def cache_dir() -> Path:
-    """Where converted models are kept: $RAG_MSPOE_CACHE, else ~/.cache/rag_mspoe."""
-    root = os.environ.get(CACHE_ENV)
-    return Path(root).expanduser() if root else Path.home() / ".cache" / "rag_mspoe"
-
-
-def converted_gguf_dir(gguf_path: Path) -> Path:
-    """The cache folder for one GGUF file, keyed by its name, size and modification time."""
-    stat = gguf_path.stat()
-    key = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    return cache_dir() / "gguf" / f"{gguf_path.stem}-{key}"
-
-
-def convert_gguf(gguf_path: Path, target: Path | None = None) -> Path:
-    """Convert a GGUF file to a Hugging Face folder (once) and return the folder.
-
-    target defaults to the cache folder of the file (`converted_gguf_dir`).
-    """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    target = target or converted_gguf_dir(gguf_path)
-    if (target / "config.json").is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    logger.info("Converting %s into %s (once)", gguf_path, target)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        kwargs = {"gguf_file": gguf_path.name}
-        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
-        model: Any = AutoModelForCausalLM.from_pretrained(gguf_path.parent, **kwargs)
-        # The weights are already de-quantised; drop the GGUF marker so the folder saves and
-        # reloads as a plain checkpoint.
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        try:
-            tmp.rename(target)
-        except OSError:
-            if not (target / "config.json").is_file():  # not a concurrent conversion that won
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
 
 
 def source_name(source: str | os.PathLike[str] | None) -> str:
     """The name `load_model(source)` gives the model, known before loading it."""
-    from rag_mspoe import embedded_models
-
     if source is None:
         return embedded_models.DEFAULT_MODEL
     if isinstance(source, str) and source in embedded_models.MODELS:
@@ -96,8 +34,6 @@ def resolve_source(source: str | os.PathLike[str] | None) -> tuple[str, str]:
 
     The name of an embedded model wins over a folder of the same name (write ./name for that).
     """
-    from rag_mspoe import embedded_models
-
     if source is None:
         source = embedded_models.DEFAULT_MODEL
     if isinstance(source, str) and source in embedded_models.MODELS:
@@ -170,8 +106,6 @@ def load_model(
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from rag_mspoe.embedded_models import MODELS
-
     target = resolve_device(device)
     check_quantize(quantize, target, dtype)
     if target.type == "cpu" or threads is not None:
@@ -189,7 +123,7 @@ def load_model(
     except OSError as exc:
         raise ModelLoadError(
             f"Could not load model {source!r}: {exc}. Without hub access, pass a local folder, a .gguf "
-            f"file or the name of an embedded model ({', '.join(MODELS)})."
+            f"file or the name of an embedded model ({', '.join(embedded_models.MODELS)})."
         ) from exc
     if not placement.device_map:
         model.to(placement.device)

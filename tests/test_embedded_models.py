@@ -16,7 +16,7 @@ import torch
 import transformers
 from tiny_models import fake_gguf_conversion
 
-from rag_mspoe import ModelLoadError, embedded_models, load_model, loading, model_display_name
+from rag_mspoe import ModelLoadError, embedded_models, load_model, model_cache, model_display_name
 from rag_mspoe.cli import main
 
 PART_SIZES = [1000, 1000, 337]
@@ -54,7 +54,7 @@ def _fake_model(chunks):
 @pytest.fixture
 def site(tmp_path, monkeypatch):
     """An empty folder on sys.path for fake part packages, and an empty cache."""
-    monkeypatch.setenv(loading.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(model_cache.CACHE_ENV, str(tmp_path / "cache"))
     folder = tmp_path / "site"
     folder.mkdir()
     monkeypatch.syspath_prepend(str(folder))

@@ -9,7 +9,7 @@ import torch
 import transformers
 from tiny_models import fake_gguf_conversion, tiny_model, tiny_tokenizer
 
-from rag_mspoe import ModelLoadError, load_model, loading, model_display_name
+from rag_mspoe import ModelLoadError, load_model, loading, model_cache, model_display_name
 from rag_mspoe.loading import default_threads
 
 
@@ -20,7 +20,7 @@ class _Interrupted(Exception):
 @pytest.fixture
 def fake_gguf(tmp_path, monkeypatch):
     """A .gguf path whose 'conversion' yields a tiny Llama, so the cache logic runs in milliseconds."""
-    monkeypatch.setenv(loading.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(model_cache.CACHE_ENV, str(tmp_path / "cache"))
     gguf = tmp_path / "tiny.gguf"
     gguf.write_bytes(b"GGUF")
     fake_gguf_conversion(monkeypatch, "tiny.gguf")
@@ -29,7 +29,7 @@ def fake_gguf(tmp_path, monkeypatch):
 
 def test_gguf_is_converted_once_and_reloaded_from_the_cache(fake_gguf, monkeypatch):
     model, tokenizer = load_model(fake_gguf, dtype=torch.float32)
-    target = loading.converted_gguf_dir(fake_gguf)
+    target = model_cache.converted_gguf_dir(fake_gguf)
     assert (target / "config.json").is_file() and (target / "model.safetensors").is_file()
     assert model_display_name(model) == "tiny"
     assert tokenizer.padding_side == "left" and tokenizer.pad_token is not None
@@ -38,7 +38,7 @@ def test_gguf_is_converted_once_and_reloaded_from_the_cache(fake_gguf, monkeypat
         raise AssertionError("converted twice")
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", staticmethod(no_conversion))
-    assert loading.convert_gguf(fake_gguf) == target
+    assert model_cache.convert_gguf(fake_gguf) == target
 
 
 def test_interrupted_conversion_leaves_no_cache_behind(fake_gguf, monkeypatch):
@@ -49,7 +49,7 @@ def test_interrupted_conversion_leaves_no_cache_behind(fake_gguf, monkeypatch):
         patch.setattr(transformers.PreTrainedModel, "save_pretrained", interrupted_save)
         with pytest.raises(_Interrupted):
             load_model(fake_gguf)
-    cache_root = loading.converted_gguf_dir(fake_gguf).parent
+    cache_root = model_cache.converted_gguf_dir(fake_gguf).parent
     assert list(cache_root.iterdir()) == []  # neither a half-written folder nor a temporary one
     model, _ = load_model(fake_gguf, dtype=torch.float32)  # a later call converts cleanly
     assert model.config.model_type == "llama"

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from rag_mspoe.files import atomic_write
+from rag_mspoe.model_cache import cache_dir
 
 # Where the positional bias comes from (see `AttentionCalibration.bias`).
 REFERENCE_BIAS = "reference"
@@ -71,8 +72,6 @@ class PositionalBias:
 
 def bias_cache_path(model_name: str) -> Path:
     """Where the estimates for one model are kept: <cache>/positional_bias/<model>.json."""
-    from rag_mspoe.loading import cache_dir
-
     safe = re.sub(r"[^A-Za-z0-9._-]+", "--", model_name).strip("-") or "model"
     return cache_dir() / "positional_bias" / f"{safe}.json"
 
