@@ -13,6 +13,7 @@ its own plan, scorer, report and pairing (for `compare`), registered by its `kin
         manifest.py      what was run, on which model, with which code; sessions
         results.py       results.jsonl: records appended batch by batch, each exactly once
         ray_backend.py   units of work fanned out to Ray workers, one model replica each
+        units.py         what turns a unit of work into records (the loop's and the workers' view)
     data/                the examples evaluations run on
         records.py       documents, QA and key-value examples in the lost-in-the-middle formats
         loaders.py       JSON-lines files in and out (gzipped when named .gz)

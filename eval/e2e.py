@@ -26,8 +26,9 @@ from typing import Any
 from rag_mspoe.eval.data.loaders import read_jsonl
 from rag_mspoe.eval.method_engines import EngineSet, stable_seed
 from rag_mspoe.eval.report import line_plot
-from rag_mspoe.eval.runs.loop import Evaluation, Pairing, Scorer, run_evaluation
+from rag_mspoe.eval.runs.loop import Evaluation, Pairing, run_evaluation
 from rag_mspoe.eval.runs.results import Key, read_records
+from rag_mspoe.eval.runs.units import Scorer
 from rag_mspoe.eval.scoring.metrics import best_subspan_em, normalize_answer
 from rag_mspoe.loading import source_name
 from rag_mspoe.method_spec import ResolvedMethod, resolve_all

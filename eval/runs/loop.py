@@ -19,7 +19,7 @@ import hashlib
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -35,11 +35,11 @@ from rag_mspoe.eval.runs.manifest import (
     refuse_records_without_manifest,
     write_manifest,
 )
+from rag_mspoe.eval.runs.ray_backend import score_on_ray
 from rag_mspoe.eval.runs.results import RESULTS_FILE, Key, ResultsFile, run_lock
+from rag_mspoe.eval.runs.units import Scorer
 from rag_mspoe.method_spec import ResolvedMethod
 from rag_mspoe.progress import progress_bar
-
-Scorer = Callable[[Any], list[dict[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -161,8 +161,6 @@ def run_evaluation(
             if units:
                 evaluation.prepare()
                 if ray_address is not None:
-                    from rag_mspoe.eval.runs.ray_backend import score_on_ray
-
                     stream, facts = score_on_ray(
                         evaluation, units, ray_address, ray_workers, threads, device, dtype, quantize
                     )

@@ -11,21 +11,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any
 
-from rag_mspoe.eval.runs.loop import Evaluation, Scorer
+from rag_mspoe.eval.runs.units import UnitScoring
 
 RAY_INSTALL = "pip install 'rag-mspoe[ray]'"
 _IN_FLIGHT_PER_WORKER = 2
-
-
-class UnitScoring(Protocol):
-    """What a worker needs: the model to load (`config.model`) and a scorer of units with it."""
-
-    @property
-    def config(self) -> Any: ...
-
-    def scorer(self, model: Any, tokenizer: Any) -> Scorer: ...
 
 
 def _import_ray() -> Any:
@@ -143,7 +134,7 @@ class WorkerPool:
 
 
 def score_on_ray(
-    evaluation: Evaluation,
+    evaluation: UnitScoring,
     units: Sequence[Any],
     address: str,
     workers: int,

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
 from rag_mspoe.eval.method_engines import EngineSet, require_given_order
-from rag_mspoe.eval.runs.loop import Evaluation, Pairing, Scorer, run_evaluation
+from rag_mspoe.eval.runs.loop import Evaluation, Pairing, run_evaluation
 from rag_mspoe.eval.runs.results import Key
+from rag_mspoe.eval.runs.units import Scorer
 from rag_mspoe.eval.scoring.text_metrics import score_text
 from rag_mspoe.eval.suites.knowledge import ChoiceExample, Scoring, choice_scores, load_choices
 from rag_mspoe.eval.suites.long_context import LongExample, load_long, truncate_middle

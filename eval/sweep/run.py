@@ -19,8 +19,9 @@ from typing import Any
 
 from rag_mspoe.eval.method_engines import EngineSet
 from rag_mspoe.eval.report import METRICS, TABLE_FILE, write_report
-from rag_mspoe.eval.runs.loop import Evaluation, Pairing, Scorer, run_evaluation
+from rag_mspoe.eval.runs.loop import Evaluation, Pairing, run_evaluation
 from rag_mspoe.eval.runs.results import SWEEP_KEY, Key
+from rag_mspoe.eval.runs.units import Scorer
 from rag_mspoe.eval.sweep.batch_scorer import BatchScorer
 from rag_mspoe.eval.sweep.plan import Batch, Example, SweepConfig, load_examples, plan_batches
 from rag_mspoe.loading import source_name
