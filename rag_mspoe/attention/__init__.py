@@ -15,8 +15,8 @@ with document_spans(model, [spans]):
     model(torch.tensor([ids]))
 """
 
-from rag_mspoe.attention.bias import PositionalBias, bias_cache_path, estimate_positional_bias
-from rag_mspoe.attention.calibration import AttentionCalibration
+from rag_mspoe.attention.bias import PositionalBias, bias_cache_path
+from rag_mspoe.attention.calibration import AttentionCalibration, estimate_positional_bias
 from rag_mspoe.attention.pine import Pine
 from rag_mspoe.attention.reorder import CalibratedReorder
 from rag_mspoe.attention.spans import DocumentSpans, document_spans, prompt_with_spans

@@ -4,6 +4,7 @@ The bias of slot k is the attention a reference document gets when it sits in sl
 the same reference document in every slot of one prompt measures all slots at once: their
 relevance is equal, so what differs between them is position. Estimates are kept in one JSON
 file per model under the cache directory, one entry per number of documents (the layout).
+The estimation runs the method itself, so it lives with it (`calibration.estimate_positional_bias`).
 """
 
 from __future__ import annotations
@@ -11,10 +12,8 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -80,50 +79,3 @@ def cached_layouts(model_name: str) -> set[int]:
     """The numbers of documents whose bias the cache holds for a model."""
     path = bias_cache_path(model_name)
     return set(PositionalBias.load(path).layouts) if path.is_file() else set()
-
-
-def estimate_positional_bias(
-    model: Any,
-    tokenizer: Any,
-    num_documents: int | Iterable[int],
-    *,
-    reference_text: str = REFERENCE_TEXT,
-    question: str = REFERENCE_QUESTION,
-    save: bool | str | os.PathLike[str] = True,
-) -> PositionalBias:
-    """Measure the positional bias of `model` for each number of documents, and keep it.
-
-    One forward per layout: the packer's QA prompt with `reference_text` in every slot, through
-    the chat template. save=True adds the layouts to the model's file in the cache (where
-    AttentionCalibration(bias="reference") looks), a path writes there, False keeps nothing.
-    """
-    from rag_mspoe.attention.calibration import AttentionCalibration
-    from rag_mspoe.attention.spans import document_spans, prompt_with_spans
-    from rag_mspoe.loading import model_display_name
-    from rag_mspoe.pipelines.packing import render_qa_prompt
-    from rag_mspoe.rope.rescaling import STATE_ATTR, rescaled
-
-    counts = [num_documents] if isinstance(num_documents, int) else sorted(set(num_documents))
-    if not counts or any(k < 1 for k in counts):
-        raise ValueError(f"num_documents must be positive, got {num_documents!r}")
-    name = model_display_name(model)
-    target = bias_cache_path(name) if save is True else (Path(save) if save else None)
-    estimate = (
-        PositionalBias.load(target) if target is not None and target.is_file() else PositionalBias(name)
-    )
-    device = next(model.parameters()).device
-    with rescaled(model, AttentionCalibration(bias=ZERO_BIAS)):
-        state = getattr(model, STATE_ATTR)
-        for count in counts:
-            prompt, char_spans = render_qa_prompt(question, [(REFERENCE_TITLE, reference_text)] * count)
-            ids, spans = prompt_with_spans(tokenizer, prompt, char_spans)
-            state.recorded = {}
-            with document_spans(model, [spans]), torch.no_grad():
-                model(input_ids=torch.tensor([ids], device=device))
-            estimate.layouts[count] = torch.stack(
-                [state.recorded[layer].cpu() for layer in sorted(state.recorded)]
-            )
-        state.recorded = None
-    if target is not None:
-        estimate.save(target)
-    return estimate

@@ -1,22 +1,39 @@
-"""Attention calibration ("Found in the Middle", Hsieh et al. 2024): the method's config.
+"""Attention calibration ("Found in the Middle", Hsieh et al. 2024): the method's config, and the
+estimation of its positional bias (forwards under the method itself, with a zero bias).
 
 The attention a document gets is modelled as relevance plus a positional bias that depends only
 on the document's slot. The bias of every slot is estimated once per model and number of
-documents (a reference document in every slot, `rag_mspoe.attention.bias`), and the attention
-of the calibrated query rows to each document is rescaled to its calibrated relevance.
+documents (a reference document in every slot, `estimate_positional_bias`; stored as
+`rag_mspoe.attention.bias` says), and the attention of the calibrated query rows to each
+document is rescaled to its calibrated relevance.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
-from rag_mspoe.attention.bias import REFERENCE_BIAS, ZERO_BIAS, cached_layouts, estimate_positional_bias
+import torch
+
+from rag_mspoe.attention.bias import (
+    REFERENCE_BIAS,
+    REFERENCE_QUESTION,
+    REFERENCE_TEXT,
+    REFERENCE_TITLE,
+    ZERO_BIAS,
+    PositionalBias,
+    bias_cache_path,
+    cached_layouts,
+)
 from rag_mspoe.attention.calibration_hooks import AttentionCalibrationHooks
+from rag_mspoe.attention.spans import document_spans, prompt_with_spans
 from rag_mspoe.loading import model_display_name
 from rag_mspoe.method_config import MethodConfig, check_finite, check_layers, chosen_layers, number_argument
+from rag_mspoe.rope.rescaling import STATE_ATTR, rescaled
 
 
 @dataclass
@@ -93,3 +110,47 @@ class AttentionCalibration(MethodConfig):
 
     def layer_indices(self, num_layers: int) -> list[int]:
         return chosen_layers("AttentionCalibration", self.layers, num_layers)
+
+
+def estimate_positional_bias(
+    model: Any,
+    tokenizer: Any,
+    num_documents: int | Iterable[int],
+    *,
+    reference_text: str = REFERENCE_TEXT,
+    question: str = REFERENCE_QUESTION,
+    save: bool | str | os.PathLike[str] = True,
+) -> PositionalBias:
+    """Measure the positional bias of `model` for each number of documents, and keep it.
+
+    One forward per layout: the packer's QA prompt with `reference_text` in every slot, through
+    the chat template. save=True adds the layouts to the model's file in the cache (where
+    AttentionCalibration(bias="reference") looks), a path writes there, False keeps nothing.
+    """
+    # The pipelines package imports every pipeline: loaded only when a bias is estimated.
+    from rag_mspoe.pipelines.packing import render_qa_prompt
+
+    counts = [num_documents] if isinstance(num_documents, int) else sorted(set(num_documents))
+    if not counts or any(k < 1 for k in counts):
+        raise ValueError(f"num_documents must be positive, got {num_documents!r}")
+    name = model_display_name(model)
+    target = bias_cache_path(name) if save is True else (Path(save) if save else None)
+    estimate = (
+        PositionalBias.load(target) if target is not None and target.is_file() else PositionalBias(name)
+    )
+    device = next(model.parameters()).device
+    with rescaled(model, AttentionCalibration(bias=ZERO_BIAS)):
+        state = getattr(model, STATE_ATTR)
+        for count in counts:
+            prompt, char_spans = render_qa_prompt(question, [(REFERENCE_TITLE, reference_text)] * count)
+            ids, spans = prompt_with_spans(tokenizer, prompt, char_spans)
+            state.recorded = {}
+            with document_spans(model, [spans]), torch.no_grad():
+                model(input_ids=torch.tensor([ids], device=device))
+            estimate.layouts[count] = torch.stack(
+                [state.recorded[layer].cpu() for layer in sorted(state.recorded)]
+            )
+        state.recorded = None
+    if target is not None:
+        estimate.save(target)
+    return estimate

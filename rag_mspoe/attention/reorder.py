@@ -85,7 +85,7 @@ class CalibratedReorder(MethodConfig):
         return reordered[0]["content"] if raw else reordered
 
     def prepare(self, model: Any, tokenizer: Any, spans: Sequence[Sequence[tuple[int, int]] | None]) -> None:
-        from rag_mspoe.attention.bias import estimate_positional_bias
+        from rag_mspoe.attention.calibration import estimate_positional_bias
 
         counts = {len(row) for row in spans if row}
         missing = sorted(counts - cached_layouts(model_display_name(model)))
