@@ -1,10 +1,10 @@
 """Position-bias evaluation: does the answer depend on where the gold document sits?
 
 Every evaluation kind runs through one loop (`runs`); a kind is one `Evaluation` subclass with
-its own plan, scorer, report and pairing (for `compare`), registered by its `kind`:
+its own plan, scorer, report, pairing (for `compare`) and command, registered by its `kind`:
 
-    cli.py               the commands: sweep, report, compare, perplexity, suite, suite-data,
-                         build-qa, harness, e2e
+    cli.py               report, compare, suite-data, build-qa, the options commands share, and
+                         the command of every registered kind
     method_engines.py    a resolved method's model (RoPE-type variants) and engine; seeds shared
                          across processes
     report.py            summaries, tables, plots and `compare` for any run folder
@@ -27,12 +27,12 @@ its own plan, scorer, report and pairing (for `compare`), registered by its `kin
     sweep/               the gold-position sweep (kind "sweep")
         plan.py          settings, examples and batches
         batch_scorer.py  one batch of (example, position, method) into records
-        run.py           run_sweep
+        run.py           run_sweep and the sweep command
     suites/              long-context suites and a knowledge check (kind "suite")
         long_context.py  LongBench / ZeroSCROLLS task formats
         knowledge.py     the MMLU format, scored by log-likelihood
         data.py          seeded local task files in those formats
-        run.py           run_suite
+        run.py           run_suite and the suite command
         report.py        suite tables and the side-effect table beside a sweep
     harness.py           lm-evaluation-harness tasks on a rescaled model (kind "harness")
     perplexity.py        perplexity against context length (kind "perplexity")
@@ -40,8 +40,8 @@ its own plan, scorer, report and pairing (for `compare`), registered by its `kin
 """
 
 # Every evaluation kind registers itself (`runs.loop.Evaluation.registry`) when its module is
-# imported: importing them here makes every kind known wherever the evaluation is used (report,
-# compare, resume). A new kind is one Evaluation subclass, plus its module's line here.
+# imported: importing them here makes every kind known wherever the evaluation is used (its command,
+# report, compare, resume). A new kind is one Evaluation subclass, plus its module's line here.
 from rag_mspoe.eval import e2e, harness, perplexity  # noqa: E402, F401
 from rag_mspoe.eval.suites import run as suite_run  # noqa: E402, F401
 from rag_mspoe.eval.sweep import run as sweep_run  # noqa: E402, F401

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rag_mspoe.cli import model_load_options
+from rag_mspoe.eval.cli import add_run_options
 from rag_mspoe.eval.data.loaders import read_jsonl
 from rag_mspoe.eval.method_engines import EngineSet, stable_seed
 from rag_mspoe.eval.report import line_plot
@@ -113,6 +115,39 @@ class EndToEnd(Evaluation):
     @classmethod
     def report(cls, folder: Path, options: argparse.Namespace) -> str:
         return str(write_e2e_report(folder)["markdown"])
+
+    @classmethod
+    def add_command(cls, subparsers: Any) -> None:
+        parser = subparsers.add_parser(
+            cls.kind,
+            help="end to end: questions through the real RAG pipeline, accuracy by retrieval rank and "
+            "position",
+        )
+        parser.add_argument("questions", help="JSONL of {id, question, answers, gold_source} per line")
+        parser.add_argument("corpus", nargs="+", help="files or folders to index (or an existing --index)")
+        parser.add_argument("--out", required=True, help="run folder (an existing run is resumed)")
+        parser.add_argument("--index", default=None, help="index folder (default: OUT/index)")
+        parser.add_argument("--methods", nargs="+", default=["none", "mspoe", "longcontextreorder"])
+        parser.add_argument("-k", type=int, default=10, help="chunks retrieved per question")
+        parser.add_argument("--max-new-tokens", type=int, default=64)
+        add_run_options(parser)
+        parser.set_defaults(func=cls.run_command)
+
+    @classmethod
+    def run_command(cls, args: argparse.Namespace) -> int:
+        config = E2EConfig(
+            questions=str(Path(args.questions).resolve()),
+            corpus=tuple(str(Path(p).resolve()) for p in args.corpus),
+            methods=tuple(args.methods),
+            k=args.k,
+            max_new_tokens=args.max_new_tokens,
+            model=args.model,
+        )
+        summary = run_e2e(
+            config, args.out, index_dir=args.index, **model_load_options(args), progress=not args.no_progress
+        )
+        print(json.dumps(summary["overall"], indent=2))
+        return 0
 
     def inputs(self) -> Sequence[str]:
         return (self.config.questions,)

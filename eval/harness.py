@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from rag_mspoe import MethodConfig, method_name, rescaled
+from rag_mspoe.cli import model_load_options
+from rag_mspoe.eval.cli import add_run_options
 from rag_mspoe.eval.method_engines import EngineSet, require_given_order
 from rag_mspoe.eval.runs.loop import Evaluation, Pairing, run_evaluation
 from rag_mspoe.eval.runs.results import Key, read_records
@@ -175,6 +177,45 @@ class Harness(Evaluation):
     @classmethod
     def report(cls, folder: Path, options: argparse.Namespace) -> str:
         return str(write_harness_report(folder)["markdown"])
+
+    @classmethod
+    def add_command(cls, subparsers: Any) -> None:
+        parser = subparsers.add_parser(
+            cls.kind,
+            help="lm-evaluation-harness tasks (its zoo or local YAML) on the rescaled model, per method",
+            description="Run lm-evaluation-harness tasks under each method into OUT (results.jsonl, "
+            "manifest.json, table.md, summary.json); rerun to resume. Needs the harness extra.",
+        )
+        parser.add_argument("--tasks", nargs="+", required=True, help="harness task names or glob patterns")
+        parser.add_argument("--include-path", default=None, help="folder of your own task YAML files")
+        parser.add_argument(
+            "--methods", nargs="+", default=["none", "mspoe"], help="method specs as for sweep"
+        )
+        parser.add_argument("--limit", type=int, default=None, help="documents per task (default: all)")
+        parser.add_argument(
+            "--num-fewshot", type=int, default=None, help="few-shot examples (default: task's)"
+        )
+        parser.add_argument(
+            "--batch-size", type=int, default=8, help="requests per forward (1 for per-prompt Ms-PoE)"
+        )
+        parser.add_argument("--out", required=True, help="run folder (an existing run is resumed)")
+        add_run_options(parser)
+        parser.set_defaults(func=cls.run_command)
+
+    @classmethod
+    def run_command(cls, args: argparse.Namespace) -> int:
+        config = HarnessConfig(
+            tasks=tuple(args.tasks),
+            methods=tuple(args.methods),
+            include_path=str(Path(args.include_path).resolve()) if args.include_path else None,
+            limit=args.limit,
+            num_fewshot=args.num_fewshot,
+            batch_size=args.batch_size,
+            model=args.model,
+        )
+        summary = run_harness(config, args.out, **model_load_options(args), progress=not args.no_progress)
+        print(summary["markdown"])
+        return 0
 
     def plan(self, folder: Path, done: set[Key]) -> list[tuple[ResolvedMethod, str]]:
         requested = {key[:2] for key in done}  # (method, request)

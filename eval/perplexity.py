@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rag_mspoe.cli import model_load_options
+from rag_mspoe.eval.cli import add_run_options
 from rag_mspoe.eval.method_engines import EngineSet, require_given_order
 from rag_mspoe.eval.report import line_plot
 from rag_mspoe.eval.runs.loop import Evaluation, Pairing, run_evaluation
@@ -97,6 +99,43 @@ class Perplexity(Evaluation):
     @classmethod
     def report(cls, folder: Path, options: argparse.Namespace) -> str:
         return str(write_perplexity_report(folder)["markdown"])
+
+    @classmethod
+    def add_command(cls, subparsers: Any) -> None:
+        parser = subparsers.add_parser(
+            cls.kind, help="perplexity against context length on a long text file, per method"
+        )
+        parser.add_argument("text", help="a long plain-text file")
+        parser.add_argument("--out", required=True, help="run folder (an existing run is resumed)")
+        parser.add_argument(
+            "--lengths",
+            nargs="+",
+            type=int,
+            required=True,
+            help="context lengths in tokens, e.g. 2048 4096 8192",
+        )
+        parser.add_argument(
+            "--methods",
+            nargs="+",
+            default=["none", "pi:2", "dynamic-ntk:2", "layerwise+pi:2", "layerwise+dynamic-ntk:2"],
+            help="method specs as for sweep",
+        )
+        parser.add_argument("--windows", type=int, default=1, help="text windows scored per length")
+        add_run_options(parser)
+        parser.set_defaults(func=cls.run_command)
+
+    @classmethod
+    def run_command(cls, args: argparse.Namespace) -> int:
+        config = PerplexityConfig(
+            text=str(Path(args.text).resolve()),
+            lengths=tuple(args.lengths),
+            methods=tuple(args.methods),
+            windows=args.windows,
+            model=args.model,
+        )
+        summary = run_perplexity(config, args.out, **model_load_options(args), progress=not args.no_progress)
+        print(summary["markdown"])
+        return 0
 
     def inputs(self) -> Sequence[str]:
         return (self.config.text,)

@@ -52,9 +52,10 @@ class Pairing:
 
 
 class Evaluation:
-    """One evaluation kind, as the run loop, `report` and `compare` see it (subclasses are
-    picklable dataclasses). A kind is one subclass; defining it registers it by `kind`
-    (rag_mspoe.eval imports every kind's module, so each is known wherever the evaluation is)."""
+    """One evaluation kind, as the run loop, its command, `report` and `compare` see it
+    (subclasses are picklable dataclasses). A kind is one subclass; defining it registers it by
+    `kind` (rag_mspoe.eval imports every kind's module, so each is known wherever the evaluation
+    is, and `rag-mspoe` offers its command)."""
 
     registry: ClassVar[dict[str, type[Evaluation]]] = {}
     kind: ClassVar[str]  # the manifest section that names and describes the run
@@ -90,6 +91,12 @@ class Evaluation:
         """Write the summary of a run folder of this kind; returns what `report` prints.
 
         options: those of the `report` command (metric, baseline, sweep)."""
+        raise NotImplementedError
+
+    @classmethod
+    def add_command(cls, subparsers: Any) -> None:
+        """Add this kind's `rag-mspoe` command: its options, and as `func` what runs it (parsed
+        arguments -> exit status). `rag_mspoe.eval.cli` adds the command of every registered kind."""
         raise NotImplementedError
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
+from rag_mspoe.cli import model_load_options
+from rag_mspoe.eval.cli import add_run_options
 from rag_mspoe.eval.method_engines import EngineSet, require_given_order
 from rag_mspoe.eval.runs.loop import Evaluation, Pairing, run_evaluation
 from rag_mspoe.eval.runs.results import Key
@@ -125,6 +127,71 @@ class Suite(Evaluation):
         summary = write_suite_report(folder, sweep=Path(options.sweep) if options.sweep else None)
         return f"{summary['markdown']}\n{summary['side_effects']}"
 
+    @classmethod
+    def add_command(cls, subparsers: Any) -> None:
+        parser = subparsers.add_parser(
+            cls.kind,
+            help="side effects per method: LongBench / ZeroSCROLLS long-context tasks, MMLU-style knowledge",
+            description="Answer every example of the given task files with every method into "
+            "OUT/results.jsonl, then write table.md and side_effects.md. Rerun the same command to resume.",
+        )
+        parser.add_argument("--out", required=True, help="run folder (an existing run is resumed)")
+        for kind, what in (
+            ("longbench", "LongBench-format JSONL (one task per file, e.g. hotpotqa.jsonl)"),
+            ("zeroscrolls", "ZeroSCROLLS-format JSONL (validation split, e.g. qasper.jsonl)"),
+            ("mmlu", "MMLU-format JSONL or CSV (question, choices, answer)"),
+        ):
+            parser.add_argument(
+                f"--{kind}",
+                nargs="+",
+                default=[],
+                metavar="FILE[:TASK]",
+                help=f"{what}; :TASK names the task",
+            )
+        parser.add_argument("--methods", nargs="+", default=["none", "pi", "mspoe", "layerwise"])
+        parser.add_argument(
+            "--samples", type=int, default=None, help="first N examples of each task (default all)"
+        )
+        parser.add_argument(
+            "--max-length",
+            type=int,
+            default=None,
+            help="prompt tokens before the middle is cut (default: the context window less the answer "
+            "length)",
+        )
+        parser.add_argument(
+            "--choice-scoring",
+            choices=["letter", "text"],
+            default="letter",
+            help="MMLU: compare the answer letters (MMLU's way) or the choices' texts (kinder to small "
+            "models)",
+        )
+        parser.add_argument(
+            "--batch-size", type=int, default=4, help="long-context prompts per generation batch"
+        )
+        parser.add_argument("--sweep", default=None, help="a sweep folder, for the position-bias gain column")
+        add_run_options(parser)
+        parser.set_defaults(func=cls.run_command)
+
+    @classmethod
+    def run_command(cls, args: argparse.Namespace) -> int:
+        config = SuiteConfig(
+            files=data_files(args),
+            methods=tuple(args.methods),
+            samples=args.samples,
+            max_length=args.max_length,
+            choice_scoring=args.choice_scoring,
+            batch_size=args.batch_size,
+            model=args.model,
+        )
+        sweep = Path(args.sweep) if args.sweep else None
+        summary = run_suite(
+            config, args.out, **model_load_options(args), progress=not args.no_progress, sweep=sweep
+        )
+        print(summary["markdown"])
+        print(summary["side_effects"])
+        return 0
+
     def inputs(self) -> Sequence[str]:
         return [data.path for data in self.config.files]
 
@@ -139,6 +206,16 @@ class Suite(Evaluation):
     def scorer(self, model: Any, tokenizer: Any) -> Scorer:
         engines = EngineSet(model, tokenizer)
         return lambda item: score_item(engines.engine_for(item.method), item, self.config)
+
+
+def data_files(args: argparse.Namespace) -> tuple[DataFile, ...]:
+    """The task files the options of `rag-mspoe suite` name (FILE or FILE:TASK)."""
+    files = []
+    for kind in KINDS:
+        for spec in getattr(args, kind):
+            path, _, task = spec.partition(":") if not Path(spec).exists() else (spec, "", "")
+            files.append(DataFile(kind, str(Path(path).resolve()), task or None))
+    return tuple(files)
 
 
 def run_suite(

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rag_mspoe.cli import model_load_options
+from rag_mspoe.eval.cli import add_run_options, parse_positions
 from rag_mspoe.eval.method_engines import EngineSet
 from rag_mspoe.eval.report import METRICS, TABLE_FILE, write_report
 from rag_mspoe.eval.runs.loop import Evaluation, Pairing, run_evaluation
@@ -28,6 +30,7 @@ from rag_mspoe.loading import source_name
 from rag_mspoe.method_spec import ResolvedMethod, resolve_all
 
 EXAMPLES_FILE = "examples.jsonl.gz"
+DEFAULT_METHODS = ["none", "pi", "mspoe", "layerwise", "longcontextreorder"]
 
 
 @dataclass(frozen=True)
@@ -76,8 +79,93 @@ class Sweep(Evaluation):
     @classmethod
     def report(cls, folder: Path, options: argparse.Namespace) -> str:
         write_report(folder, metric=options.metric, baseline=options.baseline)
-        table = folder / TABLE_FILE
-        return table.read_text() if table.is_file() else ""
+        return _table(folder)
+
+    @classmethod
+    def add_command(cls, subparsers: Any) -> None:
+        parser = subparsers.add_parser(
+            cls.kind,
+            help="gold-position sweep: every method at every gold position on the same examples",
+            description="Score each (method, gold position, example) into OUT/results.jsonl, then write the "
+            "report. Rerun the same command to resume a stopped run.",
+        )
+        parser.add_argument("--out", required=True, help="run folder (created; an existing run is resumed)")
+        parser.add_argument(
+            "--task", choices=["qa", "kv"], default="qa", help="multi-document QA or key-value"
+        )
+        source = parser.add_mutually_exclusive_group()
+        source.add_argument("--data", default=None, help="examples file (.jsonl or .jsonl.gz, paper format)")
+        source.add_argument(
+            "--generator",
+            choices=["invented-qa", "kv", "kv-short"],
+            default=None,
+            help="draw examples instead (default: invented-qa for qa, kv for kv)",
+        )
+        parser.add_argument(
+            "--documents", type=int, default=10, help="documents (QA) or pairs (KV) per prompt"
+        )
+        parser.add_argument(
+            "--positions", default="ends", help="gold positions from 0: '0,4,9', 'ends' (default) or 'all'"
+        )
+        parser.add_argument(
+            "--methods",
+            nargs="+",
+            default=DEFAULT_METHODS,
+            help="method specs: none, pi, pi:2, mspoe, mspoe:1.2-1.8, layerwise, dynamic-ntk, yarn, "
+            "longcontextreorder, random, a config .json, combined with '+' (layerwise+pi), "
+            f"optionally labelled (cal=path.json); default: {' '.join(DEFAULT_METHODS)}",
+        )
+        parser.add_argument("--samples", type=int, default=100, help="examples per position")
+        parser.add_argument(
+            "--metrics",
+            nargs="+",
+            choices=["choice", "loglik", "generate"],
+            default=["choice"],
+            help="choice: forced choice among the answers in the context (and the gold log-likelihood); "
+            "loglik: gold log-likelihood only; generate: greedy answer scored by best_subspan_em / KV match",
+        )
+        parser.add_argument(
+            "--similarity", type=float, default=0.5, help="distractor similarity (invented-qa)"
+        )
+        parser.add_argument("--seed", type=int, default=0, help="seed of the generator and of random orders")
+        parser.add_argument("--batch-size", type=int, default=8, help="items per batch (and per write)")
+        parser.add_argument(
+            "--max-new-tokens", type=int, default=100, help="answer length for --metrics generate"
+        )
+        parser.add_argument(
+            "--ray",
+            nargs="?",
+            const="local",
+            default=None,
+            metavar="ADDRESS",
+            help="fan out over Ray: alone for a local Ray, or a cluster address (ray://host:10001 or auto)",
+        )
+        parser.add_argument("--ray-workers", type=int, default=2, help="Ray workers, one model replica each")
+        parser.add_argument(
+            "--budget-hours",
+            type=float,
+            default=None,
+            help="stop starting batches after this many hours; rerun the same command to go on",
+        )
+        add_run_options(parser)
+        parser.set_defaults(func=cls.run_command)
+
+    @classmethod
+    def run_command(cls, args: argparse.Namespace) -> int:
+        outcome = run_sweep(
+            sweep_config(args),
+            args.out,
+            **model_load_options(args),
+            ray_address=args.ray,
+            ray_workers=args.ray_workers,
+            progress=not args.no_progress,
+            budget_hours=args.budget_hours,
+        )
+        print(f"{outcome.total}/{outcome.expected} records in {outcome.folder} ({outcome.written} new)")
+        table = _table(outcome.folder)
+        if table:
+            print(table)
+        return 0
 
     def plan(self, folder: Path, done: set[Key]) -> list[Batch]:
         self.examples = examples = frozen_examples(self.config, folder)
@@ -120,3 +208,29 @@ def run_sweep(
         write_report(outcome.folder)
     expected = sweep.expected()
     return SweepOutcome(outcome.folder, outcome.written, len(expected & outcome.done), len(expected))
+
+
+def sweep_config(args: argparse.Namespace) -> SweepConfig:
+    """The settings the options of `rag-mspoe sweep` give."""
+    generator = None if args.data else (args.generator or ("invented-qa" if args.task == "qa" else "kv"))
+    return SweepConfig(
+        task=args.task,
+        num_documents=args.documents,
+        positions=tuple(parse_positions(args.positions, args.documents)),
+        methods=tuple(args.methods),
+        samples=args.samples,
+        data=str(Path(args.data).resolve()) if args.data else None,
+        generator=generator,
+        distractor_similarity=args.similarity,
+        seed=args.seed,
+        metrics=tuple(args.metrics),
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        model=args.model,
+    )
+
+
+def _table(folder: Path) -> str:
+    """The report's Markdown table, if it was written."""
+    table = folder / TABLE_FILE
+    return table.read_text() if table.is_file() else ""
