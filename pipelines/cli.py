@@ -276,7 +276,9 @@ def _demo(args: argparse.Namespace) -> int:
 
     model = args.model or demo_model()
     methods = (
-        [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else demo_methods(model)
+        [m.strip() for m in args.methods.split(",") if m.strip()]
+        if args.methods
+        else list(demo_methods(model))
     )
     for name in methods:
         parse_method(name, model)  # a typo fails here, not after the index is built

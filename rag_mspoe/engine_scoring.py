@@ -109,8 +109,7 @@ class ScoringEngine(EngineBase):
         return (
             method is not None
             and method.keeps_rows_through_documents()
-            and bool(request.spans)
-            and request.spans[-1][1] < len(request.prefill)
+            and bool(request.spans and request.spans[-1][1] < len(request.prefill))
         )
 
     def _score_after_documents(
