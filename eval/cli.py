@@ -11,9 +11,9 @@
     rag-mspoe build-qa nq-open-oracle.jsonl.gz --pool passages.jsonl --documents 20 --out data/nq20.jsonl.gz
     rag-mspoe suite --longbench hotpotqa.jsonl --mmlu mmlu.jsonl --sweep runs/qa10 --out runs/side
 
-A kind's command (its options and what runs it) is declared on its `Evaluation` subclass
-(`add_command`); this module adds those of every registered kind, the commands that are not a
-kind, and the options the commands share. Every command writes into its --out folder and
+A kind's command (its help, options and what runs it) is declared on its `Evaluation` subclass;
+this module adds the command of every registered kind, the commands that are not a kind, and the
+options the commands share. Every command writes into its --out folder and
 resumes from what it finds there. Heavy libraries are imported only when a command runs.
 """
 
@@ -31,7 +31,7 @@ def register(subparsers: Any) -> None:
     # Importing this module imported rag_mspoe.eval, which imports every kind's module: the
     # registry holds them all. Sorted, so the order of --help never hangs on the order of imports.
     for kind in sorted(Evaluation.registry):
-        Evaluation.registry[kind].add_command(subparsers)
+        _register_kind(subparsers, Evaluation.registry[kind])
     _register_report(subparsers)
     _register_compare(subparsers)
     _register_suite_data(subparsers)
@@ -56,6 +56,16 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     """The model options and --no-progress, for every command that runs an evaluation."""
     add_model_options(parser)
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+def _register_kind(subparsers: Any, evaluation: type[Evaluation]) -> None:
+    """`rag-mspoe <kind>`: the kind's own options, then those every evaluation's command has."""
+    parser = subparsers.add_parser(
+        evaluation.kind, help=evaluation.command_help, description=evaluation.command_description
+    )
+    evaluation.add_options(parser)
+    add_run_options(parser)
+    parser.set_defaults(func=evaluation.run_command)
 
 
 def _register_report(subparsers: Any) -> None:

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from rag_mspoe.cli import model_load_options
-from rag_mspoe.eval.cli import add_run_options
 from rag_mspoe.eval.data.loaders import read_jsonl
 from rag_mspoe.eval.method_engines import EngineSet, stable_seed
 from rag_mspoe.eval.report import line_plot
@@ -101,6 +100,9 @@ class EndToEnd(Evaluation):
     retrieved once, before the model loads."""
 
     kind = "e2e"
+    command_help = (
+        "end to end: questions through the real RAG pipeline, accuracy by retrieval rank and position"
+    )
     pairing = Pairing(None, ("example_id",), ("choice_correct", "match"))
     key_fields = KEY_FIELDS
     unit_name = "answer"
@@ -117,12 +119,7 @@ class EndToEnd(Evaluation):
         return str(write_e2e_report(folder)["markdown"])
 
     @classmethod
-    def add_command(cls, subparsers: Any) -> None:
-        parser = subparsers.add_parser(
-            cls.kind,
-            help="end to end: questions through the real RAG pipeline, accuracy by retrieval rank and "
-            "position",
-        )
+    def add_options(cls, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("questions", help="JSONL of {id, question, answers, gold_source} per line")
         parser.add_argument("corpus", nargs="+", help="files or folders to index (or an existing --index)")
         parser.add_argument("--out", required=True, help="run folder (an existing run is resumed)")
@@ -130,8 +127,6 @@ class EndToEnd(Evaluation):
         parser.add_argument("--methods", nargs="+", default=["none", "mspoe", "longcontextreorder"])
         parser.add_argument("-k", type=int, default=10, help="chunks retrieved per question")
         parser.add_argument("--max-new-tokens", type=int, default=64)
-        add_run_options(parser)
-        parser.set_defaults(func=cls.run_command)
 
     @classmethod
     def run_command(cls, args: argparse.Namespace) -> int:

@@ -35,7 +35,6 @@ from typing import Any
 
 from rag_mspoe import MethodConfig, method_name, rescaled
 from rag_mspoe.cli import model_load_options
-from rag_mspoe.eval.cli import add_run_options
 from rag_mspoe.eval.method_engines import EngineSet, require_given_order
 from rag_mspoe.eval.runs.loop import Evaluation, Pairing, run_evaluation
 from rag_mspoe.eval.runs.results import Key, read_records
@@ -165,6 +164,11 @@ class Harness(Evaluation):
     """Units: (method, task) pairs; each gives one record per (task or group, metric, filter)."""
 
     kind = "harness"
+    command_help = "lm-evaluation-harness tasks (its zoo or local YAML) on the rescaled model, per method"
+    command_description = (
+        "Run lm-evaluation-harness tasks under each method into OUT (results.jsonl, manifest.json, "
+        "table.md, summary.json); rerun to resume. Needs the harness extra."
+    )
     pairing = Pairing("metric", ("task", "filter"), ("value",))
     key_fields = KEY_FIELDS
     growing = ("tasks", "methods")
@@ -179,13 +183,7 @@ class Harness(Evaluation):
         return str(write_harness_report(folder)["markdown"])
 
     @classmethod
-    def add_command(cls, subparsers: Any) -> None:
-        parser = subparsers.add_parser(
-            cls.kind,
-            help="lm-evaluation-harness tasks (its zoo or local YAML) on the rescaled model, per method",
-            description="Run lm-evaluation-harness tasks under each method into OUT (results.jsonl, "
-            "manifest.json, table.md, summary.json); rerun to resume. Needs the harness extra.",
-        )
+    def add_options(cls, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--tasks", nargs="+", required=True, help="harness task names or glob patterns")
         parser.add_argument("--include-path", default=None, help="folder of your own task YAML files")
         parser.add_argument(
@@ -199,8 +197,6 @@ class Harness(Evaluation):
             "--batch-size", type=int, default=8, help="requests per forward (1 for per-prompt Ms-PoE)"
         )
         parser.add_argument("--out", required=True, help="run folder (an existing run is resumed)")
-        add_run_options(parser)
-        parser.set_defaults(func=cls.run_command)
 
     @classmethod
     def run_command(cls, args: argparse.Namespace) -> int:

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from rag_mspoe.cli import model_load_options
-from rag_mspoe.eval.cli import add_run_options
 from rag_mspoe.eval.method_engines import EngineSet, require_given_order
 from rag_mspoe.eval.report import line_plot
 from rag_mspoe.eval.runs.loop import Evaluation, Pairing, run_evaluation
@@ -89,6 +88,7 @@ class Perplexity(Evaluation):
     window's tokens depend only on the text (which must stay the same)."""
 
     kind = "perplexity"
+    command_help = "perplexity against context length on a long text file, per method"
     pairing = Pairing("length", ("window",), ("perplexity",))
     key_fields = KEY_FIELDS
     unit_name = "window"
@@ -101,10 +101,7 @@ class Perplexity(Evaluation):
         return str(write_perplexity_report(folder)["markdown"])
 
     @classmethod
-    def add_command(cls, subparsers: Any) -> None:
-        parser = subparsers.add_parser(
-            cls.kind, help="perplexity against context length on a long text file, per method"
-        )
+    def add_options(cls, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("text", help="a long plain-text file")
         parser.add_argument("--out", required=True, help="run folder (an existing run is resumed)")
         parser.add_argument(
@@ -121,8 +118,6 @@ class Perplexity(Evaluation):
             help="method specs as for sweep",
         )
         parser.add_argument("--windows", type=int, default=1, help="text windows scored per length")
-        add_run_options(parser)
-        parser.set_defaults(func=cls.run_command)
 
     @classmethod
     def run_command(cls, args: argparse.Namespace) -> int:

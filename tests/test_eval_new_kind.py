@@ -14,7 +14,6 @@ import pytest
 from eval_run_helpers import save_tiny_chat_model
 
 from rag_mspoe.cli import build_parser, main, model_load_options
-from rag_mspoe.eval.cli import add_run_options
 from rag_mspoe.eval.runs.loop import Evaluation, Pairing, run_evaluation
 from rag_mspoe.eval.runs.results import RESULTS_FILE, Key, read_records
 from rag_mspoe.eval.runs.units import Scorer
@@ -36,6 +35,7 @@ def token_count():
         """Units: (method, word); a record: how many tokens the model's tokenizer makes of the word."""
 
         kind = "token-count"
+        command_help = "tokens per word, per method"
         pairing = Pairing(None, ("word",), ("tokens",))
         key_fields = ("method", "word")
         identity_fields = ("words", "model")
@@ -59,13 +59,10 @@ def token_count():
             return f"{len(records)} words counted, {sum(r['tokens'] for r in records)} tokens in all"
 
         @classmethod
-        def add_command(cls, subparsers: Any) -> None:
-            parser = subparsers.add_parser(cls.kind, help="tokens per word, per method")
+        def add_options(cls, parser: argparse.ArgumentParser) -> None:
             parser.add_argument("words", nargs="+")
             parser.add_argument("--out", required=True)
             parser.add_argument("--methods", nargs="+", default=["none"])
-            add_run_options(parser)
-            parser.set_defaults(func=cls.run_command)
 
         @classmethod
         def run_command(cls, args: argparse.Namespace) -> int:

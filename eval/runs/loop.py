@@ -64,6 +64,8 @@ class Evaluation:
     identity_fields: ClassVar[tuple[str, ...]]  # settings the records depend on: kept on resume
     growing: ClassVar[tuple[str, ...]] = ("methods",)  # settings a resumed run may extend
     unit_name: ClassVar[str] = "batch"  # what the progress bar counts
+    command_help: ClassVar[str]  # the line `rag-mspoe --help` gives the kind's command
+    command_description: ClassVar[str | None] = None  # what `rag-mspoe <kind> --help` says first
     config: Any  # the kind's settings; `config.model` is the model to load
     methods: Sequence[ResolvedMethod]
 
@@ -94,9 +96,14 @@ class Evaluation:
         raise NotImplementedError
 
     @classmethod
-    def add_command(cls, subparsers: Any) -> None:
-        """Add this kind's `rag-mspoe` command: its options, and as `func` what runs it (parsed
-        arguments -> exit status). `rag_mspoe.eval.cli` adds the command of every registered kind."""
+    def add_options(cls, parser: argparse.ArgumentParser) -> None:
+        """The options of `rag-mspoe <kind>` but those every kind's command has (the model
+        options and --no-progress: `rag_mspoe.eval.cli` adds those, and the command)."""
+        raise NotImplementedError
+
+    @classmethod
+    def run_command(cls, args: argparse.Namespace) -> int:
+        """Run `rag-mspoe <kind>` with its parsed options; returns the exit status."""
         raise NotImplementedError
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

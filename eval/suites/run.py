@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
 from rag_mspoe.cli import model_load_options
-from rag_mspoe.eval.cli import add_run_options
 from rag_mspoe.eval.method_engines import EngineSet, require_given_order
 from rag_mspoe.eval.runs.loop import Evaluation, Pairing, run_evaluation
 from rag_mspoe.eval.runs.results import Key
@@ -115,6 +114,11 @@ class Suite(Evaluation):
     """Units: a batch of one method's examples of one task; the data files must stay the same."""
 
     kind = "suite"
+    command_help = "side effects per method: LongBench / ZeroSCROLLS long-context tasks, MMLU-style knowledge"
+    command_description = (
+        "Answer every example of the given task files with every method into OUT/results.jsonl, "
+        "then write table.md and side_effects.md. Rerun the same command to resume."
+    )
     pairing = Pairing("task", ("example_id",), ("score",))
     key_fields = KEY_FIELDS
     identity_fields = ("files", "samples", "max_length", "choice_scoring", "batch_size", "model")
@@ -128,13 +132,7 @@ class Suite(Evaluation):
         return f"{summary['markdown']}\n{summary['side_effects']}"
 
     @classmethod
-    def add_command(cls, subparsers: Any) -> None:
-        parser = subparsers.add_parser(
-            cls.kind,
-            help="side effects per method: LongBench / ZeroSCROLLS long-context tasks, MMLU-style knowledge",
-            description="Answer every example of the given task files with every method into "
-            "OUT/results.jsonl, then write table.md and side_effects.md. Rerun the same command to resume.",
-        )
+    def add_options(cls, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--out", required=True, help="run folder (an existing run is resumed)")
         for kind, what in (
             ("longbench", "LongBench-format JSONL (one task per file, e.g. hotpotqa.jsonl)"),
@@ -170,8 +168,6 @@ class Suite(Evaluation):
             "--batch-size", type=int, default=4, help="long-context prompts per generation batch"
         )
         parser.add_argument("--sweep", default=None, help="a sweep folder, for the position-bias gain column")
-        add_run_options(parser)
-        parser.set_defaults(func=cls.run_command)
 
     @classmethod
     def run_command(cls, args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_mspoe.cli import model_load_options
-from rag_mspoe.eval.cli import add_run_options, parse_positions
+from rag_mspoe.eval.cli import parse_positions
 from rag_mspoe.eval.method_engines import EngineSet
 from rag_mspoe.eval.report import METRICS, TABLE_FILE, write_report
 from rag_mspoe.eval.runs.loop import Evaluation, Pairing, run_evaluation
@@ -68,6 +68,11 @@ class Sweep(Evaluation):
     """A sweep as the run loop sees it: units are batches of one method; examples frozen in the folder."""
 
     kind = "sweep"
+    command_help = "gold-position sweep: every method at every gold position on the same examples"
+    command_description = (
+        "Score each (method, gold position, example) into OUT/results.jsonl, then write the report. "
+        "Rerun the same command to resume a stopped run."
+    )
     pairing = Pairing("position", ("example_id",), METRICS)
     key_fields = SWEEP_KEY
     growing = ("methods", "positions")
@@ -82,13 +87,7 @@ class Sweep(Evaluation):
         return _table(folder)
 
     @classmethod
-    def add_command(cls, subparsers: Any) -> None:
-        parser = subparsers.add_parser(
-            cls.kind,
-            help="gold-position sweep: every method at every gold position on the same examples",
-            description="Score each (method, gold position, example) into OUT/results.jsonl, then write the "
-            "report. Rerun the same command to resume a stopped run.",
-        )
+    def add_options(cls, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--out", required=True, help="run folder (created; an existing run is resumed)")
         parser.add_argument(
             "--task", choices=["qa", "kv"], default="qa", help="multi-document QA or key-value"
@@ -147,8 +146,6 @@ class Sweep(Evaluation):
             default=None,
             help="stop starting batches after this many hours; rerun the same command to go on",
         )
-        add_run_options(parser)
-        parser.set_defaults(func=cls.run_command)
 
     @classmethod
     def run_command(cls, args: argparse.Namespace) -> int:
