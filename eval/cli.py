@@ -13,8 +13,8 @@
 
 A kind's command (its help, options and what runs it) is declared on its `Evaluation` subclass;
 this module adds the command of every registered kind, the commands that are not a kind, and the
-options the commands share. Every command writes into its --out folder and
-resumes from what it finds there. Heavy libraries are imported only when a command runs.
+options the commands share. Every command writes into its --out folder and resumes from what it
+finds there. Heavy libraries are imported only when a command runs.
 """
 
 from __future__ import annotations

@@ -107,3 +107,16 @@ def test_its_command_runs_resumes_reports_and_compares(token_count, model_dir, t
 
     assert main([*count[:2], "--out", str(a), "--model", str(model_dir)]) == 1  # other words: refused
     assert "a token-count run with other settings" in capsys.readouterr().err
+
+
+def test_a_kind_without_its_command_is_refused_when_defined():
+    with pytest.raises(TypeError, match=r"Mute \(kind 'mute'\) has no command_help, run_command"):
+
+        class Mute(Evaluation):
+            kind = "mute"
+
+            @classmethod
+            def add_options(cls, parser: argparse.ArgumentParser) -> None:
+                parser.add_argument("--out", required=True)
+
+    assert "mute" not in Evaluation.registry

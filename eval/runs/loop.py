@@ -41,6 +41,9 @@ from rag_mspoe.eval.runs.units import Scorer
 from rag_mspoe.method_spec import ResolvedMethod
 from rag_mspoe.progress import progress_bar
 
+# What a kind declares for its `rag-mspoe <kind>` command.
+_COMMAND = ("command_help", "add_options", "run_command")
+
 
 @dataclass(frozen=True)
 class Pairing:
@@ -109,6 +112,14 @@ class Evaluation:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "kind" in cls.__dict__:
+            # Checked here: a kind without its command would break every `rag-mspoe` command.
+            own = cls.__mro__[: cls.__mro__.index(Evaluation)]
+            missing = [name for name in _COMMAND if not any(name in klass.__dict__ for klass in own)]
+            if missing:
+                raise TypeError(
+                    f"{cls.__name__} (kind {cls.kind!r}) has no {', '.join(missing)}: every kind declares "
+                    f"its `rag-mspoe {cls.kind}` command (see Evaluation)."
+                )
             Evaluation.registry[cls.kind] = cls
 
 
