@@ -270,3 +270,13 @@ def test_the_engine_answers_calibrated_reorder_from_the_prompt_it_reorders(engin
     assert engine.score_prompts([(text, [" Paris"])], method=method) == [scored]
     # With the reference bias (estimated on first use) it runs too.
     assert engine.generate(text, method="calibrated-reorder", max_new_tokens=2).method == "calibrated-reorder"
+
+
+def test_a_stream_under_calibrated_reorder_gives_the_generated_answer(engine, tmp_path, monkeypatch):
+    monkeypatch.setenv("RAG_MSPOE_CACHE", str(tmp_path))
+    text = _qa((2, 0, 1))
+    expected = engine.generate(text, method="calibrated-reorder", max_new_tokens=6)
+    stream = engine.stream(text, method="calibrated-reorder", max_new_tokens=6)
+    assert "".join(stream) == expected.text and stream.result.method == "calibrated-reorder"
+    with pytest.raises(MissingDocumentSpans):
+        engine.stream("Where is Paris?", method="calibrated-reorder", max_new_tokens=3)
