@@ -62,7 +62,14 @@ class GeneratingEngine(EngineBase):
         asked = self._resolve_method(config.method)
         method, prompts = self._rewritten(asked, prompts, config.raw)
         prepared = [self._prepare(prompt, config, method) for prompt in prompts]
-        return self._run(prepared, config, method, cancel=cancel, shown=asked)
+        if config.temperature:
+            return self._run(prepared, config, method, cancel=cancel, shown=asked)
+        # Greedy answers to the same tokens are the same: a sweep's prompts often repeat once a
+        # method rewrote them (calibrated reordering puts the same document first).
+        unique = list({(tuple(p.ids), tuple(p.spans or ())): p for p in prepared}.values())
+        answers = self._run(unique, config, method, cancel=cancel, shown=asked)
+        by_prompt = {(tuple(p.ids), tuple(p.spans or ())): a for p, a in zip(unique, answers, strict=True)}
+        return [by_prompt[tuple(p.ids), tuple(p.spans or ())] for p in prepared]
 
     def stream(self, prompt: Prompt, **settings: Any) -> TextStream:
         """Iterate over text pieces as they are generated; `.result` holds the counts at the end."""

@@ -280,3 +280,18 @@ def test_a_stream_under_calibrated_reorder_gives_the_generated_answer(engine, tm
     assert "".join(stream) == expected.text and stream.result.method == "calibrated-reorder"
     with pytest.raises(MissingDocumentSpans):
         engine.stream("Where is Paris?", method="calibrated-reorder", max_new_tokens=3)
+
+
+def test_a_greedy_batch_generates_each_distinct_prompt_once(engine):
+    rows = []
+    handle = engine.model.register_forward_pre_hook(
+        lambda _m, args, kwargs: rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    try:
+        texts = [_qa((0, 1, 2)), _qa((2, 1, 0)), _qa((0, 1, 2))]
+        answers = engine.generate_batch(texts, max_new_tokens=3)
+    finally:
+        handle.remove()
+    assert set(rows) == {2}  # two distinct prompts
+    assert answers[0] == answers[2]
+    assert [a.text for a in answers] == [engine.generate(t, max_new_tokens=3).text for t in texts]
