@@ -295,3 +295,14 @@ def test_a_greedy_batch_generates_each_distinct_prompt_once(engine):
     assert set(rows) == {2}  # two distinct prompts
     assert answers[0] == answers[2]
     assert [a.text for a in answers] == [engine.generate(t, max_new_tokens=3).text for t in texts]
+
+
+def test_calibrated_reorder_leaves_a_prompt_without_documents_as_it_is(engine):
+    no_documents = [document_message("Name three colours.", [])]
+    assert engine.generate(no_documents, method="calibrated-reorder", max_new_tokens=5).text == (
+        engine.generate(no_documents, method="none", max_new_tokens=5).text
+    )
+    one = render_qa_prompt(QUESTION, DOCUMENTS[:1])[0]  # one document: nothing to reorder
+    assert engine.score_continuations(one, [" Paris"], method="calibrated-reorder") == (
+        engine.score_continuations(one, [" Paris"], method="none")
+    )
