@@ -116,9 +116,12 @@ class EngineBase:
         return len(self._render(prompt, raw, ""))
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of plain text, without special tokens (a tokenizer for token budgets)."""
+        """Token ids of plain text, without special tokens (a tokenizer for token budgets); text
+        that spells a special token ('<|im_start|>') counts as the plain text the engine sends."""
         with self._tokenizer_lock:
-            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            return list(
+                self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+            )
 
     # -- internals shared by generation and scoring ------------------------------------------------
     def _collect_eos_ids(self) -> set[int]:
