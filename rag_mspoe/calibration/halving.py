@@ -139,7 +139,8 @@ class HalvingSearch:
             outcome = self._run_rung(rung, examples[offset : offset + size], labels, left, load)
             offset += size
             if not outcome.complete:
-                stopped = self._standings(rung, labels)
+                if self._scored_any(rung, labels):
+                    stopped = self._standings(rung, labels)
                 break
             tables.append(self._standings(rung, labels))
         self._write_ranking(tables, stopped)
@@ -181,6 +182,12 @@ class HalvingSearch:
             model=self.settings.model,
         )
         return run_sweep(config, self.folder / f"rung-{rung}", budget_hours=hours, **load)
+
+    def _scored_any(self, rung: int, labels: list[str]) -> bool:
+        from rag_mspoe.eval.runs.results import read_records
+
+        path = self.folder / f"rung-{rung}" / "results.jsonl"
+        return path.is_file() and any(r["method"] in labels for r in read_records(path))
 
     def _standings(self, rung: int, labels: list[str]) -> list[Standing]:
         from rag_mspoe.eval.runs.results import read_records
