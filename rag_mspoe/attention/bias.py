@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,6 +81,17 @@ def cached_layouts(model_name: str) -> set[int]:
     """The numbers of documents whose bias the cache holds for a model."""
     path = bias_cache_path(model_name)
     return set(PositionalBias.load(path).layouts) if path.is_file() else set()
+
+
+def ensure_reference_bias(model: Any, tokenizer: Any, spans: Iterable[Sequence[Any] | None]) -> None:
+    """Estimate and keep the reference bias for each number of documents among `spans` (one row
+    per prompt) that the model's cache lacks: one forward each, once per model and number."""
+    from rag_mspoe.loading import model_display_name
+
+    counts = {len(row) for row in spans if row}
+    missing = sorted(counts - cached_layouts(model_display_name(model)))
+    if missing:
+        estimate_positional_bias(model, tokenizer, missing)
 
 
 def estimate_positional_bias(

@@ -13,9 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from rag_mspoe.attention.bias import REFERENCE_BIAS, ZERO_BIAS, cached_layouts, estimate_positional_bias
+from rag_mspoe.attention.bias import REFERENCE_BIAS, ZERO_BIAS, ensure_reference_bias
 from rag_mspoe.attention.calibration_hooks import AttentionCalibrationHooks
-from rag_mspoe.loading import model_display_name
 from rag_mspoe.method_config import MethodConfig, check_finite, check_layers, chosen_layers, number_argument
 
 
@@ -83,13 +82,8 @@ class AttentionCalibration(MethodConfig):
     def prepare(self, model: Any, tokenizer: Any, spans: Sequence[Sequence[tuple[int, int]] | None]) -> None:
         """Estimate the reference bias for each number of documents the prompts have and the
         model's cache lacks (one forward each, once per model and number)."""
-        if self.bias != REFERENCE_BIAS:
-            return
-        counts = {len(row) for row in spans if row}
-        known = cached_layouts(model_display_name(model))
-        missing = sorted(counts - known)
-        if missing:
-            estimate_positional_bias(model, tokenizer, missing)
+        if self.bias == REFERENCE_BIAS:
+            ensure_reference_bias(model, tokenizer, spans)
 
     def layer_indices(self, num_layers: int) -> list[int]:
         return chosen_layers("AttentionCalibration", self.layers, num_layers)
