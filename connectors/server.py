@@ -219,8 +219,7 @@ def create_app(
             "seed": body.seed,
             "raw": raw,
             "timeout": request_timeout_s,
-            # A call's method=None would mean the engine's default, so the unmodified model goes as "none".
-            "method": "none" if method is None else method,
+            "method": method,
         }
 
     def too_long(prompt_field: str) -> ApiError:

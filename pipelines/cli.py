@@ -275,11 +275,9 @@ def _demo(args: argparse.Namespace) -> int:
     from rag_mspoe.pipelines.retrieval import Retriever
 
     model = args.model or demo_model()
-    methods = (
-        [m.strip() for m in args.methods.split(",") if m.strip()]
-        if args.methods
-        else list(demo_methods(model))
-    )
+    methods: list[str] = list(demo_methods(model))
+    if args.methods:
+        methods = [name.strip() for name in args.methods.split(",") if name.strip()]
     for name in methods:
         parse_method(name, model)  # a typo fails here, not after the index is built
     load_options = engine_options(args)  # and so does a device this machine lacks

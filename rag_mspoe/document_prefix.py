@@ -30,6 +30,11 @@ class DocumentPrefixCache:
         self._bytes = 0
         self.computed = 0  # prefixes run through the model, for tests and benchmarks
 
+    def clear(self) -> None:
+        """Forget every cache (their memory goes back)."""
+        self._caches.clear()
+        self._bytes = 0
+
     def copy_of(self, prefix: Sequence[int]) -> Any:
         """A fresh copy of the cache after `prefix`, computed by the model as it is now (the caller
         makes sure no method is applied)."""
@@ -37,9 +42,9 @@ class DocumentPrefixCache:
         if key in self._caches:
             self._caches.move_to_end(key)
         else:
+            ids = torch.tensor([list(prefix)], device=self.model.device)
             with torch.inference_mode():
-                out = self.model(torch.tensor([list(prefix)], device=self.model.device), use_cache=True,
-                                 logits_to_keep=1)  # fmt: skip
+                out = self.model(ids, use_cache=True, logits_to_keep=1)
             size = _bytes(out.past_key_values)
             self.computed += 1
             self._caches[key] = (out.past_key_values, size)

@@ -69,10 +69,10 @@ class Engine(GeneratingEngine, ScoringEngine):
     """Generation and scoring over one loaded causal LM and its tokenizer.
 
     method: the default rescaling method, any spec `parse_method` takes ("mspoe", "pi:2",
-    "layerwise+pi", a config, a saved config's path). None keeps the model as it was handed over
-    (whatever `rescale` applied to it, or nothing); "none" forces the unmodified model. Each call
-    can pass its own `method`; it applies for that call only, and ENGINE_DEFAULT (the default)
-    or None there means this default.
+    "layerwise+pi", a config, a saved config's path); None or "none" is the unmodified model.
+    Left out (ENGINE_DEFAULT), the engine keeps the model's method as it was handed over
+    (whatever `rescale` applied to it, or nothing). Each call can pass its own `method`; it
+    applies for that call only, and ENGINE_DEFAULT (a call's default) means the engine's.
 
     compile: decode on a static KV cache with a compiled forward (the prompt's prefill stays
     eager, where Ms-PoE ranks heads). "auto" turns it on for models on a CUDA GPU and off on

@@ -41,7 +41,7 @@ class EngineBase:
         self,
         model: Any,
         tokenizer: Any,
-        method: MethodSpec = None,
+        method: CallMethod = ENGINE_DEFAULT,
         name: str | None = None,
         compile: bool | Literal["auto"] = "auto",
         compile_backend: str | None = None,
@@ -49,7 +49,8 @@ class EngineBase:
         self.model = model
         self.tokenizer = tokenizer
         self.name = name or loading.model_display_name(model)
-        self._method = current_method(model) if method is None else self.method_config(method)
+        # Not given: the method the model has now (what `rescale` applied to it, or nothing).
+        self._method = current_method(model) if method is ENGINE_DEFAULT else self.method_config(method)
         self._lock = _lock_for(model)
         # Fast tokenizers refuse concurrent use while their padding/truncation state changes.
         self._tokenizer_lock = threading.Lock()
@@ -69,7 +70,7 @@ class EngineBase:
     def load(
         cls,
         source: str | os.PathLike[str] | None = None,
-        method: MethodSpec = None,
+        method: CallMethod = ENGINE_DEFAULT,
         dtype: torch.dtype | str | None = None,
         threads: int | None = None,
         device: str | torch.device | None = "auto",
@@ -116,9 +117,12 @@ class EngineBase:
         return len(self._render(prompt, raw, ""))
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of plain text, without special tokens (a tokenizer for token budgets)."""
+        """Token ids of plain text, without special tokens (a tokenizer for token budgets); text
+        that spells a special token ('<|im_start|>') counts as the plain text the engine sends."""
         with self._tokenizer_lock:
-            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            return list(
+                self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+            )
 
     # -- internals shared by generation and scoring ------------------------------------------------
     def _collect_eos_ids(self) -> set[int]:
@@ -128,8 +132,9 @@ class EngineBase:
         return {int(i) for i in ids if i is not None}
 
     def _resolve_method(self, spec: CallMethod) -> Any:
-        """A call's method config: the engine's default for ENGINE_DEFAULT (or None), else the spec's."""
-        if spec is ENGINE_DEFAULT or spec is None:
+        """A call's method config: the engine's default for ENGINE_DEFAULT, else the spec's (None:
+        the unmodified model)."""
+        if spec is ENGINE_DEFAULT:
             return self._method
         return self.method_config(spec)
 

@@ -62,16 +62,22 @@ class GeneratingEngine(EngineBase):
         asked = self._resolve_method(config.method)
         method, prompts = self._rewritten(asked, prompts, config.raw)
         prepared = [self._prepare(prompt, config, method) for prompt in prompts]
-        return self._run(prepared, config, method, cancel=cancel, shown=asked)
+        if config.temperature:
+            return self._run(prepared, config, method, cancel=cancel, shown=asked)
+        # Greedy answers to the same tokens are the same: a sweep's prompts often repeat once a
+        # method rewrote them (calibrated reordering puts the same document first).
+        unique = list({(tuple(p.ids), tuple(p.spans or ())): p for p in prepared}.values())
+        answers = self._run(unique, config, method, cancel=cancel, shown=asked)
+        by_prompt = {(tuple(p.ids), tuple(p.spans or ())): a for p, a in zip(unique, answers, strict=True)}
+        return [by_prompt[tuple(p.ids), tuple(p.spans or ())] for p in prepared]
 
     def stream(self, prompt: Prompt, **settings: Any) -> TextStream:
         """Iterate over text pieces as they are generated; `.result` holds the counts at the end."""
         config = GenerationSettings.of(settings)
         asked = self._resolve_method(config.method)
-        method, (prompt,) = self._rewritten(asked, [prompt], config.raw)
-        prepared = self._prepare(prompt, config, method)
+        prepared = self._prepare(prompt, config, asked)  # a bad prompt fails here, before streaming
         return TextStream(
-            lambda put, cancel: self._start_worker(prepared, config, method, put, cancel, asked)
+            lambda put, cancel: self._start_worker(prompt, prepared, config, asked, put, cancel)
         )
 
     async def agenerate(
@@ -88,10 +94,9 @@ class GeneratingEngine(EngineBase):
         """`async for piece in engine.astream(...)`; must be called inside a running event loop."""
         config = GenerationSettings.of(settings)
         asked = self._resolve_method(config.method)
-        method, (prompt,) = self._rewritten(asked, [prompt], config.raw)
-        prepared = self._prepare(prompt, config, method)
+        prepared = self._prepare(prompt, config, asked)  # a bad prompt fails here, before streaming
         return AsyncTextStream(
-            lambda put, cancel: self._start_worker(prepared, config, method, put, cancel, asked)
+            lambda put, cancel: self._start_worker(prompt, prepared, config, asked, put, cancel)
         )
 
     def _prepare(self, prompt: Prompt, config: GenerationSettings, method: Any) -> _Prepared:
@@ -123,16 +128,20 @@ class GeneratingEngine(EngineBase):
 
     def _start_worker(
         self,
+        prompt: Prompt,
         prepared: _Prepared,
         config: GenerationSettings,
-        method: Any,
+        asked: Any,
         put: Callable[[object], None],
         cancel: threading.Event,
-        shown: Any,
     ) -> None:
         def work() -> None:
             try:
-                (result,) = self._run([prepared], config, method, on_text=put, cancel=cancel, shown=shown)
+                # A method that rewrites the prompt runs the model to do it: here, off the caller's
+                # thread (an event loop, for astream).
+                method, (rewritten,) = self._rewritten(asked, [prompt], config.raw)
+                ready = prepared if rewritten is prompt else self._prepare(rewritten, config, method)
+                (result,) = self._run([ready], config, method, on_text=put, cancel=cancel, shown=asked)
                 put(End(result))
             except BaseException as exc:  # handed to the consumer, who re-raises it
                 put(exc)

@@ -106,10 +106,12 @@ class ScoringEngine(EngineBase):
 
     def _after_documents(self, method: Any, request: prefix_scoring.Continuations) -> bool:
         """Whether the request's rows through its documents may come from the unmodified model."""
+        spans = request.spans
         return (
             method is not None
             and method.keeps_rows_through_documents()
-            and bool(request.spans and request.spans[-1][1] < len(request.prefill))
+            and bool(spans)
+            and spans[-1][1] < len(request.prefill)  # type: ignore[index]  # not empty: checked above
         )
 
     def _score_after_documents(

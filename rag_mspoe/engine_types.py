@@ -23,10 +23,9 @@ class EngineDefault(enum.Enum):
     ENGINE_DEFAULT = "the engine's default method"
 
 
-# A call's `method` that means "the engine's default method" (`Engine(method=...)`,
-# `set_method`). Every other spec, None included, is resolved as `parse_method` resolves it,
-# except that a call's method=None also means the engine's default: the adapters' `method`
-# field and older callers pass None for that.
+# The method nobody named: for a call, the engine's default method (`Engine(method=...)`,
+# `set_method`); for a new engine, the method its model has (what `rescale` applied, or nothing).
+# Every other spec is resolved as `parse_method` resolves it: None is always the unmodified model.
 ENGINE_DEFAULT = EngineDefault.ENGINE_DEFAULT
 CallMethod = MethodSpec | EngineDefault
 
@@ -74,7 +73,7 @@ class GenerationSettings:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
-    method: CallMethod = ENGINE_DEFAULT  # None means the engine's default too (see ENGINE_DEFAULT)
+    method: CallMethod = ENGINE_DEFAULT  # None: the unmodified model
     raw: bool = False  # plain text continuation, without the chat template
     prefix: str = ""  # text the answer is made to start with; the result holds only what follows
     truncate: Literal["error", "middle"] = "error"

@@ -270,3 +270,39 @@ def test_the_engine_answers_calibrated_reorder_from_the_prompt_it_reorders(engin
     assert engine.score_prompts([(text, [" Paris"])], method=method) == [scored]
     # With the reference bias (estimated on first use) it runs too.
     assert engine.generate(text, method="calibrated-reorder", max_new_tokens=2).method == "calibrated-reorder"
+
+
+def test_a_stream_under_calibrated_reorder_gives_the_generated_answer(engine, tmp_path, monkeypatch):
+    monkeypatch.setenv("RAG_MSPOE_CACHE", str(tmp_path))
+    text = _qa((2, 0, 1))
+    expected = engine.generate(text, method="calibrated-reorder", max_new_tokens=6)
+    stream = engine.stream(text, method="calibrated-reorder", max_new_tokens=6)
+    assert "".join(stream) == expected.text and stream.result.method == "calibrated-reorder"
+    with pytest.raises(MissingDocumentSpans):
+        engine.stream("Where is Paris?", method="calibrated-reorder", max_new_tokens=3)
+
+
+def test_a_greedy_batch_generates_each_distinct_prompt_once(engine):
+    rows = []
+    handle = engine.model.register_forward_pre_hook(
+        lambda _m, args, kwargs: rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    try:
+        texts = [_qa((0, 1, 2)), _qa((2, 1, 0)), _qa((0, 1, 2))]
+        answers = engine.generate_batch(texts, max_new_tokens=3)
+    finally:
+        handle.remove()
+    assert set(rows) == {2}  # two distinct prompts
+    assert answers[0] == answers[2]
+    assert [a.text for a in answers] == [engine.generate(t, max_new_tokens=3).text for t in texts]
+
+
+def test_calibrated_reorder_leaves_a_prompt_without_documents_as_it_is(engine):
+    no_documents = [document_message("Name three colours.", [])]
+    assert engine.generate(no_documents, method="calibrated-reorder", max_new_tokens=5).text == (
+        engine.generate(no_documents, method="none", max_new_tokens=5).text
+    )
+    one = render_qa_prompt(QUESTION, DOCUMENTS[:1])[0]  # one document: nothing to reorder
+    assert engine.score_continuations(one, [" Paris"], method="calibrated-reorder") == (
+        engine.score_continuations(one, [" Paris"], method="none")
+    )

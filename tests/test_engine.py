@@ -329,13 +329,15 @@ def test_engine_refuses_model_variants_and_orders_where_it_names_them(engine, to
         engine.generate(PROMPTS[0], max_new_tokens=4, method="longcontextreorder")
 
 
-def test_a_calls_engine_default_and_none_both_mean_the_engines_method(engine, tokenizer):
+def test_engine_default_means_the_engines_method_and_none_the_unmodified_model(engine, tokenizer):
     pi = Engine(engine.model, tokenizer, method="pi")
     default = pi.generate(PROMPTS[0], max_new_tokens=8)
     assert default.method == "pi"
     assert pi.generate(PROMPTS[0], max_new_tokens=8, method=ENGINE_DEFAULT) == default
-    assert pi.generate(PROMPTS[0], max_new_tokens=8, method=None) == default
-    assert pi.generate(PROMPTS[0], max_new_tokens=8, method="none").method == "none"
+    unmodified = pi.generate(PROMPTS[0], max_new_tokens=8, method=None)
+    assert unmodified.method == "none"
+    assert unmodified == pi.generate(PROMPTS[0], max_new_tokens=8, method="none")
+    assert Engine(engine.model, tokenizer, method=None).method is None
     pi.set_method(None)  # a spec, not a call: None is the unmodified model
     assert pi.method is None
 

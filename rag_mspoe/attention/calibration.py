@@ -100,16 +100,20 @@ class AttentionCalibration(MethodConfig):
     def prepare(self, model: Any, tokenizer: Any, spans: Sequence[Sequence[tuple[int, int]] | None]) -> None:
         """Estimate the reference bias for each number of documents the prompts have and the
         model's cache lacks (one forward each, once per model and number)."""
-        if self.bias != REFERENCE_BIAS:
-            return
-        counts = {len(row) for row in spans if row}
-        known = cached_layouts(model_display_name(model))
-        missing = sorted(counts - known)
-        if missing:
-            estimate_positional_bias(model, tokenizer, missing)
+        if self.bias == REFERENCE_BIAS:
+            ensure_reference_bias(model, tokenizer, spans)
 
     def layer_indices(self, num_layers: int) -> list[int]:
         return chosen_layers("AttentionCalibration", self.layers, num_layers)
+
+
+def ensure_reference_bias(model: Any, tokenizer: Any, spans: Iterable[Sequence[Any] | None]) -> None:
+    """Estimate and keep the reference bias for each number of documents among `spans` (one row
+    per prompt) that the model's cache lacks: one forward each, once per model and number."""
+    counts = {len(row) for row in spans if row}
+    missing = sorted(counts - cached_layouts(model_display_name(model)))
+    if missing:
+        estimate_positional_bias(model, tokenizer, missing)
 
 
 def estimate_positional_bias(

@@ -147,7 +147,7 @@ class DocumentAttentionHooks(ModelHooks):
         batch, length = inputs.shape[0], inputs.shape[1]
         self._continued = 0
         if self.forward.starts_fresh or self._spans_pending:
-            cache: Any = kwargs.get("past_key_values")
+            cache: Any = kwargs.get("past_key_values")  # not fresh: a cache with keys in it
             self._continued = 0 if self.forward.starts_fresh else int(cache.get_seq_length())
             if self._continued and kwargs.get("attention_mask") is not None:
                 raise ValueError(

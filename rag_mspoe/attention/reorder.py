@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from rag_mspoe.attention.bias import PositionalBias, bias_cache_path, cached_layouts
+from rag_mspoe.attention.bias import PositionalBias, bias_cache_path
 from rag_mspoe.chat_template import DOCUMENT_SPANS, Prompt, as_messages
 from rag_mspoe.loading import model_display_name
 from rag_mspoe.method_config import MethodConfig, check_finite, check_layers, chosen_layers
@@ -85,12 +85,10 @@ class CalibratedReorder(MethodConfig):
         return reordered[0]["content"] if raw else reordered
 
     def prepare(self, model: Any, tokenizer: Any, spans: Sequence[Sequence[tuple[int, int]] | None]) -> None:
-        from rag_mspoe.attention.calibration import estimate_positional_bias
+        if self.strength:
+            from rag_mspoe.attention.calibration import ensure_reference_bias
 
-        counts = {len(row) for row in spans if row}
-        missing = sorted(counts - cached_layouts(model_display_name(model)))
-        if missing:
-            estimate_positional_bias(model, tokenizer, missing)
+            ensure_reference_bias(model, tokenizer, spans)
 
     def ranking_layers(self, num_layers: int) -> list[int]:
         if self.layers is None:

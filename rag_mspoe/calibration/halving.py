@@ -130,18 +130,20 @@ class HalvingSearch:
         tables: list[list[Standing]] = []
         labels = list(self.candidates)
         offset = 0
+        stopped: list[Standing] = []  # the standings so far of a rung the budget or a kill stopped
         for rung, size in enumerate(self.settings.rungs, start=1):
             if tables:
                 labels = [s.label for s in tables[-1][: self.settings.keep]]
-            left = None if deadline is None else (deadline - time.monotonic()) / 3600
-            if left is not None and left <= 0:
-                break
+            # A spent budget still scores one batch: every run makes progress.
+            left = None if deadline is None else max((deadline - time.monotonic()) / 3600, 1e-9)
             outcome = self._run_rung(rung, examples[offset : offset + size], labels, left, load)
             offset += size
             if not outcome.complete:
+                if self._scored_any(rung, labels):
+                    stopped = self._standings(rung, labels)
                 break
             tables.append(self._standings(rung, labels))
-        self._write_ranking(tables)
+        self._write_ranking(tables, stopped)
         return tables
 
     def _examples(self) -> list[Any]:
@@ -181,6 +183,12 @@ class HalvingSearch:
         )
         return run_sweep(config, self.folder / f"rung-{rung}", budget_hours=hours, **load)
 
+    def _scored_any(self, rung: int, labels: list[str]) -> bool:
+        from rag_mspoe.eval.runs.results import read_records
+
+        path = self.folder / f"rung-{rung}" / "results.jsonl"
+        return path.is_file() and any(r["method"] in labels for r in read_records(path))
+
     def _standings(self, rung: int, labels: list[str]) -> list[Standing]:
         from rag_mspoe.eval.runs.results import read_records
 
@@ -191,10 +199,14 @@ class HalvingSearch:
         ]
         return standings(records, labels, self.settings.positions, self.settings.worst_weight)
 
-    def _write_ranking(self, tables: list[list[Standing]]) -> None:
-        payload = [[asdict(s) for s in table] for table in tables]
+    def _write_ranking(self, tables: list[list[Standing]], stopped: list[Standing]) -> None:
+        payload = {
+            "rungs": [[asdict(s) for s in table] for table in tables],
+            "unfinished_rung": [asdict(s) for s in stopped],
+        }
         atomic_write(self.folder / "ranking.json", (json.dumps(payload, indent=2) + "\n").encode())
-        atomic_write(self.folder / "ranking.md", ranking_markdown(tables, self.settings).encode())
+        text = ranking_markdown(tables, self.settings, stopped)
+        atomic_write(self.folder / "ranking.md", text.encode())
         best = self.winner(tables)
         target = self.folder / "rag_mspoe_method.json"
         if best is not None:
@@ -210,8 +222,9 @@ class HalvingSearch:
         return best if best.fitness > 0 else None
 
 
-def ranking_markdown(tables: list[list[Standing]], settings: HalvingSettings) -> str:
-    positions = settings.positions
+def ranking_markdown(
+    tables: list[list[Standing]], settings: HalvingSettings, stopped: list[Standing] | None = None
+) -> str:
     lines = [
         f"# Search `{settings.space}` on {Path(settings.data).name}\n",
         "Gain in the gold answer's log-likelihood per token over the unmodified model, per gold "
@@ -219,14 +232,29 @@ def ranking_markdown(tables: list[list[Standing]], settings: HalvingSettings) ->
         "model's worst position; +- is the paired standard error of the mean gain.\n",
     ]
     for rung, table in enumerate(tables, start=1):
-        questions = table[0].questions if table else 0
-        lines += [f"\n## Rung {rung} ({questions} questions per candidate)\n"]
-        lines += [
-            "| candidate | " + " | ".join(f"gain @{p}" for p in positions) + " | fitness | mean gain |",
-            "|---|" + "---:|" * (len(positions) + 2),
-        ]
-        for s in table:
-            mean = statistics.fmean(s.gain.values())
-            cells = " | ".join(f"{s.gain[p]:+.4f}" for p in positions)
-            lines.append(f"| {s.label} | {cells} | {s.fitness:+.4f} | {mean:+.4f} +- {s.stderr:.4f} |")
+        lines += _rung_table(f"Rung {rung}", table, settings.positions)
+    if stopped:
+        lines += _rung_table(f"Rung {len(tables) + 1}, stopped before its end", stopped, settings.positions)
     return "\n".join(lines) + "\n"
+
+
+def _rung_table(title: str, table: list[Standing], positions: Sequence[int]) -> list[str]:
+    lines = [f"\n## {title}\n"]
+    if table:
+        first = table[0]
+        levels = " / ".join(f"{first.level[p] - first.gain[p]:.3f}" for p in positions)
+        where = "/".join(str(p) for p in positions)
+        lines.append(f"The unmodified model: {levels} nats per token at positions {where}.\n")
+    lines += [
+        "| candidate | questions | "
+        + " | ".join(f"gain @{p}" for p in positions)
+        + " | fitness | mean gain |",
+        "|---|---:|" + "---:|" * (len(positions) + 2),
+    ]
+    for s in table:
+        mean = statistics.fmean(s.gain.values())
+        cells = " | ".join(f"{s.gain[p]:+.4f}" for p in positions)
+        lines.append(
+            f"| {s.label} | {s.questions} | {cells} | {s.fitness:+.4f} | {mean:+.4f} +- {s.stderr:.4f} |"
+        )
+    return lines

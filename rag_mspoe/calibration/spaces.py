@@ -97,7 +97,8 @@ def mspoe_space(num_layers: int) -> dict[str, MethodConfig]:
 def calibrated_reorder_space(num_layers: int) -> dict[str, MethodConfig]:
     """The layers whose calibrated attention ranks the documents, the bias strength, and where the
     top-ranked document goes."""
-    bands = layer_bands(num_layers)
+    # CalibratedReorder's layers=None is the upper half, so "all" names every layer itself.
+    bands = {**layer_bands(num_layers), "all": list(range(num_layers))}
     candidates: dict[str, MethodConfig] = {}
     for band, strength in itertools.product(("high", "last3", "mid3", "all"), (0.5, 1.0, 2.0)):
         label = f"reorder-{band}-s{strength:g}"
