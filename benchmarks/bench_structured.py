@@ -2,6 +2,7 @@
 
     python benchmarks/bench_structured.py                        # all three parts
     python benchmarks/bench_structured.py --parts speed --repeats 1
+    python benchmarks/bench_structured.py --model qwen2.5-coder-1.5b-instruct --parts tools --threads 1
 
 speed: a 6-field object (one array) by grammar-constrained decoding (one generation) against
 the per-field approach this project used before, loaded from git history (`BASELINE_COMMIT`;
@@ -397,11 +398,14 @@ def main() -> None:
     )
     parser.add_argument("--schemas", type=int, default=50)
     parser.add_argument("--max-tokens", type=int, default=160, help="validity and tools: budget per answer")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default: the CPUs free of other load)"
+    )
     args = parser.parse_args()
 
     from rag_mspoe.engine import Engine
 
-    engine = Engine.load(args.model)
+    engine = Engine.load(args.model, threads=args.threads)
     report: dict[str, Any] = {"model": engine.name}
     if "speed" in args.parts:
         report["speed"] = [bench_speed(engine, args.repeats, size) for size in args.context_tokens]

@@ -8,8 +8,9 @@ refuse the model's own token), any other marker is text.
 
 tool_choice "required" allows only calls. "auto" also allows a plain text answer, and the call's
 JSON without its markers, bare or in a ```json fence, as small models often write it when left
-free; an answer that starts like a call must then be a valid one. Qwen3-style templates may open
-the answer with a <think>...</think> block.
+free; an answer that starts like a call must then be a valid one, and a text answer never holds
+a <tool_call> tag spelled out in text (`parse_calls` would read a call there that no schema held).
+Qwen3-style templates may open the answer with a <think>...</think> block.
 """
 
 from __future__ import annotations
@@ -19,12 +20,21 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from rag_mspoe.grammar import JSON_OPTIONS, Grammar
-from rag_mspoe.tool_format import THINK_CLOSE, THINK_OPEN, CallFormat, call_schema
+from rag_mspoe.tool_format import BARE_MARKERS, CALL_OPEN, THINK_CLOSE, THINK_OPEN, CallFormat, call_schema
 
-# A text answer may not start like a call: no JSON object or list, no ```json fence.
 _TEXT = r"(.|\n)*"
-_CALL_LIKE = r"\s*(\{|\[\s*\{|```json)"
 _REGEX_SPECIAL = set("\\.+*?()|[]{}^$/-")
+
+
+def _escaped(text: str) -> str:
+    return "".join(f"\\{c}" if c in _REGEX_SPECIAL else c for c in text)
+
+
+# What a text answer may not start with, as `parse_calls` would read a call there: a JSON object
+# or list, a ```json fence, a marker that goes before bare calls (spelled out as text).
+_CALL_LIKE = r"\s*(\{|\[\s*\{|```json|" + "|".join(_escaped(m) for m in BARE_MARKERS) + ")"
+# Nor hold a tagged call anywhere: the tag read as text would open a call no schema held.
+_TAGGED = _TEXT + _escaped(CALL_OPEN) + _TEXT
 
 
 def marker(tokenizer: Any, text: str) -> str | None:
@@ -64,11 +74,10 @@ def call_grammar(
     if mode == "auto":
         # The call's JSON alone (a list of calls, if parallel), bare or fenced; or plain text.
         bare = f"%json {_schema_text({'anyOf': [one, listed]} if parallel else one)}"
-        excluded = _CALL_LIKE if not fmt.open or marker(tokenizer, fmt.open) else _with_marker(fmt.open)
         lines += [
             f"bare: {bare}",
             'fenced: "```json\\n" bare "\\n```"',
-            f"TEXT: /{_TEXT}/ & ~/{excluded}{_TEXT}/",
+            f"TEXT: /{_TEXT}/ & ~/{_CALL_LIKE}{_TEXT}/ & ~/{_TAGGED}/",
         ]
         answer = "calls | fenced | TEXT" if not fmt.open else "calls | bare | fenced | TEXT"
     lines.insert(0, f"start: {_thinking(tokenizer, fmt)}({answer})")
@@ -77,12 +86,6 @@ def call_grammar(
 
 def _spelled(tokenizer: Any, text: str) -> str:
     return marker(tokenizer, text) or json.dumps(text)
-
-
-def _with_marker(text: str) -> str:
-    """_CALL_LIKE, also excluding a marker written as text."""
-    escaped = "".join(f"\\{c}" if c in _REGEX_SPECIAL else c for c in text)
-    return _CALL_LIKE[:-1] + f"|{escaped})"
 
 
 def _thinking(tokenizer: Any, fmt: CallFormat) -> str:

@@ -167,6 +167,22 @@ def test_auto_lets_qwen_answer_in_text_but_not_half_a_call(qwen_tokenizer):
         accepts(qwen_tokenizer, '{"name": "weather", "arguments": {}}', mode="auto")
 
 
+@pytest.mark.parametrize(
+    "answer",
+    [
+        'Let me look.\n<tool_call>\n{"name": "add", "arguments": {"a": "seven"}}\n</tool_call>',
+        ' [TOOL_CALLS] [{"name": "add", "arguments": {"a": "seven"}}]',
+        '<|python_tag|>{"name": "add", "arguments": {"a": "seven"}}',
+    ],
+)
+def test_auto_text_never_spells_out_what_parse_calls_reads_as_a_call(embedded, answer):
+    tokenizer = embedded[1]  # no added marker tokens: each marker is spelled out in text
+    assert parse_calls(answer, NAMES)[1]  # read as a call...
+    with pytest.raises(AssertionError, match="refused"):
+        accepts(tokenizer, answer, mode="auto")  # ...so the text answer may not write it
+    accepts(tokenizer, "Tags such as <tool> and [TOOL] are fine in text.", mode="auto")
+
+
 def test_a_model_on_the_qwen_tokenizer_always_calls_under_required(qwen_tokenizer):
     model = tiny_model("qwen2", vocab_size=len(qwen_tokenizer) + LOGITS_MARGIN, max_position_embeddings=2048)
     engine = Engine(model, qwen_tokenizer, name="tiny-qwen")
