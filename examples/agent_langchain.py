@@ -8,7 +8,8 @@ shipped demo corpus. tool_choice stays "auto": whether to search is the model's 
 
     pip install ".[agents]"
     python examples/agent_langchain.py                     # Qwen2.5-Coder-1.5B, the Gull Point question
-    python examples/agent_langchain.py "When was Gull Point Light automated?" --model qwen2.5-coder-0.5b-instruct
+    python examples/agent_langchain.py "When was Gull Point Light automated?" \\
+        --model qwen2.5-coder-0.5b-instruct
 """
 
 from __future__ import annotations
@@ -53,9 +54,13 @@ def searches(messages: list[Any]) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("question", nargs="?", default=QUESTION)
-    parser.add_argument("--model", default="qwen2.5-coder-1.5b-instruct", help="embedded model name, folder or hub id")
+    parser.add_argument(
+        "--model", default="qwen2.5-coder-1.5b-instruct", help="embedded model name, folder or hub id"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the free CPUs)")
     args = parser.parse_args()
 

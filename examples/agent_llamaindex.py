@@ -8,7 +8,8 @@ tool_choice stays "auto": whether to search is the model's decision.
 
     pip install ".[agents]"
     python examples/agent_llamaindex.py                    # Qwen2.5-Coder-1.5B, the Gull Point question
-    python examples/agent_llamaindex.py "When was Gull Point Light automated?" --model qwen2.5-coder-0.5b-instruct
+    python examples/agent_llamaindex.py "When was Gull Point Light automated?" \\
+        --model qwen2.5-coder-0.5b-instruct
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ TOOL_DESCRIPTION = "Search the Skerrow Isles archive; returns the passages that 
 
 def build_agent(llm: FunctionCallingLLM, index: str | Path) -> FunctionAgent:
     """LlamaIndex's function-calling agent with one tool: the top 5 chunks of `index` for a query."""
-    search = RetrieverTool.from_defaults(llamaindex_retriever(index), name=TOOL_NAME, description=TOOL_DESCRIPTION)
+    search = RetrieverTool.from_defaults(
+        llamaindex_retriever(index), name=TOOL_NAME, description=TOOL_DESCRIPTION
+    )
     return FunctionAgent(tools=[search], llm=llm)
 
 
@@ -46,9 +49,13 @@ async def ask(agent: FunctionAgent, question: str) -> AgentOutput:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("question", nargs="?", default=QUESTION)
-    parser.add_argument("--model", default="qwen2.5-coder-1.5b-instruct", help="embedded model name, folder or hub id")
+    parser.add_argument(
+        "--model", default="qwen2.5-coder-1.5b-instruct", help="embedded model name, folder or hub id"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the free CPUs)")
     args = parser.parse_args()
 

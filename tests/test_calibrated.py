@@ -71,7 +71,8 @@ def test_no_shipped_config_names_the_calibrate_command_and_the_option(shipped):
         rescale(named_tiny("tiny-cal"), "calibrated")
     message = str(error.value)
     assert "No calibrated method ships for the model 'tiny-cal'" in message
-    assert "rag-mspoe calibrate layers --model tiny-cal --out runs/calibrate-tiny-cal" in message
+    assert "rag-mspoe calibrate search --model tiny-cal --space calibrated-reorder" in message
+    assert "--out runs/calibrate-tiny-cal" in message
     assert "--method-config calibrated=runs/calibrate-tiny-cal/rag_mspoe_method.json" in message
     with pytest.raises(ValueError, match="'calibrated' is the config calibrated for one model"):
         parse_method("calibrated")
@@ -83,9 +84,22 @@ def test_a_config_calibrated_for_another_model_is_refused(shipped):
         parse_method("calibrated", "tiny-cal")
 
 
-def test_no_config_ships_for_any_model_yet():
-    # Shipped configs are calibrated and measured first; until then the package holds none.
-    assert sorted(p.name for p in calibrated_configs.SEARCH_PATH[0].glob("*.json")) == []
+def test_each_shipped_config_is_for_an_embedded_model_and_has_its_validation_record():
+    # A config ships only after it beat the unmodified model on questions it was not searched on;
+    # the records and the summary of that validation ship beside the code, in docs/results/.
+    from pathlib import Path
+
+    from rag_mspoe.embedded_models import MODELS
+
+    shipped = sorted(calibrated_configs.SEARCH_PATH[0].glob("*.json"))
+    assert shipped, "the package ships calibrated configs"
+    results = Path(__file__).resolve().parents[1] / "docs" / "results"
+    for path in shipped:
+        name = path.stem
+        assert name in MODELS, f"{path.name} names no embedded model"
+        assert calibrated_configs.calibrated_method(name) is not None
+        summaries = [p for p in results.glob("*/README.md") if f"calibrated/{path.name}" in p.read_text()]
+        assert summaries, f"no docs/results/*/README.md names the validation of calibrated/{path.name}"
 
 
 def test_server_offers_calibrated_only_where_a_config_ships(shipped):

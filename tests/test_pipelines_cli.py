@@ -146,3 +146,4 @@ def test_the_demo_runs_the_most_capable_embedded_model_installed(monkeypatch):
     installed.update(part.module for part in embedded_models.get("qwen2.5-coder-0.5b-instruct").parts)
     assert demo_model() == "qwen2.5-coder-0.5b-instruct"
     assert demo_methods("smollm2-135m-instruct") == ("none", "calibrated-reorder")  # nothing ships for it
+    assert demo_methods("qwen2.5-coder-0.5b-instruct") == ("none", "calibrated")  # its validated config

@@ -41,8 +41,9 @@ def calibrated_method(model_name: str) -> MethodConfig:
         out = f"runs/calibrate-{model_name.replace('/', '-')}"
         raise NoCalibratedMethodError(
             f"No calibrated method ships for the model {model_name!r}. Make one with "
-            f"`rag-mspoe calibrate layers --model {model_name} --out {out}` (or `calibrate heads`, "
-            f"`calibrate hidden`), then use it with `--method-config calibrated={out}/rag_mspoe_method.json` "
+            f"`rag-mspoe calibrate search --model {model_name} --space calibrated-reorder "
+            f"--data questions.jsonl.gz --out {out}` (or `calibrate layers`, `heads`, `hidden`), "
+            f"then use it with `--method-config calibrated={out}/rag_mspoe_method.json` "
             f"(serve) or `--method {out}/rag_mspoe_method.json` (any command, and method= in Python)."
         )
     base_model = json.loads(path.read_text()).get("base_model")
