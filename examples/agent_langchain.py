@@ -3,7 +3,7 @@ retriever returns, and answers.
 
 The agent is LangChain's own (`langchain.agents.create_agent`: model, tools, model, ... until the
 model answers in text), the chat model is `ChatRagMsPoE` (its calls are held to the tools'
-schemas by the grammar), and the tool is LangChain's retriever tool over a FAISS index of the
+schemas by the grammar), and the tool searches the LangChain retriever of a FAISS index of the
 shipped demo corpus. tool_choice stays "auto": whether to search is the model's decision.
 
     pip install ".[agents]"
@@ -17,13 +17,14 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from langchain.agents import create_agent
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, ToolMessage
-from langchain_core.tools import create_retriever_tool
+from langchain_core.tools import StructuredTool
 
 from rag_mspoe.connectors.langchain import ChatRagMsPoE
 from rag_mspoe.connectors.retrievers import langchain_retriever
@@ -36,9 +37,24 @@ TOOL_NAME = "search_archive"
 TOOL_DESCRIPTION = "Search the Skerrow Isles archive; returns the passages that best match the query."
 
 
+def tool_result(passages: Iterable[str]) -> str:
+    """The passages as the tool returns them, closed by a line that tells the model the search is
+    done: without it Qwen2.5-Coder-1.5B answers a tool response by calling the tool again."""
+    found = "\n\n".join(passages)
+    return (
+        f"Passages found for the query:\n\n{found}\n\n"
+        "The search is done: answer the user's question from these passages, in one sentence."
+    )
+
+
 def build_agent(chat: BaseChatModel, index: str | Path) -> Any:
     """LangChain's agent with one tool: the top 5 chunks of `index` for a query."""
-    search = create_retriever_tool(langchain_retriever(index), TOOL_NAME, TOOL_DESCRIPTION)
+    retriever = langchain_retriever(index)
+
+    def search_archive(query: str) -> str:
+        return tool_result(document.page_content for document in retriever.invoke(query))
+
+    search = StructuredTool.from_function(search_archive, name=TOOL_NAME, description=TOOL_DESCRIPTION)
     return create_agent(chat, [search])
 
 

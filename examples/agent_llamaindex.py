@@ -3,7 +3,7 @@ retriever returns, and answers.
 
 The agent is LlamaIndex's `FunctionAgent` (a workflow: model, tools, model, ... until the model
 answers in text), the LLM is `RagMsPoE` (its calls are held to the tools' schemas by the
-grammar), and the tool is a `RetrieverTool` over a FAISS index of the shipped demo corpus.
+grammar), and the tool searches the LlamaIndex retriever of a FAISS index of the shipped demo corpus.
 tool_choice stays "auto": whether to search is the model's decision.
 
     pip install ".[agents]"
@@ -18,11 +18,12 @@ import argparse
 import asyncio
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from llama_index.core.agent.workflow import AgentOutput, FunctionAgent
 from llama_index.core.llms.function_calling import FunctionCallingLLM
-from llama_index.core.tools import RetrieverTool
+from llama_index.core.tools import FunctionTool
 
 from rag_mspoe.connectors.llamaindex import RagMsPoE
 from rag_mspoe.connectors.retrievers import llamaindex_retriever
@@ -35,11 +36,24 @@ TOOL_NAME = "search_archive"
 TOOL_DESCRIPTION = "Search the Skerrow Isles archive; returns the passages that best match the query."
 
 
+def tool_result(passages: Iterable[str]) -> str:
+    """The passages as the tool returns them, closed by a line that tells the model the search is
+    done: without it Qwen2.5-Coder-1.5B answers a tool response by calling the tool again."""
+    found = "\n\n".join(passages)
+    return (
+        f"Passages found for the query:\n\n{found}\n\n"
+        "The search is done: answer the user's question from these passages, in one sentence."
+    )
+
+
 def build_agent(llm: FunctionCallingLLM, index: str | Path) -> FunctionAgent:
     """LlamaIndex's function-calling agent with one tool: the top 5 chunks of `index` for a query."""
-    search = RetrieverTool.from_defaults(
-        llamaindex_retriever(index), name=TOOL_NAME, description=TOOL_DESCRIPTION
-    )
+    retriever = llamaindex_retriever(index)
+
+    def search_archive(query: str) -> str:
+        return tool_result(found.node.get_content() for found in retriever.retrieve(query))
+
+    search = FunctionTool.from_defaults(fn=search_archive, name=TOOL_NAME, description=TOOL_DESCRIPTION)
     return FunctionAgent(tools=[search], llm=llm)
 
 

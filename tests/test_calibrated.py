@@ -119,7 +119,7 @@ def test_server_offers_calibrated_only_where_a_config_ships(shipped):
     "argv",
     [
         ["ask", "anything", "--index", "{tmp}/none", "--method", "calibrated"],
-        ["demo", "--methods", "none,calibrated"],
+        ["demo", "--model", "smollm2-135m-instruct", "--methods", "none,calibrated"],
         ["serve", "--model", "{tmp}/tiny-cal", "--method", "calibrated"],
     ],
 )
