@@ -74,7 +74,7 @@ def main() -> None:
         "full_per_hour": round(scored / seconds["full"] * 3600),
         "speedup": round(seconds["full"] / seconds["shared"], 2),
         "max_abs_loglik_diff": max(abs(a - b) for a, b in zip(scores["shared"], scores["full"], strict=True)),
-        "prefixes_computed": engine._document_prefixes.computed,
+        "prefixes_computed": engine.document_prefixes.computed,
     }
     print(json.dumps(result))
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from archive_tool import QUESTION, TOOL_DESCRIPTION, TOOL_NAME, tool_result
 from langchain.agents import create_agent
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, ToolMessage
@@ -31,20 +31,6 @@ from rag_mspoe.connectors.retrievers import langchain_retriever
 from rag_mspoe.engine import Engine
 from rag_mspoe.pipelines import index_documents
 from rag_mspoe.pipelines.demo import demo_corpus_dir
-
-QUESTION = "Who first lit the lamp of Gull Point Light?"
-TOOL_NAME = "search_archive"
-TOOL_DESCRIPTION = "Search the Skerrow Isles archive; returns the passages that best match the query."
-
-
-def tool_result(passages: Iterable[str]) -> str:
-    """The passages as the tool returns them, closed by a line that tells the model the search is
-    done: without it Qwen2.5-Coder-1.5B answers a tool response by calling the tool again."""
-    found = "\n\n".join(passages)
-    return (
-        f"Passages found for the query:\n\n{found}\n\n"
-        "The search is done: answer the user's question from these passages, in one sentence."
-    )
 
 
 def build_agent(chat: BaseChatModel, index: str | Path) -> Any:

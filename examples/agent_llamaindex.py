@@ -18,9 +18,9 @@ import argparse
 import asyncio
 import tempfile
 import time
-from collections.abc import Iterable
 from pathlib import Path
 
+from archive_tool import QUESTION, TOOL_DESCRIPTION, TOOL_NAME, tool_result
 from llama_index.core.agent.workflow import AgentOutput, FunctionAgent
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.tools import FunctionTool
@@ -30,20 +30,6 @@ from rag_mspoe.connectors.retrievers import llamaindex_retriever
 from rag_mspoe.engine import Engine
 from rag_mspoe.pipelines import index_documents
 from rag_mspoe.pipelines.demo import demo_corpus_dir
-
-QUESTION = "Who first lit the lamp of Gull Point Light?"
-TOOL_NAME = "search_archive"
-TOOL_DESCRIPTION = "Search the Skerrow Isles archive; returns the passages that best match the query."
-
-
-def tool_result(passages: Iterable[str]) -> str:
-    """The passages as the tool returns them, closed by a line that tells the model the search is
-    done: without it Qwen2.5-Coder-1.5B answers a tool response by calling the tool again."""
-    found = "\n\n".join(passages)
-    return (
-        f"Passages found for the query:\n\n{found}\n\n"
-        "The search is done: answer the user's question from these passages, in one sentence."
-    )
 
 
 def build_agent(llm: FunctionCallingLLM, index: str | Path) -> FunctionAgent:

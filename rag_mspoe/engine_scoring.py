@@ -98,8 +98,7 @@ class ScoringEngine(EngineBase):
         resolved, prompts = self._rewritten(self._resolve_method(method), [p for p, _ in items], False)
         items = list(zip(prompts, [texts for _, texts in items], strict=True))
         if not prefix_scoring.shares_prefixes(resolved, self.model.config):
-            call = "none" if resolved is None else resolved  # resolved None: the unmodified model
-            return [self.score_continuations(p, texts, method=call) for p, texts in items]
+            return [self.score_continuations(p, texts, method=resolved) for p, texts in items]
         requests = [self._continuations(p, texts, False, "", resolved) for p, texts in items]
         with self._lock, self._method_applied(resolved), torch.inference_mode():
             return prefix_scoring.score(self.model, requests, self._pad_id)

@@ -204,7 +204,7 @@ def test_methods_that_keep_the_documents_rows_share_the_unmodified_prefix(arch, 
     prompts = [_qa(order) for order in ((0, 1, 2), (2, 0, 1))]
     answers = [" Paris", " The capital is Paris"]
     shared = [[engine.score_continuations(p, answers, method=m) for p in prompts] for m in methods]
-    assert engine._document_prefixes.computed == len(prompts)  # once per prompt, for every method
+    assert engine.document_prefixes.computed == len(prompts)  # once per prompt, for every method
     engine._after_documents = lambda *_: False  # the whole prompt under each method
     for scores, method in zip(shared, methods, strict=True):
         full = [engine.score_continuations(p, answers, method=method) for p in prompts]
