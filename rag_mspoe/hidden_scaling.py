@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from rag_mspoe.method_config import MethodConfig, check_finite, number_argument
-from rag_mspoe.rope.hooks import ModelHooks
+from rag_mspoe.rope.hooks import ModelHooks, kv_cache
 
 
 class HiddenScaleState(ModelHooks):
@@ -79,7 +79,7 @@ class HiddenScaleState(ModelHooks):
 
         attn_output = output[0].clone()
         attn_output[:, -rows:] = last
-        self._replace_cached_keys(kwargs.get("past_key_values"), module.layer_idx, k)
+        self._replace_cached_keys(kv_cache(kwargs), module.layer_idx, k)
         return (attn_output, *output[1:])
 
     @staticmethod

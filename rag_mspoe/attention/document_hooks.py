@@ -22,7 +22,7 @@ from torch import nn
 
 from rag_mspoe.attention.spans import DocumentSpans, Span
 from rag_mspoe.method_config import MethodConfig
-from rag_mspoe.rope.hooks import ModelHooks
+from rag_mspoe.rope.hooks import ModelHooks, kv_cache
 
 HOOKS_ATTR = "_rag_mspoe_document_hooks"
 ORIGINAL_ATTR = "_rag_mspoe_original_attention"
@@ -147,7 +147,7 @@ class DocumentAttentionHooks(ModelHooks):
         batch, length = inputs.shape[0], inputs.shape[1]
         self._continued = 0
         if self.forward.starts_fresh or self._spans_pending:
-            cache: Any = kwargs.get("past_key_values")  # not fresh: a cache with keys in it
+            cache: Any = kv_cache(kwargs)  # not fresh: a cache with keys in it
             self._continued = 0 if self.forward.starts_fresh else int(cache.get_seq_length())
             if self._continued and kwargs.get("attention_mask") is not None:
                 raise ValueError(

@@ -63,8 +63,15 @@ class ModelHooks:
     def _on_decoder(self, _module: nn.Module, args: tuple, kwargs: dict) -> None:
         self.forward = ForwardInfo(
             attention_mask=kwargs.get("attention_mask"),
-            starts_fresh=starts_fresh(kwargs.get("past_key_values")),
+            starts_fresh=starts_fresh(kv_cache(kwargs)),
         )
+
+
+def kv_cache(kwargs: dict[str, Any]) -> Any:
+    """The KV cache a forward was handed, or None: transformers 5.24 passes it as `cache`, earlier
+    releases as `past_key_values`."""
+    cache = kwargs.get("cache")
+    return cache if cache is not None else kwargs.get("past_key_values")
 
 
 def starts_fresh(cache: Any) -> bool:
