@@ -177,6 +177,14 @@ class EngineBase:
         ids, spans = self._render_for(method, prompt, raw, "")
         return ids, spans or []
 
+    def rewritten(
+        self, prompts: Sequence[Prompt], *, method: CallMethod = ENGINE_DEFAULT, raw: bool = False
+    ) -> tuple[Any, list[Prompt]]:
+        """The prompts the model reads under `method` and the method it reads them with: the prompts
+        as given and the method itself, except for a method that rewrites prompts (calibrated
+        reordering), which runs the model to rewrite them and then leaves it unmodified (None)."""
+        return self._rewritten(self._resolve_method(method), prompts, raw)
+
     def _rewritten(self, method: Any, prompts: Sequence[Prompt], raw: bool) -> tuple[Any, list[Prompt]]:
         """The prompts a method that rewrites them gives (it may run the model: the lock is taken),
         and the method the model then runs: the unmodified model for such methods."""

@@ -89,6 +89,45 @@ def test_a_sweep_runs_the_methods_that_read_documents(tiny, tmp_path, monkeypatc
     assert by_method["pine"] != by_method["none"] != by_method["attention-calibration"]
 
 
+def test_a_reordered_prompt_the_unmodified_model_already_read_takes_its_scores(tiny, tmp_path, monkeypatch):
+    # With two documents every reordering is the unmodified model's prompt at gold position 0 or 1.
+    from rag_mspoe.engine import Engine
+    from rag_mspoe.eval.sweep.batch_scorer import prompt_of
+
+    monkeypatch.setenv("RAG_MSPOE_CACHE", str(tmp_path / "cache"))
+    settings = dict(
+        num_documents=2, positions=(0, 1), samples=3, metrics=("choice", "generate"), max_new_tokens=4
+    )
+    shared = SweepConfig(methods=("none", "calibrated-reorder"), **settings)
+    alone = SweepConfig(methods=("calibrated-reorder",), **settings)
+    run_sweep(shared, tmp_path / "shared", model=tiny[0], tokenizer=tiny[1], progress=False)
+    run_sweep(alone, tmp_path / "alone", model=tiny[0], tokenizer=tiny[1], progress=False)
+    records = read_records(tmp_path / "shared" / "results.jsonl")
+    by_key = {(r["method"], r["position"], r["example_id"]): r for r in records}
+    alone_records = read_records(tmp_path / "alone" / "results.jsonl")
+    computed = {(r["position"], r["example_id"]): r for r in alone_records}
+    engine = Engine(*tiny, method="none")
+    examples = {e.id: e for e in frozen_examples(shared, tmp_path / "shared")}
+    reordered = [r for r in records if r["method"] == "calibrated-reorder"]
+    assert len(reordered) == 6
+    for record in reordered:
+        label, position = record["same_prompt_as"]
+        assert label == "none" and record["prompt_position"] == position
+        source = by_key["none", position, record["example_id"]]
+        assert record["prediction"] == source["prediction"] and record["choice"] == source["choice"]
+        # The scores are the ones the method gives when it runs: in the run without the
+        # unmodified model, and through the engine.
+        fresh = computed[record["position"], record["example_id"]]
+        assert "same_prompt_as" not in fresh and fresh["prompt_position"] == position
+        assert fresh["prediction"] == record["prediction"]
+        assert fresh["gold_logprob"] == pytest.approx(record["gold_logprob"], abs=1e-4)
+        placed = with_gold_at(examples[record["example_id"]], record["position"])
+        answer = candidates_of(placed)[1]
+        prompt = prompt_of(placed)
+        ((expected, _),) = engine.score_continuations(prompt, [answer], method="calibrated-reorder")
+        assert record["gold_logprob"] == pytest.approx(expected, abs=1e-4)
+
+
 def test_a_labelled_method_is_recorded_under_its_label(tiny, tmp_path):
     config = SweepConfig(num_documents=4, positions=(0, 3), methods=("none", "half=pi:2"), samples=2)
     outcome = run_sweep(config, tmp_path, model=tiny[0], tokenizer=tiny[1], progress=False)

@@ -4,7 +4,9 @@ A record holds the keys (method, position, example_id), where the gold document 
 the prompt (`prompt_position`, which differs from `position` under a prompt-level reordering),
 and the metrics: `choice_correct`, `choice` and `choice_share` (forced choice; the share is the
 gold's probability among the candidates), `gold_logprob` and `gold_tokens`
-(teacher-forced log-likelihood of the gold answer), `match` and `prediction` (greedy answer).
+(teacher-forced log-likelihood of the gold answer), `match` and `prediction` (greedy answer);
+`same_prompt_as` when the scores are those of an earlier record with the same prompt text
+(`scored_prompts`).
 """
 
 from __future__ import annotations
@@ -12,14 +14,17 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from rag_mspoe.attention.reorder import moved_slot
 from rag_mspoe.chat_template import Prompt
 from rag_mspoe.eval.data import prompts
 from rag_mspoe.eval.data.records import KVExample, with_gold_at
 from rag_mspoe.eval.method_engines import EngineSet, stable_seed
 from rag_mspoe.eval.scoring import model_scores
 from rag_mspoe.eval.sweep.plan import Batch, Example, SweepConfig
+from rag_mspoe.eval.sweep.scored_prompts import metric_fields, prompt_key, scored_prompts, unmodified_label
 from rag_mspoe.method_spec import ResolvedMethod
 
 
@@ -54,7 +59,11 @@ def gold_answer(example: Example) -> str:
 
 
 class BatchScorer:
-    """Holds the engines (one per model variant) and the examples; scores batches."""
+    """Holds the engines (one per model variant) and the examples; scores batches.
+
+    results: the run's results file; items of a method that rewrites prompts whose rewritten prompt
+    the unmodified model already scored there take those scores (`scored_prompts`).
+    """
 
     def __init__(
         self,
@@ -62,11 +71,14 @@ class BatchScorer:
         examples: Sequence[Example],
         methods: Sequence[ResolvedMethod],
         engines: EngineSet,
+        results: Path | None = None,
     ) -> None:
         self.config = config
         self.examples = list(examples)
         self.methods = {m.name: m for m in methods}
         self.engines = engines
+        self.results = results
+        self.unmodified = unmodified_label(methods)
 
     def score(self, batch: Batch) -> list[dict[str, Any]]:
         method = self.methods[batch.method]
@@ -89,13 +101,62 @@ class BatchScorer:
                 batch.items, arranged, texts, strict=True
             )
         ]
+        # A method that rewrites prompts does it once here; the unmodified model then reads them.
+        run_method, read = engine.rewritten(texts, method=method.method)
+        todo = list(range(len(records)))
+        if method.method is not None and method.method.rewrites_prompt():
+            for record, original, rewritten in zip(records, texts, read, strict=True):
+                record["prompt_position"] = moved_slot(original, rewritten, record["prompt_position"])
+            todo = self._take_scored(batch, records, read)
+        examples = [arranged[i][0] for i in todo]
+        self._score(engine, run_method, examples, [read[i] for i in todo], [records[i] for i in todo])
+        seconds = (time.perf_counter() - started) / len(records)
+        for record in records:
+            record["seconds"] = round(seconds, 4)
+        return records
+
+    def _take_scored(self, batch: Batch, records: list[dict[str, Any]], read: Sequence[Prompt]) -> list[int]:
+        """Fill in the items whose prompt the unmodified model already scored in this run; the
+        indices of the others."""
+        if self.unmodified is None or self.results is None:
+            return list(range(len(records)))
+        base = self.methods[self.unmodified]
+        candidates = {
+            (position, self.examples[index].id): prompt_of(
+                arranged_example(base, self.examples[index], position, self.config.seed)[0]
+            )
+            for index in {index for _, index in batch.items}
+            for position in self.config.positions
+        }
+        known = scored_prompts(self.results, self.unmodified, candidates)
+        fields = metric_fields(self.config.metrics)
+        todo = []
+        for number, (record, prompt) in enumerate(zip(records, read, strict=True)):
+            earlier = known.get(prompt_key(prompt))
+            if earlier is None or any(name not in earlier for name in fields):
+                todo.append(number)
+                continue
+            record.update({name: earlier[name] for name in fields})
+            record["same_prompt_as"] = [self.unmodified, earlier["position"]]
+        return todo
+
+    def _score(
+        self,
+        engine: Any,
+        method: Any,
+        examples: list[Example],
+        texts: list[Prompt],
+        records: list[dict[str, Any]],
+    ) -> None:
+        if not records:
+            return
         metrics = self.config.metrics
         if "generate" in metrics:
             scored = model_scores.score_generation(
                 engine,
                 texts,
-                [example for example, _ in arranged],
-                method=method.method,
+                examples,
+                method=method,
                 max_new_tokens=self.config.max_new_tokens,
                 batch_size=len(texts),
             )
@@ -103,16 +164,12 @@ class BatchScorer:
                 record["prediction"] = result["prediction"]
                 record["match"] = float(result["correct"])
         if "choice" in metrics or "loglik" in metrics:
-            self._score_answers(engine, method, [example for example, _ in arranged], texts, records)
-        seconds = (time.perf_counter() - started) / len(records)
-        for record in records:
-            record["seconds"] = round(seconds, 4)
-        return records
+            self._score_answers(engine, method, examples, texts, records)
 
     def _score_answers(
         self,
         engine: Any,
-        method: ResolvedMethod,
+        method: Any,
         examples: list[Example],
         texts: Sequence[Prompt],
         records: list[dict[str, Any]],
@@ -126,7 +183,7 @@ class BatchScorer:
             else [model_scores.checked_answer(gold_answer(example))]
             for example in examples
         ]
-        scored = engine.score_prompts(list(zip(texts, options, strict=True)), method=method.method)
+        scored = engine.score_prompts(list(zip(texts, options, strict=True)), method=method)
         for record, example, option_list, scores in zip(records, examples, options, scored, strict=True):
             if choice:
                 picked = model_scores.forced_choice(option_list, candidates_of(example)[1], scores)

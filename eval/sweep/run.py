@@ -22,7 +22,7 @@ from rag_mspoe.eval.cli import parse_positions
 from rag_mspoe.eval.method_engines import EngineSet
 from rag_mspoe.eval.report import METRICS, TABLE_FILE, write_report
 from rag_mspoe.eval.runs.loop import Evaluation, Pairing, run_evaluation
-from rag_mspoe.eval.runs.results import SWEEP_KEY, Key
+from rag_mspoe.eval.runs.results import RESULTS_FILE, SWEEP_KEY, Key
 from rag_mspoe.eval.runs.units import Scorer
 from rag_mspoe.eval.sweep.batch_scorer import BatchScorer
 from rag_mspoe.eval.sweep.plan import Batch, Example, SweepConfig, load_examples, plan_batches
@@ -80,6 +80,7 @@ class Sweep(Evaluation):
     config: SweepConfig
     methods: Sequence[ResolvedMethod]
     examples: list[Example] = field(default_factory=list)
+    folder: Path | None = None  # set by plan: scorers look up records of the same prompt there
 
     @classmethod
     def report(cls, folder: Path, options: argparse.Namespace) -> str:
@@ -166,6 +167,7 @@ class Sweep(Evaluation):
 
     def plan(self, folder: Path, done: set[Key]) -> list[Batch]:
         self.examples = examples = frozen_examples(self.config, folder)
+        self.folder = folder.resolve()
         names = [m.name for m in self.methods]
         pending = []
         for batch in plan_batches(len(examples), names, self.config.positions, self.config.batch_size):
@@ -179,7 +181,9 @@ class Sweep(Evaluation):
         return pending
 
     def scorer(self, model: Any, tokenizer: Any) -> Scorer:
-        return BatchScorer(self.config, self.examples, self.methods, EngineSet(model, tokenizer)).score
+        results = None if self.folder is None else self.folder / RESULTS_FILE
+        engines = EngineSet(model, tokenizer)
+        return BatchScorer(self.config, self.examples, self.methods, engines, results).score
 
     def expected(self) -> set[Key]:
         return {

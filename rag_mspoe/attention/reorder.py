@@ -148,15 +148,8 @@ def _bias(model: Any, documents: int) -> torch.Tensor:
 def reordered_prompt(prompt: Prompt, order: Sequence[int]) -> list[dict[str, Any]]:
     """The prompt with its documents in `order` (old indices, one per document, across the messages
     in turn), each message's document spans updated; 'Document [i]' numbers run 1, 2, ... again."""
-    from rag_mspoe.document_prompts import find_document_lines
-
     messages = as_messages(prompt)
-    located = []  # (message index, char span) of every document, in prompt order
-    for index, message in enumerate(messages):
-        spans = message.get(DOCUMENT_SPANS)
-        if spans is None and message["role"] in ("user", "system"):
-            spans = find_document_lines(message["content"])
-        located += [(index, (start, end)) for start, end in spans or []]
+    located = _located_documents(messages)
     if sorted(order) != list(range(len(located))):
         raise ValueError(f"An order of {len(located)} documents is a permutation of 0..{len(located) - 1}.")
     texts = [messages[i]["content"][start:end] for i, (start, end) in located]
@@ -175,3 +168,33 @@ def reordered_prompt(prompt: Prompt, order: Sequence[int]) -> list[dict[str, Any
         if spans:
             result[index] = {**message, "content": "".join(pieces) + content[cursor:], DOCUMENT_SPANS: spans}
     return result
+
+
+def moved_slot(original: Prompt, reordered: Prompt, slot: int) -> int:
+    """Where the document at `slot` of `original` is in `reordered` (a reordering of its documents),
+    the documents compared without their 'Document [i]' numbers."""
+    before, after = _document_texts(original), _document_texts(reordered)
+    if not 0 <= slot < len(before) or before[slot] not in after:
+        raise ValueError(f"Document {slot} of the original prompt is not in the reordered one.")
+    return after.index(before[slot])
+
+
+def _document_texts(prompt: Prompt) -> list[str]:
+    messages = as_messages(prompt)
+    return [
+        _NUMBER.sub("", messages[index]["content"][start:end], count=1)
+        for index, (start, end) in _located_documents(messages)
+    ]
+
+
+def _located_documents(messages: Sequence[dict[str, Any]]) -> list[tuple[int, tuple[int, int]]]:
+    """(message index, character span) of every document, in prompt order."""
+    from rag_mspoe.document_prompts import find_document_lines
+
+    located = []
+    for index, message in enumerate(messages):
+        spans = message.get(DOCUMENT_SPANS)
+        if spans is None and message["role"] in ("user", "system"):
+            spans = find_document_lines(message["content"])
+        located += [(index, (int(start), int(end))) for start, end in spans or []]
+    return located
