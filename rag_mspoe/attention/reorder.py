@@ -112,28 +112,37 @@ def calibrated_relevance(
     """Each document's attention from the rows after the documents, minus its slot's bias, averaged
     over the ranking layers and their heads. `cache` holds the unmodified model's rows through the
     last document (a copy is used up); the model must have no method applied."""
+    layers = method.ranking_layers(int(model.config.num_hidden_layers))
+    mass = document_attention(model, cache, ids, spans, layers)
+    if method.strength:
+        mass = mass - method.strength * positional_bias(model, len(spans))[layers]
+    relevance = mass.mean(dim=(0, 1)).tolist()
+    return [value if math.isfinite(value) else -math.inf for value in relevance]
+
+
+def document_attention(
+    model: Any, cache: Any, ids: Sequence[int], spans: Sequence[tuple[int, int]], layers: Sequence[int]
+) -> torch.Tensor:
+    """[layers, heads, documents]: the attention mass each document gets from the rows after the
+    last document, per layer of `layers` and head (`cache` as `calibrated_relevance` takes it)."""
     from rag_mspoe.attention.calibration import AttentionCalibration
     from rag_mspoe.attention.spans import document_spans
     from rag_mspoe.rope.rescaling import STATE_ATTR
 
-    layers = method.ranking_layers(int(model.config.num_hidden_layers))
     end = spans[-1][1]
-    with rescaled(model, AttentionCalibration(bias="zero", layers=layers)), torch.inference_mode():
+    with rescaled(model, AttentionCalibration(bias="zero", layers=list(layers))), torch.inference_mode():
         state = getattr(model, STATE_ATTR)
         state.recorded = {}
         with document_spans(model, [list(spans)]):
             rest = torch.tensor([list(ids[end:])], device=model.device)
             model(rest, past_key_values=cache, logits_to_keep=1)
-        mass = torch.stack([state.recorded[layer].float().cpu() for layer in layers])  # [layers, heads, K]
+        mass = torch.stack([state.recorded[layer].float().cpu() for layer in layers])
         state.recorded = None
-    if method.strength:
-        bias = _bias(model, len(spans))[layers]
-        mass = mass - method.strength * bias
-    relevance = mass.mean(dim=(0, 1)).tolist()
-    return [value if math.isfinite(value) else -math.inf for value in relevance]
+    return mass
 
 
-def _bias(model: Any, documents: int) -> torch.Tensor:
+def positional_bias(model: Any, documents: int) -> torch.Tensor:
+    """[layers, heads, documents]: the model's estimated positional bias for this many documents."""
     path = bias_cache_path(model_display_name(model))
     config: Any = model.config
     table = PositionalBias.load(path).table(documents, config.num_hidden_layers, config.num_attention_heads)
