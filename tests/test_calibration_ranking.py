@@ -47,3 +47,27 @@ def test_the_study_scores_each_setting_as_the_method_ranks(tmp_path, monkeypatch
     study(again, examples, positions, tmp_path / "study", blocks=2, strengths=(0.0, 1.0), progress=False)
     assert again.document_prefixes.computed == 0
     assert read_records(tmp_path / "study" / RECORDS_FILE) == recorded
+
+
+def test_the_command_writes_the_table_and_a_config_only_for_a_better_ranking(tmp_path, monkeypatch, capsys):
+    from eval_run_helpers import save_tiny_chat_model
+
+    from rag_mspoe.cli import main
+    from rag_mspoe.eval.data.loaders import save_jsonl
+
+    monkeypatch.setenv("RAG_MSPOE_CACHE", str(tmp_path / "cache"))
+    model_dir = save_tiny_chat_model(tmp_path / "tiny")
+    data = tmp_path / "questions.jsonl"
+    save_jsonl(data, generate_invented_qa(4, 3, seed=5))
+    out = tmp_path / "study"
+    args = ["calibrate", "ranking", "--model", str(model_dir), "--data", str(data), "--documents", "4"]
+    assert main([*args, "--positions", "0,3", "--samples", "3", "--out", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    rows = json.loads((out / "ranking.json").read_text())
+    assert "| layers | strength | all |" in printed and (out / "ranking.md").is_file()
+    default = next(row for row in rows if row["layers"] == [2, 4] and row["strength"] == 1.0)
+    if rows[0]["accuracy"] > default["accuracy"]:
+        saved = json.loads((out / "rag_mspoe_method.json").read_text())
+        assert saved["layers"] == list(range(*rows[0]["layers"])) and saved["strength"] == rows[0]["strength"]
+    else:
+        assert not (out / "rag_mspoe_method.json").exists() and "no config written" in printed

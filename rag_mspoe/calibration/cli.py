@@ -405,6 +405,7 @@ def _register_ranking(commands: Any) -> None:
     parser.add_argument("--samples", type=int, default=40, help="questions (default 40)")
     parser.add_argument("--blocks", type=int, default=8, help="layer bands are runs of this many blocks")
     parser.add_argument("--strengths", default="0,0.5,1,1.5,2", help="bias strengths, comma-separated")
+    parser.add_argument("--no-progress", action="store_true", help="no line per recorded prompt")
     add_model_options(parser)
     parser.set_defaults(func=_ranking)
 
