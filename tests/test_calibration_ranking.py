@@ -66,8 +66,29 @@ def test_the_command_writes_the_table_and_a_config_only_for_a_better_ranking(tmp
     rows = json.loads((out / "ranking.json").read_text())
     assert "| layers | strength | all |" in printed and (out / "ranking.md").is_file()
     default = next(row for row in rows if row["layers"] == [2, 4] and row["strength"] == 1.0)
-    if rows[0]["accuracy"] > default["accuracy"]:
+    if rows[0]["accuracy"] > default["accuracy"] and rows[0]["p_vs_default"] < 0.05:
         saved = json.loads((out / "rag_mspoe_method.json").read_text())
         assert saved["layers"] == list(range(*rows[0]["layers"])) and saved["strength"] == rows[0]["strength"]
     else:
         assert not (out / "rag_mspoe_method.json").exists() and "no config written" in printed
+
+
+def test_a_setting_that_ranks_better_on_the_same_prompts_is_significant():
+    import torch
+
+    from rag_mspoe.calibration.ranking import RankingSetting, accuracy_table
+
+    def record(gold, decoy):
+        # Layers 0-1 attend to the gold document, layers 2-3 to a decoy.
+        def peak(at):
+            return [1.0 if k == at else 0.0 for k in range(3)]
+
+        return {"example_id": f"{gold}", "position": gold, "attention": [peak(gold)] * 2 + [peak(decoy)] * 2}
+
+    records = [record(gold, (gold + 1) % 3) for gold in range(3)] * 4
+    lower, upper = RankingSetting(0, 2, 0.0), RankingSetting(2, 4, 0.0)
+    rows = accuracy_table(records, torch.zeros(4, 3), [lower, upper], default=upper)
+    assert [row["setting"] for row in rows] == [lower, upper]
+    assert rows[0]["accuracy"] == 1.0 and rows[0]["by_position"] == {0: 1.0, 1: 1.0, 2: 1.0}
+    assert rows[1]["accuracy"] == 0.0 and rows[1]["p_vs_default"] == 1.0
+    assert rows[0]["p_vs_default"] < 0.001

@@ -396,7 +396,8 @@ def _register_ranking(commands: Any) -> None:
         description="One pass per prompt records the question's attention on each document in every "
         "layer; every band of layers and bias strength is then scored by how often it ranks the gold "
         "document first. Resumable (attention.jsonl). Writes rag_mspoe_method.json when a setting "
-        "beats the default's ranking; validate it on other questions with `rag-mspoe sweep`.",
+        "beats the default's ranking (paired p < 0.05); validate it on other questions with "
+        "`rag-mspoe sweep`.",
     )
     parser.add_argument("--out", required=True, help="folder of the study (resumed when it exists)")
     parser.add_argument("--data", required=True, help="QA examples (lost-in-the-middle format) to study")
@@ -434,7 +435,7 @@ def _ranking(args: argparse.Namespace) -> int:
     )
     print(table, end="")
     if best is None:
-        print("No setting ranks the gold first more often than the default; no config written.")
+        print("No setting ranks the gold first significantly more often than the default; no config written.")
     else:
         print(f"Best: {best.label} -> {Path(args.out) / 'rag_mspoe_method.json'}")
     print(f"wall time of this run: {time.monotonic() - started:.0f} s")

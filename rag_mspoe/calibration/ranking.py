@@ -22,6 +22,7 @@ import torch
 from rag_mspoe.files import atomic_write
 
 RECORDS_FILE = "attention.jsonl"
+SIGNIFICANCE = 0.05
 
 
 @dataclass(frozen=True)
@@ -82,23 +83,35 @@ def record_attention(
 
 
 def accuracy_table(
-    records: Sequence[dict[str, Any]], bias: torch.Tensor, settings: Sequence[RankingSetting]
+    records: Sequence[dict[str, Any]],
+    bias: torch.Tensor,
+    settings: Sequence[RankingSetting],
+    default: RankingSetting,
 ) -> list[dict[str, Any]]:
     """For each setting: the share of prompts whose gold document it ranks first, overall and per
-    gold position, best first. bias: [layers, documents], head-averaged."""
+    gold position, and the paired test against `default` on the same prompts (exact McNemar), best
+    first. bias: [layers, documents], head-averaged."""
+    from rag_mspoe.eval.scoring.metrics import paired_test
+
     positions = sorted({r["position"] for r in records})
     masses = torch.tensor([r["attention"] for r in records])  # [prompts, layers, documents]
     golds = torch.tensor([r["position"] for r in records])
-    rows = []
-    for setting in settings:
+
+    def hits_of(setting: RankingSetting) -> torch.Tensor:
         band = slice(setting.first, setting.stop)
         relevance = (masses[:, band] - setting.strength * bias[band]).mean(dim=1)
-        hits = (relevance.argmax(dim=-1) == golds).float()
+        return (relevance.argmax(dim=-1) == golds).float()
+
+    baseline = hits_of(default).tolist()
+    rows = []
+    for setting in settings:
+        hits = hits_of(setting)
         rows.append(
             {
                 "setting": setting,
                 "accuracy": hits.mean().item(),
                 "by_position": {p: hits[golds == p].mean().item() for p in positions},
+                "p_vs_default": paired_test(hits.tolist(), baseline),
             }
         )
     return sorted(rows, key=lambda row: -row["accuracy"])
@@ -111,14 +124,19 @@ def write_study(folder: Path, rows: list[dict[str, Any]], default: RankingSettin
         f"Gold document ranked first, share of {prompts} prompts (calibrated reordering's ranking; "
         f"the default is {default.label}).",
         "",
-        "| layers | strength | all | " + " | ".join(f"gold at {p}" for p in positions) + " |",
-        "|---|---|---|" + "---|" * len(positions),
+        "| layers | strength | all | "
+        + " | ".join(f"gold at {p}" for p in positions)
+        + " | p against the default |",
+        "|---|---|---|" + "---|" * (len(positions) + 1),
     ]
     for row in rows:
         s = row["setting"]
         mark = " (default)" if s == default else ""
         cells = " | ".join(f"{row['by_position'][p]:.3f}" for p in positions)
-        lines.append(f"| {s.first}-{s.stop - 1}{mark} | {s.strength:g} | {row['accuracy']:.3f} | {cells} |")
+        lines.append(
+            f"| {s.first}-{s.stop - 1}{mark} | {s.strength:g} | {row['accuracy']:.3f} | {cells} "
+            f"| {row['p_vs_default']:.3g} |"
+        )
     table = "\n".join(lines) + "\n"
     atomic_write(folder / "ranking.md", table.encode())
     data = [
@@ -127,6 +145,7 @@ def write_study(folder: Path, rows: list[dict[str, Any]], default: RankingSettin
             "strength": row["setting"].strength,
             "accuracy": row["accuracy"],
             "by_position": row["by_position"],
+            "p_vs_default": row["p_vs_default"],
         }
         for row in rows
     ]
@@ -145,8 +164,8 @@ def study(
     progress: bool = True,
 ) -> tuple[str, RankingSetting | None]:
     """Record the prompts' attention, score every band of `blocks` and strength, write the table;
-    returns it and the best setting when it ranks the gold first more often than the default
-    (whose config is then saved in `folder` as rag_mspoe_method.json)."""
+    returns it and the best setting when it ranks the gold first more often than the default, by a
+    paired difference with p < 0.05 (its config is then saved in `folder` as rag_mspoe_method.json)."""
     from rag_mspoe.attention.reorder import CalibratedReorder, positional_bias
     from rag_mspoe.eval.data.records import with_gold_at
     from rag_mspoe.eval.sweep.batch_scorer import prompt_of
@@ -164,11 +183,13 @@ def study(
     default = RankingSetting(layers // 2, layers, 1.0)
     settings = {RankingSetting(a, b, s) for a, b in layer_bands(layers, blocks) for s in strengths}
     ordered = sorted(settings | {default}, key=lambda s: (s.first, s.stop, s.strength))
-    rows = accuracy_table(records, bias, ordered)
+    rows = accuracy_table(records, bias, ordered, default)
     table = write_study(folder, rows, default, len(records))
-    best = rows[0]["setting"]
+    best = rows[0]
     default_accuracy = next(row["accuracy"] for row in rows if row["setting"] == default)
-    if rows[0]["accuracy"] <= default_accuracy:
+    # The best of many settings on few prompts beats the default by chance alone: only a paired
+    # difference that chance rarely gives makes a config.
+    if best["accuracy"] <= default_accuracy or best["p_vs_default"] >= SIGNIFICANCE:
         return table, None
-    best.config().save(folder, base_model=engine.name)
-    return table, best
+    best["setting"].config().save(folder, base_model=engine.name)
+    return table, best["setting"]
