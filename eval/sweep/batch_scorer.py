@@ -107,7 +107,8 @@ class BatchScorer:
         if method.method is not None and method.method.rewrites_prompt():
             for record, original, rewritten in zip(records, texts, read, strict=True):
                 record["prompt_position"] = moved_slot(original, rewritten, record["prompt_position"])
-            todo = self._take_scored(batch, records, read)
+            if run_method is None:  # the unmodified model reads the new prompts, as it did before
+                todo = self._take_scored(batch, records, read)
         examples = [arranged[i][0] for i in todo]
         self._score(engine, run_method, examples, [read[i] for i in todo], [records[i] for i in todo])
         seconds = (time.perf_counter() - started) / len(records)
