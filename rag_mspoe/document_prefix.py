@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from rag_mspoe.rope.hooks import returned_cache
+
 DEFAULT_MAX_BYTES = 1 << 30  # ~60 prompts of 1,300 tokens for the 0.5B in bf16, ~25 for the 1.5B
 
 
@@ -45,9 +47,10 @@ class DocumentPrefixCache:
             ids = torch.tensor([list(prefix)], device=self.model.device)
             with torch.inference_mode():
                 out = self.model(ids, use_cache=True, logits_to_keep=1)
-            size = _bytes(out.past_key_values)
+            cache = returned_cache(out)
+            size = _bytes(cache)
             self.computed += 1
-            self._caches[key] = (out.past_key_values, size)
+            self._caches[key] = (cache, size)
             self._bytes += size
             while self._bytes > self.max_bytes and len(self._caches) > 1:
                 _, (_, dropped) = self._caches.popitem(last=False)

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from rag_mspoe.method_config import MethodConfig
+from rag_mspoe.rope.hooks import cache_argument, returned_cache
 
 Score = tuple[float, int]  # (sum of log-probabilities, tokens scored)
 # transformers RoPE types whose frequencies change with the sequence length seen.
@@ -100,8 +101,8 @@ def _extend(
     end = depth + shared_length(*(prefills[index][depth:] for index in group))
     if end > depth:
         ids = torch.tensor([prefills[group[0]][depth:end]], device=model.device)
-        out = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        cache, logits = out.past_key_values, out.logits
+        out = model(ids, **cache_argument(cache), use_cache=True, logits_to_keep=1)
+        cache, logits = returned_cache(out), out.logits
     assert logits is not None  # every prefill has at least one token
     leaves = [index for index in group if len(prefills[index]) == end]
     branches: dict[int, list[int]] = {}
@@ -134,7 +135,7 @@ def _score_continuations(
     if width:
         # Right padding follows every real token, so causal attention keeps it out of them.
         cache.batch_repeat_interleave(len(rows))
-        rest = model(inputs.to(model.device), past_key_values=cache, use_cache=True).logits.float()
+        rest = model(inputs.to(model.device), **cache_argument(cache), use_cache=True).logits.float()
         predictions = torch.cat([predictions, rest], dim=1)
     logprobs = torch.log_softmax(predictions, dim=-1)
     results = []

@@ -28,6 +28,7 @@ from rag_mspoe.attention.bias import PositionalBias, bias_cache_path
 from rag_mspoe.chat_template import DOCUMENT_SPANS, Prompt, as_messages
 from rag_mspoe.loading import model_display_name
 from rag_mspoe.method_config import MethodConfig, check_finite, check_layers, chosen_layers
+from rag_mspoe.rope.hooks import cache_argument
 from rag_mspoe.rope.rescaling import rescaled
 
 Placement = Literal["first", "sorted", "last"]
@@ -135,7 +136,7 @@ def document_attention(
         state.recorded = {}
         with document_spans(model, [list(spans)]):
             rest = torch.tensor([list(ids[end:])], device=model.device)
-            model(rest, past_key_values=cache, logits_to_keep=1)
+            model(rest, **cache_argument(cache), logits_to_keep=1)
         mass = torch.stack([state.recorded[layer].float().cpu() for layer in layers])
         state.recorded = None
     return mass

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import transformers
 from torch import nn
 
 from rag_mspoe.method_config import MethodConfig
@@ -65,6 +66,26 @@ class ModelHooks:
             attention_mask=kwargs.get("attention_mask"),
             starts_fresh=starts_fresh(kv_cache(kwargs)),
         )
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """(major, minor) of a version string such as '5.24.0' or '5.24.0.dev0'."""
+    return tuple(int(part) for part in version.split(".")[:2])
+
+
+# What a forward calls its KV cache, as argument and as output field: transformers 5.24 renamed
+# `past_key_values` to `cache`, still taking the old name but warning (removal due in 5.40).
+CACHE_NAME = "cache" if _release(transformers.__version__) >= (5, 24) else "past_key_values"
+
+
+def cache_argument(cache: Any) -> dict[str, Any]:
+    """`cache` as the keyword argument a model's forward takes: `model(ids, **cache_argument(cache))`."""
+    return {CACHE_NAME: cache}
+
+
+def returned_cache(output: Any) -> Any:
+    """The KV cache a model's forward returned."""
+    return getattr(output, CACHE_NAME)
 
 
 def kv_cache(kwargs: dict[str, Any]) -> Any:
