@@ -101,14 +101,16 @@ def prefill_and_decode(model: Any, ids: Any, steps: int) -> tuple[float, float]:
     """Seconds of one prompt forward (logits at its last position) and of `steps` greedy steps after it."""
     import torch
 
+    from rag_mspoe.rope.hooks import cache_argument, returned_cache
+
     with torch.inference_mode():
         started = time.perf_counter()
         out = model(ids, use_cache=True, logits_to_keep=1)
         prefilled = time.perf_counter()
-        cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        cache, token = returned_cache(out), out.logits[:, -1:].argmax(-1)
         for _ in range(steps):
-            out = model(token, past_key_values=cache, use_cache=True)
-            cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
+            out = model(token, **cache_argument(cache), use_cache=True)
+            cache, token = returned_cache(out), out.logits[:, -1:].argmax(-1)
         return prefilled - started, time.perf_counter() - prefilled
 
 

@@ -30,6 +30,7 @@ from transformers import DynamicCache, StaticCache
 
 from rag_mspoe import Compose, HiddenScale, LayerWise, MsPoE, Uniform, rescaled
 from rag_mspoe.rope.awareness import position_awareness
+from rag_mspoe.rope.hooks import cache_argument
 
 SHAPES: dict[str, Callable[[], Any]] = {
     "llama3-8b": lambda: transformers.LlamaConfig(
@@ -135,7 +136,7 @@ def run_once(
     with torch.no_grad():
         start = clock.now()
         out = model(
-            ids, attention_mask=mask[:, :length], past_key_values=cache, use_cache=True, logits_to_keep=1
+            ids, attention_mask=mask[:, :length], **cache_argument(cache), use_cache=True, logits_to_keep=1
         )
         prefill = clock.now() - start
         token = out.logits[:, -1:].argmax(-1)
@@ -150,7 +151,7 @@ def run_once(
                 attention_mask=mask if static else mask[:, : at + 1],
                 position_ids=torch.full((batch, 1), at, device=device),
                 cache_position=torch.tensor([at], device=device),
-                past_key_values=cache,
+                **cache_argument(cache),
                 use_cache=True,
             )
             token = out.logits[:, -1:].argmax(-1).clone()  # CUDA graphs reuse their output buffers

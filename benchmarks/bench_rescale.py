@@ -22,6 +22,7 @@ import torch
 
 from rag_mspoe import Compose, LayerWise, MsPoE, Uniform, load_model, rescaled
 from rag_mspoe.rope.awareness import position_awareness
+from rag_mspoe.rope.hooks import cache_argument, returned_cache
 
 METHODS = {
     "none": None,
@@ -53,11 +54,11 @@ def prefill_and_decode(model, ids: torch.Tensor, new_tokens: int) -> tuple[float
         start = time.perf_counter()
         out = model(ids, use_cache=True)
         prefill = time.perf_counter() - start
-        cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        cache, token = returned_cache(out), out.logits[:, -1:].argmax(-1)
         start = time.perf_counter()
         for _ in range(new_tokens):
-            out = model(token, past_key_values=cache, use_cache=True)
-            cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
+            out = model(token, **cache_argument(cache), use_cache=True)
+            cache, token = returned_cache(out), out.logits[:, -1:].argmax(-1)
         return prefill, new_tokens / (time.perf_counter() - start)
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from rag_mspoe.attention import document_spans
+from rag_mspoe.rope.hooks import cache_argument
 
 
 def block_prompt(
@@ -62,9 +63,9 @@ def incremental_logits(
     cache = DynamicCache(config=model.config)
     rows = []
     with document_spans(model, [spans]), torch.no_grad():
-        out = model(input_ids=torch.tensor([list(ids[:prompt])]), past_key_values=cache, use_cache=True)
+        out = model(input_ids=torch.tensor([list(ids[:prompt])]), **cache_argument(cache), use_cache=True)
         rows.append(out.logits[0, -1])
         for token in ids[prompt:-1]:
-            out = model(input_ids=torch.tensor([[token]]), past_key_values=cache, use_cache=True)
+            out = model(input_ids=torch.tensor([[token]]), **cache_argument(cache), use_cache=True)
             rows.append(out.logits[0, -1])
     return torch.stack(rows)

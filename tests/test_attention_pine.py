@@ -18,6 +18,7 @@ from tiny_models import tiny_model
 
 from rag_mspoe import parse_method, rescale, rescaled
 from rag_mspoe.attention import Pine, document_spans
+from rag_mspoe.rope.hooks import cache_argument
 
 FULL_ATTENTION = {"layer_types": ["full_attention"] * 4, "use_sliding_window": False, "sliding_window": None}
 ARCHS = {
@@ -204,9 +205,9 @@ def test_continuations_of_one_prefilled_prompt_equal_full_forwards():
     rescale(model, Pine())
     cache = DynamicCache(config=model.config)
     with document_spans(model, [spans]), torch.no_grad():
-        model(input_ids=torch.tensor([prompt]), past_key_values=cache, use_cache=True)
+        model(input_ids=torch.tensor([prompt]), **cache_argument(cache), use_cache=True)
         cache.batch_repeat_interleave(2)
-        together = model(input_ids=torch.tensor(answers), past_key_values=cache, use_cache=True).logits
+        together = model(input_ids=torch.tensor(answers), **cache_argument(cache), use_cache=True).logits
     for row, answer in enumerate(answers):
         alone = logits(model, prompt + answer, spans)[-ANSWER:]
         torch.testing.assert_close(together[row], alone, atol=2e-5, rtol=1e-5)

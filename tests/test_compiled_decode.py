@@ -16,6 +16,7 @@ from torch._dynamo.utils import counters
 from transformers import DynamicCache, StaticCache
 
 from rag_mspoe import Compose, HiddenScale, LayerWise, MsPoE, Uniform, rescale
+from rag_mspoe.rope.hooks import cache_argument
 
 ORDER = [[0, 1], [1, 0], [0, 1], [1, 0]]  # per layer, KV heads from most position-aware
 QUERY_ORDER = [[0, 1, 2, 3], [3, 2, 1, 0], [1, 0, 3, 2], [2, 3, 0, 1]]
@@ -52,7 +53,7 @@ def _greedy(model, step_call, ids, mask, cache, static: bool) -> list[torch.Tens
     full_mask = torch.ones(batch, CACHE_LENGTH, dtype=mask.dtype)
     full_mask[:, :length] = mask
     with torch.no_grad():
-        out = model(ids, attention_mask=mask, position_ids=positions, past_key_values=cache)
+        out = model(ids, attention_mask=mask, position_ids=positions, **cache_argument(cache))
         logits = [out.logits[:, -1]]
         for step in range(STEPS):
             token = logits[-1].argmax(-1, keepdim=True)
@@ -63,7 +64,7 @@ def _greedy(model, step_call, ids, mask, cache, static: bool) -> list[torch.Tens
                 attention_mask=step_mask,
                 position_ids=positions[:, -1:] + step + 1,
                 cache_position=torch.tensor([at]),
-                past_key_values=cache,
+                **cache_argument(cache),
             )
             logits.append(out.logits[:, -1])
     return logits

@@ -8,6 +8,7 @@ import torch
 from rag_mspoe import NAMED_METHODS, frozen_head_order, parse_method, rescaled
 from rag_mspoe.attention import AttentionCalibration, Pine, document_spans, prompt_with_spans
 from rag_mspoe.pipelines.packing import render_qa_prompt
+from rag_mspoe.rope.hooks import cache_argument, returned_cache
 
 # Methods that read the prompt alone; those that need the documents' spans are tested below.
 PROMPT_ONLY_METHODS = [name for name in NAMED_METHODS if not parse_method(name).needs_document_spans()]
@@ -80,9 +81,9 @@ def test_embedded_model_cached_decoding_matches_full_forward(embedded_fp32, name
     prompt_length = ids.shape[1] - 6
     with rescaled(model, parse_method(name)), torch.no_grad():
         out = model(ids[:, :prompt_length], use_cache=True)
-        steps, cache = [out.logits[:, -1:]], out.past_key_values
+        steps, cache = [out.logits[:, -1:]], returned_cache(out)
         for t in range(prompt_length, ids.shape[1]):
-            out = model(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+            out = model(ids[:, t : t + 1], **cache_argument(cache), use_cache=True)
             steps.append(out.logits)
         with frozen_head_order(model):
             full = model(ids).logits[:, prompt_length - 1 :]

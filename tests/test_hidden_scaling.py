@@ -7,6 +7,7 @@ import torch
 from tiny_models import ARCH_NAMES, prompt_ids, tiny_model
 
 from rag_mspoe import Compose, HiddenScale, Uniform, rescaled
+from rag_mspoe.rope.hooks import cache_argument, returned_cache
 
 DIMENSION = 5
 
@@ -48,10 +49,10 @@ def test_cached_decoding_matches_a_full_forward_with_more_scaled_rows(arch, attn
     prompt_length, layers = 16, [0, 2, 3]
     with torch.no_grad(), rescaled(model, HiddenScale(dimension=DIMENSION, factor=-2.0, layers=layers)):
         out = model(ids[:, :prompt_length], use_cache=True)
-        steps, cache = [out.logits[:, -1:]], out.past_key_values
+        steps, cache = [out.logits[:, -1:]], returned_cache(out)
         for t in range(prompt_length, ids.shape[1]):
-            out = model(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
+            out = model(ids[:, t : t + 1], **cache_argument(cache), use_cache=True)
+            cache = returned_cache(out)
             steps.append(out.logits)
     rows = ids.shape[1] - prompt_length + 1
     with rescaled(model, HiddenScale(dimension=DIMENSION, factor=-2.0, layers=layers, last_rows=rows)):

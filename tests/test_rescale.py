@@ -22,6 +22,7 @@ from rag_mspoe import (
     rescaled,
     unrescale,
 )
+from rag_mspoe.rope.hooks import cache_argument, returned_cache
 
 METHODS = {
     "uniform": Uniform(1.7),
@@ -46,10 +47,10 @@ def decode_step_by_step(model, ids, prompt_length):
     with torch.no_grad():
         out = model(ids[:, :prompt_length], use_cache=True)
         steps = [out.logits]
-        cache = out.past_key_values
+        cache = returned_cache(out)
         for t in range(prompt_length, ids.shape[1]):
-            out = model(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
+            out = model(ids[:, t : t + 1], **cache_argument(cache), use_cache=True)
+            cache = returned_cache(out)
             steps.append(out.logits)
     return torch.cat(steps, dim=1)
 
@@ -267,9 +268,9 @@ def test_decoding_without_prefill_is_a_clear_error():
     model = tiny_model("llama")
     ids = prompt_ids()
     with torch.no_grad():
-        cache = model(ids, use_cache=True).past_key_values  # prefilled while unmodified
+        cache = returned_cache(model(ids, use_cache=True))  # prefilled while unmodified
         with rescaled(model, MsPoE()), pytest.raises(RuntimeError, match="Run the prompt through"):
-            model(ids[:, :1], past_key_values=cache, use_cache=True)
+            model(ids[:, :1], **cache_argument(cache), use_cache=True)
 
 
 @pytest.mark.parametrize("name", ["mspoe", "mspoe-query-head", "layerwise"])
@@ -279,9 +280,9 @@ def test_one_prefill_continued_several_ways_matches_each_alone(name):
     prompt = prompt_ids(length=16)
     continuations = prompt_ids(length=4, batch=3, seed=9)
     with rescaled(model, METHODS[name]), torch.no_grad():
-        cache = model(prompt, use_cache=True).past_key_values
+        cache = returned_cache(model(prompt, use_cache=True))
         cache.batch_repeat_interleave(3)
-        together = model(continuations, past_key_values=cache, use_cache=True).logits
+        together = model(continuations, **cache_argument(cache), use_cache=True).logits
         for row in range(3):
             alone = decode_step_by_step(model, torch.cat([prompt, continuations[row : row + 1]], dim=1), 16)
             torch.testing.assert_close(together[row], alone[0, 16:], atol=5e-5, rtol=1e-4)
