@@ -238,6 +238,11 @@ def test_calibrated_reorder_places_the_top_ranked_document():
     assert CalibratedReorder().order(relevance) == [1, 0, 2, 3]
     assert CalibratedReorder(place="last").order(relevance) == [0, 2, 3, 1]
     assert CalibratedReorder(place="sorted").order(relevance) == [1, 3, 2, 0]
+    # A lead of 0.1 over the runner-up: enough for a margin of 0.05, not for one of 0.2.
+    assert CalibratedReorder(min_margin=0.05).order(relevance) == [1, 0, 2, 3]
+    assert CalibratedReorder(min_margin=0.2, place="sorted").order(relevance) == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="min_margin must be 0 or more"):
+        CalibratedReorder(min_margin=-0.1)
     with pytest.raises(TypeError, match="rewrites the prompt"):
         rescaled(tiny_chat_model()[0], CalibratedReorder()).__enter__()
 
@@ -258,7 +263,8 @@ def test_the_engine_answers_calibrated_reorder_from_the_prompt_it_reorders(engin
         state.recorded = {}
         with document_spans(engine.model, [spans]):
             engine.model(torch.tensor([ids]))
-        full = torch.stack([state.recorded[layer] for layer in layers]).mean(dim=(0, 1)).tolist()
+        mass = torch.stack([state.recorded[layer] for layer in layers]).mean(dim=(0, 1))
+        full = (mass / mass.sum()).tolist()  # shares of the documents' attention
     cache = engine.document_prefixes.copy_of(ids[: spans[-1][1]])
     assert calibrated_relevance(engine.model, cache, ids, spans, method) == pytest.approx(full, abs=1e-5)
     expected = reordered_prompt(text, method.order(full))

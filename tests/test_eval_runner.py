@@ -259,3 +259,22 @@ def test_an_empty_gold_answer_is_refused_not_scored_as_zero_tokens(tiny, tmp_pat
     config = SweepConfig(data=str(data), num_documents=4, positions=(0,), samples=2, metrics=("loglik",))
     with pytest.raises(ValueError, match="answer to score is empty"):
         run_sweep(config, tmp_path / "run", model=tiny[0], tokenizer=tiny[1], progress=False, report=False)
+
+
+def test_a_run_recorded_before_a_method_gained_a_setting_resumes(tiny, tmp_path, monkeypatch):
+    # The manifest of a run started before calibrated reordering had min_margin: same config.
+    monkeypatch.setenv("RAG_MSPOE_CACHE", str(tmp_path / "cache"))
+    config = SweepConfig(num_documents=3, positions=(0, 2), methods=("calibrated-reorder",), samples=1)
+    run_sweep(config, tmp_path / "run", model=tiny[0], tokenizer=tiny[1], progress=False, report=False)
+    manifest_path = tmp_path / "run" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    del manifest["methods"]["calibrated-reorder"]["method"]["min_margin"]
+    manifest_path.write_text(json.dumps(manifest))
+    grown = dataclasses.replace(config, positions=(0, 1, 2))
+    load = dict(model=tiny[0], tokenizer=tiny[1], progress=False, report=False)
+    outcome = run_sweep(grown, tmp_path / "run", **load)
+    assert outcome.complete and outcome.written == 1
+    manifest["methods"]["calibrated-reorder"]["method"]["strength"] = 2.0
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="meant another config"):
+        run_sweep(grown, tmp_path / "run", **load)

@@ -126,12 +126,23 @@ def record_methods(manifest: dict[str, Any], methods: list[ResolvedMethod], fold
     known = manifest.setdefault("methods", {})
     for method in methods:
         config = jsonable(method.to_dict())
-        if known.get(method.name, config) != config:
+        if method.name in known and _as_now(known[method.name]) != config:
             raise ValueError(
                 f"Method name {method.name!r} meant another config in {folder}; "
                 "give this one another label (label=spec), or write into a new folder."
             )
         known[method.name] = config
+
+
+def _as_now(recorded: dict[str, Any]) -> Any:
+    """A config a manifest recorded, as this version writes it: a setting added to a method since
+    then takes its default, so the config means what it meant."""
+    from rag_mspoe.method_spec import ResolvedMethod
+
+    try:
+        return jsonable(ResolvedMethod.from_dict(recorded).to_dict())
+    except (KeyError, TypeError, ValueError):
+        return recorded  # no longer readable: compared as written
 
 
 def new_session(**extra: Any) -> dict[str, Any]:
