@@ -315,6 +315,16 @@ def _hidden(args: argparse.Namespace) -> int:
 
 
 # -- search -----------------------------------------------------------------------------------------
+def _real_question_options(parser: argparse.ArgumentParser, what: str) -> None:
+    """The run folder and the real questions of a search or study, and their gold positions."""
+    parser.add_argument("--out", required=True, help=f"folder of the {what} (resumed when it exists)")
+    parser.add_argument("--data", required=True, help=f"QA examples (lost-in-the-middle format) to {what} on")
+    parser.add_argument("--documents", type=int, default=10, help="documents per prompt (default 10)")
+    parser.add_argument(
+        "--positions", default="0,4,9", help="comma-separated gold positions, 0-based (default 0,4,9)"
+    )
+
+
 def _register_search(commands: Any) -> None:
     from rag_mspoe.calibration.spaces import SPACES
 
@@ -327,13 +337,8 @@ def _register_search(commands: Any) -> None:
         "on. Writes rag_mspoe_method.json only when the winner beats the unmodified model; validate it "
         "on questions it was not searched on with `rag-mspoe sweep`.",
     )
-    parser.add_argument("--out", required=True, help="folder of the search (resumed when it exists)")
-    parser.add_argument("--data", required=True, help="QA examples (lost-in-the-middle format) to search on")
+    _real_question_options(parser, "search")
     parser.add_argument("--space", required=True, choices=sorted(SPACES), help="the candidates' method")
-    parser.add_argument("--documents", type=int, default=10, help="documents per prompt (default 10)")
-    parser.add_argument(
-        "--positions", default="0,4,9", help="comma-separated gold positions, 0-based (default 0,4,9)"
-    )
     parser.add_argument(
         "--rungs", default="16,48,144", help="new questions per rung, comma-separated (default 16,48,144)"
     )
@@ -399,10 +404,7 @@ def _register_ranking(commands: Any) -> None:
         "beats the default's ranking (paired p < 0.05); validate it on other questions with "
         "`rag-mspoe sweep`.",
     )
-    parser.add_argument("--out", required=True, help="folder of the study (resumed when it exists)")
-    parser.add_argument("--data", required=True, help="QA examples (lost-in-the-middle format) to study")
-    parser.add_argument("--documents", type=int, default=10, help="documents per prompt (default 10)")
-    parser.add_argument("--positions", default="0,4,9", help="gold positions, 0-based (default 0,4,9)")
+    _real_question_options(parser, "study")
     parser.add_argument("--samples", type=int, default=40, help="questions (default 40)")
     parser.add_argument("--blocks", type=int, default=8, help="layer bands are runs of this many blocks")
     parser.add_argument("--strengths", default="0,0.5,1,1.5,2", help="bias strengths, comma-separated")
