@@ -249,7 +249,7 @@ def test_calibrated_reorder_places_the_top_ranked_document():
 
 def test_the_engine_answers_calibrated_reorder_from_the_prompt_it_reorders(engine, tmp_path, monkeypatch):
     from rag_mspoe.attention import AttentionCalibration, CalibratedReorder
-    from rag_mspoe.attention.reorder import calibrated_relevance, reordered_prompt
+    from rag_mspoe.attention.reorder import reordered_prompt
     from rag_mspoe.rope.rescaling import STATE_ATTR
 
     monkeypatch.setenv("RAG_MSPOE_CACHE", str(tmp_path))
@@ -265,8 +265,10 @@ def test_the_engine_answers_calibrated_reorder_from_the_prompt_it_reorders(engin
             engine.model(torch.tensor([ids]))
         mass = torch.stack([state.recorded[layer] for layer in layers]).mean(dim=(0, 1))
         full = (mass / mass.sum()).tolist()  # shares of the documents' attention
-    cache = engine.document_prefixes.copy_of(ids[: spans[-1][1]])
-    assert calibrated_relevance(engine.model, cache, ids, spans, method) == pytest.approx(full, abs=1e-5)
+    # The method's ranking pass reads only the question rows, on the documents' cached rows.
+    attention = method.ranking_attention(engine, text)
+    assert attention is not None and attention.shape == (engine.model.config.num_hidden_layers, 3)
+    assert method.relevance(engine.model, attention) == pytest.approx(full, abs=1e-5)
     expected = reordered_prompt(text, method.order(full))
     answer = engine.generate(text, method=method, max_new_tokens=6)
     assert answer.text == engine.generate(expected, method="none", max_new_tokens=6).text

@@ -128,6 +128,44 @@ def test_a_reordered_prompt_the_unmodified_model_already_read_takes_its_scores(t
         assert record["gold_logprob"] == pytest.approx(expected, abs=1e-4)
 
 
+def test_calibrated_reorderings_of_one_run_share_their_ranking_pass(tiny, tmp_path, monkeypatch):
+    # The second label ranks from the attention the first recorded, and answers as it does alone.
+    from rag_mspoe.attention import CalibratedReorder
+    from rag_mspoe.engine import Engine
+    from rag_mspoe.eval.sweep.batch_scorer import prompt_of
+
+    monkeypatch.setenv("RAG_MSPOE_CACHE", str(tmp_path / "cache"))
+    variant = CalibratedReorder(place="sorted", layers=[0], strength=0.5)
+    saved = variant.save(tmp_path / "sorted.json")
+    settings = dict(num_documents=4, positions=(0, 3), samples=2, metrics=("loglik",))
+    shared = SweepConfig(methods=("calibrated-reorder", f"sorted={saved}"), **settings)
+    alone = SweepConfig(methods=(f"sorted={saved}",), **settings)
+    run_sweep(shared, tmp_path / "shared", model=tiny[0], tokenizer=tiny[1], progress=False)
+    run_sweep(alone, tmp_path / "alone", model=tiny[0], tokenizer=tiny[1], progress=False)
+    records = read_records(tmp_path / "shared" / "results.jsonl")
+    layers = tiny[0].config.num_hidden_layers
+    first = {(r["position"], r["example_id"]): r for r in records if r["method"] == "calibrated-reorder"}
+    second = [r for r in records if r["method"] == "sorted"]
+    assert len(first) == len(second) == 4
+    for record in first.values():
+        attention = record["ranking_attention"]
+        assert len(attention) == layers and all(len(row) == 4 for row in attention)
+    computed = {(r["position"], r["example_id"]): r for r in read_records(tmp_path / "alone" / "results.jsonl")}
+    engine = Engine(*tiny, method="none")
+    examples = {e.id: e for e in frozen_examples(shared, tmp_path / "shared")}
+    for record in second:
+        key = (record["position"], record["example_id"])
+        assert record["ranking_from"] == "calibrated-reorder" and "ranking_attention" not in record
+        assert computed[key]["ranking_attention"] == first[key]["ranking_attention"]
+        assert record["prompt_position"] == computed[key]["prompt_position"]
+        assert record["gold_logprob"] == pytest.approx(computed[key]["gold_logprob"], abs=1e-4)
+        placed = with_gold_at(examples[record["example_id"]], record["position"])
+        ((expected, _),) = engine.score_continuations(prompt_of(placed), [candidates_of(placed)[1]], method=variant)
+        assert record["gold_logprob"] == pytest.approx(expected, abs=1e-4)
+    # The variant's own order is not the default's on every item (the test would pass trivially).
+    assert any(r["prompt_position"] != first[r["position"], r["example_id"]]["prompt_position"] for r in second)
+
+
 def test_a_labelled_method_is_recorded_under_its_label(tiny, tmp_path):
     config = SweepConfig(num_documents=4, positions=(0, 3), methods=("none", "half=pi:2"), samples=2)
     outcome = run_sweep(config, tmp_path, model=tiny[0], tokenizer=tiny[1], progress=False)

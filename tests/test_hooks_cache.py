@@ -14,8 +14,7 @@ from tiny_models import tiny_model
 from transformers import DynamicCache
 
 from rag_mspoe import prefix_scoring
-from rag_mspoe.attention import CalibratedReorder
-from rag_mspoe.attention.reorder import calibrated_relevance
+from rag_mspoe.attention.reorder import document_attention
 from rag_mspoe.document_prefix import DocumentPrefixCache
 from rag_mspoe.rope.hooks import kv_cache
 
@@ -46,6 +45,6 @@ def test_work_on_a_shared_cache_raises_no_deprecation_notice(monkeypatch):
         with torch.inference_mode():
             prefix_scoring.score(model, requests, pad_id=0)
         cache = DocumentPrefixCache(model).copy_of(ids[:10])
-        calibrated_relevance(model, cache, ids, [(2, 6), (6, 10)], CalibratedReorder(strength=0.0))
+        document_attention(model, cache, ids, [(2, 6), (6, 10)], [0, 1])
     notices = [str(warning.message) for warning in caught] + logged
     assert not [notice for notice in notices if "past_key_values" in notice], notices

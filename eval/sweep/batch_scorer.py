@@ -6,7 +6,8 @@ and the metrics: `choice_correct`, `choice` and `choice_share` (forced choice; t
 gold's probability among the candidates), `gold_logprob` and `gold_tokens`
 (teacher-forced log-likelihood of the gold answer), `match` and `prediction` (greedy answer);
 `same_prompt_as` when the scores are those of an earlier record with the same prompt text
-(`scored_prompts`).
+(`scored_prompts`); under calibrated reordering, `ranking_attention` (its ranking pass) or
+`ranking_from` (the label whose record held it: `rankings`).
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rag_mspoe.attention.reorder import moved_slot
+from rag_mspoe.attention.reorder import CalibratedReorder, moved_slot
 from rag_mspoe.chat_template import Prompt
 from rag_mspoe.eval.data import prompts
 from rag_mspoe.eval.data.records import KVExample, with_gold_at
 from rag_mspoe.eval.method_engines import EngineSet, stable_seed
 from rag_mspoe.eval.scoring import model_scores
 from rag_mspoe.eval.sweep.plan import Batch, Example, SweepConfig
+from rag_mspoe.eval.sweep.rankings import ranks_documents, recorded_rankings, reordered_prompts
 from rag_mspoe.eval.sweep.scored_prompts import metric_fields, prompt_key, scored_prompts, unmodified_label
 from rag_mspoe.method_spec import ResolvedMethod
 
@@ -102,7 +104,10 @@ class BatchScorer:
             )
         ]
         # A method that rewrites prompts does it once here; the unmodified model then reads them.
-        run_method, read = engine.rewritten(texts, method=method.method)
+        if ranks_documents(method):
+            run_method, read = None, self._reordered(engine, method, texts, records)
+        else:
+            run_method, read = engine.rewritten(texts, method=method.method)
         todo = list(range(len(records)))
         if method.method is not None and method.method.rewrites_prompt():
             for record, original, rewritten in zip(records, texts, read, strict=True):
@@ -115,6 +120,17 @@ class BatchScorer:
         for record in records:
             record["seconds"] = round(seconds, 4)
         return records
+
+    def _reordered(
+        self, engine: Any, method: ResolvedMethod, texts: Sequence[Prompt], records: list[dict[str, Any]]
+    ) -> list[Prompt]:
+        """Calibrated reordering's prompts, ranked from the attention any of the run's calibrated
+        reorderings recorded for the item, or from a ranking pass recorded now (`rankings`)."""
+        labels = [name for name, other in self.methods.items() if ranks_documents(other)]
+        keys = {(record["position"], record["example_id"]) for record in records}
+        recorded = recorded_rankings(self.results, labels, keys)
+        assert isinstance(method.method, CalibratedReorder)
+        return reordered_prompts(engine, method.method, texts, records, recorded)
 
     def _take_scored(self, batch: Batch, records: list[dict[str, Any]], read: Sequence[Prompt]) -> list[int]:
         """Fill in the items whose prompt the unmodified model already scored in this run; the

@@ -80,15 +80,35 @@ class CalibratedReorder(MethodConfig):
         return True
 
     def rewrite(self, engine: Any, prompt: Prompt, *, raw: bool = False) -> Prompt:
+        attention = self.ranking_attention(engine, prompt, raw=raw)
+        return prompt if attention is None else self.reordered(engine, prompt, attention, raw=raw)
+
+    def ranking_attention(self, engine: Any, prompt: Prompt, *, raw: bool = False) -> torch.Tensor | None:
+        """The ranking pass: [layers, documents], the attention the rows after the last document put
+        on each document in every layer, averaged over heads (None with fewer than two documents).
+        Every layer is kept, so any band's ranking can be read from it later (sweeps record it)."""
         ids, spans = engine.document_spans_of(self, prompt, raw=raw)
         if len(spans) < 2:
-            return prompt  # nothing to reorder
+            return None
         self.prepare(engine.model, engine.tokenizer, [spans])
         with rescaled(engine.model, None):
             cache = engine.document_prefixes.copy_of(ids[: spans[-1][1]])
-        relevance = calibrated_relevance(engine.model, cache, ids, spans, self)
-        reordered = reordered_prompt(prompt, self.order(relevance))
+        layers = range(int(engine.model.config.num_hidden_layers))
+        return document_attention(engine.model, cache, ids, spans, layers).mean(dim=1)
+
+    def reordered(self, engine: Any, prompt: Prompt, attention: torch.Tensor, *, raw: bool = False) -> Prompt:
+        """The prompt reordered by the ranking that `attention` (as `ranking_attention` gives it) makes."""
+        _, spans = engine.document_spans_of(self, prompt, raw=raw)
+        self.prepare(engine.model, engine.tokenizer, [spans])
+        reordered = reordered_prompt(prompt, self.order(self.relevance(engine.model, attention)))
         return reordered[0]["content"] if raw else reordered
+
+    def relevance(self, model: Any, attention: torch.Tensor) -> list[float]:
+        """Each document's calibrated relevance from its ranking attention (`relevance_shares`)."""
+        layers = self.ranking_layers(int(model.config.num_hidden_layers))
+        bias = positional_bias(model, attention.shape[-1]).mean(dim=1) if self.strength else None
+        shares = relevance_shares(attention, bias, layers, self.strength).tolist()
+        return [value if math.isfinite(value) else -math.inf for value in shares]
 
     def prepare(self, model: Any, tokenizer: Any, spans: Sequence[Sequence[tuple[int, int]] | None]) -> None:
         if self.strength:
@@ -114,27 +134,28 @@ class CalibratedReorder(MethodConfig):
         return [best, *others] if self.place == "first" else [*others, best]
 
 
-def calibrated_relevance(
-    model: Any, cache: Any, ids: Sequence[int], spans: Sequence[tuple[int, int]], method: CalibratedReorder
-) -> list[float]:
-    """Each document's attention from the rows after the documents, minus its slot's bias, averaged
-    over the ranking layers and their heads, as a share of the attention all the documents get.
-    `cache` holds the unmodified model's rows through the last document (a copy is used up); the
-    model must have no method applied."""
-    layers = method.ranking_layers(int(model.config.num_hidden_layers))
-    mass = document_attention(model, cache, ids, spans, layers)
-    total = mass.sum(dim=-1).mean().clamp(min=1e-30)
-    if method.strength:
-        mass = mass - method.strength * positional_bias(model, len(spans))[layers]
-    relevance = (mass.mean(dim=(0, 1)) / total).tolist()
-    return [value if math.isfinite(value) else -math.inf for value in relevance]
+def relevance_shares(
+    attention: torch.Tensor, bias: torch.Tensor | None, layers: Sequence[int], strength: float
+) -> torch.Tensor:
+    """[..., documents]: each document's attention minus `strength` times its slot's bias, averaged
+    over `layers`, as a share of the attention all the documents get there. attention: [...,
+    layers, documents], head-averaged; bias: [layers, documents], head-averaged (unused at
+    strength 0). The head average of the difference is the difference of the head averages, so
+    the ranking is the one per-head calibration gives."""
+    band = attention[..., list(layers), :]
+    total = band.sum(dim=-1).mean(dim=-1, keepdim=True).clamp(min=1e-30)
+    if strength:
+        assert bias is not None
+        band = band - strength * bias[list(layers)]
+    return band.mean(dim=-2) / total
 
 
 def document_attention(
     model: Any, cache: Any, ids: Sequence[int], spans: Sequence[tuple[int, int]], layers: Sequence[int]
 ) -> torch.Tensor:
     """[layers, heads, documents]: the attention mass each document gets from the rows after the
-    last document, per layer of `layers` and head (`cache` as `calibrated_relevance` takes it)."""
+    last document, per layer of `layers` and head. `cache` holds the unmodified model's rows through
+    the last document (a copy is used up); the model must have no method applied."""
     from rag_mspoe.attention.calibration import AttentionCalibration
     from rag_mspoe.attention.spans import document_spans
     from rag_mspoe.rope.rescaling import STATE_ATTR

@@ -49,22 +49,12 @@ def layer_bands(layers: int, blocks: int) -> list[tuple[int, int]]:
     return [(a, b) for i, a in enumerate(edges) for b in edges[i + 1 :]]
 
 
-def prompt_attention(engine: Any, prompt: Any) -> torch.Tensor:
-    """[layers, documents]: the head-averaged attention mass of the question rows on each document."""
-    from rag_mspoe.attention.reorder import CalibratedReorder, document_attention
-    from rag_mspoe.rope.rescaling import rescaled
-
-    ids, spans = engine.document_spans_of(CalibratedReorder(), prompt)
-    layers = range(int(engine.model.config.num_hidden_layers))
-    with rescaled(engine.model, None):
-        cache = engine.document_prefixes.copy_of(ids[: spans[-1][1]])
-    return document_attention(engine.model, cache, ids, spans, layers).mean(dim=1)
-
-
 def record_attention(
     engine: Any, examples: Sequence[Any], positions: Sequence[int], folder: Path, *, progress: bool = True
 ) -> list[dict[str, Any]]:
-    """Each (example, gold position)'s `prompt_attention`, read from `folder` or computed and appended."""
+    """Each (example, gold position)'s ranking attention (`CalibratedReorder.ranking_attention`),
+    read from `folder` or computed and appended."""
+    from rag_mspoe.attention.reorder import CalibratedReorder
     from rag_mspoe.eval.data.records import with_gold_at
     from rag_mspoe.eval.runs.results import ResultsFile, read_records
     from rag_mspoe.eval.sweep.batch_scorer import prompt_of
@@ -74,7 +64,9 @@ def record_attention(
         for position in positions:
             if (example.id, position) in results.done:
                 continue
-            mass = prompt_attention(engine, prompt_of(with_gold_at(example, position)))
+            mass = CalibratedReorder().ranking_attention(engine, prompt_of(with_gold_at(example, position)))
+            if mass is None:
+                raise ValueError(f"Example {example.id} has fewer than two documents: nothing to rank.")
             results.append([{"example_id": example.id, "position": position, "attention": mass.tolist()}])
             if progress:
                 print(f"{len(results.done)} prompts recorded", flush=True)
@@ -91,6 +83,7 @@ def accuracy_table(
     """For each setting: the share of prompts whose gold document it ranks first, overall and per
     gold position, and the paired test against `default` on the same prompts (exact McNemar), best
     first. bias: [layers, documents], head-averaged."""
+    from rag_mspoe.attention.reorder import relevance_shares
     from rag_mspoe.eval.scoring.metrics import paired_test
 
     positions = sorted({r["position"] for r in records})
@@ -98,8 +91,8 @@ def accuracy_table(
     golds = torch.tensor([r["position"] for r in records])
 
     def hits_of(setting: RankingSetting) -> torch.Tensor:
-        band = slice(setting.first, setting.stop)
-        relevance = (masses[:, band] - setting.strength * bias[band]).mean(dim=1)
+        band = range(setting.first, setting.stop)
+        relevance = relevance_shares(masses, bias, band, setting.strength)
         return (relevance.argmax(dim=-1) == golds).float()
 
     baseline = hits_of(default).tolist()

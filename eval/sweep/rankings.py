@@ -1,0 +1,73 @@
+"""Calibrated reordering in a sweep: each item's ranking pass is recorded with it and read back.
+
+The method's ranking pass (`CalibratedReorder.ranking_attention`) keeps the attention of every
+layer, and what its settings decide (layer band, bias strength, margin, placement) is computed from
+that record alone. A sweep stores it with the item (`ranking_attention`, [layers][documents],
+rounded to float32's precision), and a second calibrated-reordering label of the same run reads
+it instead of running the pass again (`ranking_from`: the label it read it from): a variant's cost
+is then only the answers to prompts no label has scored yet. Both the label that records the
+attention and the ones that read it rank from the rounded numbers, so a rerun orders alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rag_mspoe.attention.reorder import CalibratedReorder
+from rag_mspoe.chat_template import Prompt
+from rag_mspoe.eval.runs.results import read_records
+from rag_mspoe.method_spec import ResolvedMethod
+
+FIELD = "ranking_attention"
+SIGNIFICANT_DIGITS = 7  # float32 holds about 7 significant decimal digits
+
+
+def ranks_documents(method: ResolvedMethod) -> bool:
+    """Whether the label reorders by a calibrated ranking of the documents as given."""
+    return isinstance(method.method, CalibratedReorder) and method.order == "given"
+
+
+def recorded_rankings(
+    results: Path | None, labels: Iterable[str], keys: set[tuple[int, str]]
+) -> dict[tuple[int, str], tuple[str, list[list[float]]]]:
+    """(position, example id) -> (label, ranking attention) for the records of `labels` in the
+    results file that carry one (read afresh: other workers may have added records)."""
+    wanted = set(labels)
+    if results is None or not wanted or not results.exists():
+        return {}
+    found = {}
+    for record in read_records(results):
+        key = (record["position"], record["example_id"])
+        if record["method"] in wanted and key in keys and FIELD in record:
+            found[key] = (record["method"], record[FIELD])
+    return found
+
+
+def reordered_prompts(
+    engine: Any,
+    method: CalibratedReorder,
+    texts: Sequence[Prompt],
+    records: Sequence[dict[str, Any]],
+    recorded: dict[tuple[int, str], tuple[str, list[list[float]]]],
+) -> list[Prompt]:
+    """The prompts the unmodified model reads under `method`: each ranked from its recorded
+    attention when another label recorded it, else from a ranking pass recorded into its record."""
+    read = []
+    for text, record in zip(texts, records, strict=True):
+        earlier = recorded.get((record["position"], record["example_id"]))
+        if earlier is not None:
+            record["ranking_from"] = earlier[0]
+            attention = earlier[1]
+        else:
+            computed = method.ranking_attention(engine, text)
+            if computed is None:  # fewer than two documents: nothing to reorder
+                read.append(text)
+                continue
+            attention = [[float(f"{value:.{SIGNIFICANT_DIGITS}g}") for value in row] for row in computed.tolist()]
+            record[FIELD] = attention
+        read.append(method.reordered(engine, text, torch.tensor(attention)))
+    return read
