@@ -137,8 +137,9 @@ def test_calibrated_reorderings_of_one_run_share_their_ranking_pass(tiny, tmp_pa
     monkeypatch.setenv("RAG_MSPOE_CACHE", str(tmp_path / "cache"))
     variant = CalibratedReorder(place="sorted", layers=[0], strength=0.5)
     saved = variant.save(tmp_path / "sorted.json")
+    default = CalibratedReorder().save(tmp_path / "default.json")
     settings = dict(num_documents=4, positions=(0, 3), samples=2, metrics=("loglik",))
-    shared = SweepConfig(methods=("calibrated-reorder", f"sorted={saved}"), **settings)
+    shared = SweepConfig(methods=("calibrated-reorder", f"sorted={saved}", f"same={default}"), **settings)
     alone = SweepConfig(methods=(f"sorted={saved}",), **settings)
     run_sweep(shared, tmp_path / "shared", model=tiny[0], tokenizer=tiny[1], progress=False)
     run_sweep(alone, tmp_path / "alone", model=tiny[0], tokenizer=tiny[1], progress=False)
@@ -150,7 +151,9 @@ def test_calibrated_reorderings_of_one_run_share_their_ranking_pass(tiny, tmp_pa
     for record in first.values():
         attention = record["ranking_attention"]
         assert len(attention) == layers and all(len(row) == 4 for row in attention)
-    computed = {(r["position"], r["example_id"]): r for r in read_records(tmp_path / "alone" / "results.jsonl")}
+    computed = {
+        (r["position"], r["example_id"]): r for r in read_records(tmp_path / "alone" / "results.jsonl")
+    }
     engine = Engine(*tiny, method="none")
     examples = {e.id: e for e in frozen_examples(shared, tmp_path / "shared")}
     for record in second:
@@ -160,10 +163,22 @@ def test_calibrated_reorderings_of_one_run_share_their_ranking_pass(tiny, tmp_pa
         assert record["prompt_position"] == computed[key]["prompt_position"]
         assert record["gold_logprob"] == pytest.approx(computed[key]["gold_logprob"], abs=1e-4)
         placed = with_gold_at(examples[record["example_id"]], record["position"])
-        ((expected, _),) = engine.score_continuations(prompt_of(placed), [candidates_of(placed)[1]], method=variant)
+        ((expected, _),) = engine.score_continuations(
+            prompt_of(placed), [candidates_of(placed)[1]], method=variant
+        )
         assert record["gold_logprob"] == pytest.approx(expected, abs=1e-4)
     # The variant's own order is not the default's on every item (the test would pass trivially).
-    assert any(r["prompt_position"] != first[r["position"], r["example_id"]]["prompt_position"] for r in second)
+    assert any(
+        r["prompt_position"] != first[r["position"], r["example_id"]]["prompt_position"] for r in second
+    )
+    # The default under another label writes prompts the first label scored (at this gold position,
+    # or at another whose reordering wrote the same text): it takes their scores.
+    for record in (r for r in records if r["method"] == "same"):
+        label, position = record["same_prompt_as"]
+        source = first[position, record["example_id"]]
+        assert label == "calibrated-reorder" and "ranking_attention" not in record
+        assert record["gold_logprob"] == source["gold_logprob"]
+        assert record["prompt_position"] == source["prompt_position"]
 
 
 def test_a_labelled_method_is_recorded_under_its_label(tiny, tmp_path):

@@ -18,11 +18,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from rag_mspoe.attention.reorder import CalibratedReorder, moved_slot
 from rag_mspoe.chat_template import Prompt
 from rag_mspoe.eval.data import prompts
 from rag_mspoe.eval.data.records import KVExample, with_gold_at
 from rag_mspoe.eval.method_engines import EngineSet, stable_seed
+from rag_mspoe.eval.runs.results import read_records
 from rag_mspoe.eval.scoring import model_scores
 from rag_mspoe.eval.sweep.plan import Batch, Example, SweepConfig
 from rag_mspoe.eval.sweep.rankings import ranks_documents, recorded_rankings, reordered_prompts
@@ -113,7 +116,7 @@ class BatchScorer:
             for record, original, rewritten in zip(records, texts, read, strict=True):
                 record["prompt_position"] = moved_slot(original, rewritten, record["prompt_position"])
             if run_method is None:  # the unmodified model reads the new prompts, as it did before
-                todo = self._take_scored(batch, records, read)
+                todo = self._take_scored(engine, batch, records, read)
         examples = [arranged[i][0] for i in todo]
         self._score(engine, run_method, examples, [read[i] for i in todo], [records[i] for i in todo])
         seconds = (time.perf_counter() - started) / len(records)
@@ -128,24 +131,30 @@ class BatchScorer:
         reorderings recorded for the item, or from a ranking pass recorded now (`rankings`)."""
         labels = [name for name, other in self.methods.items() if ranks_documents(other)]
         keys = {(record["position"], record["example_id"]) for record in records}
-        recorded = recorded_rankings(self.results, labels, keys)
+        done = read_records(self.results) if self.results is not None and self.results.exists() else []
+        recorded = recorded_rankings(done, labels, keys)
         assert isinstance(method.method, CalibratedReorder)
         return reordered_prompts(engine, method.method, texts, records, recorded)
 
-    def _take_scored(self, batch: Batch, records: list[dict[str, Any]], read: Sequence[Prompt]) -> list[int]:
-        """Fill in the items whose prompt the unmodified model already scored in this run; the
-        indices of the others."""
-        if self.unmodified is None or self.results is None:
+    def _take_scored(
+        self, engine: Any, batch: Batch, records: list[dict[str, Any]], read: Sequence[Prompt]
+    ) -> list[int]:
+        """Fill in the items whose prompt the unmodified model already read in this run, as the
+        unmodified label's prompt at any gold position of the example or as another calibrated
+        reordering's at the same one; the indices of the others."""
+        if self.results is None or not self.results.exists():
             return list(range(len(records)))
-        base = self.methods[self.unmodified]
-        candidates = {
-            (position, self.examples[index].id): prompt_of(
-                arranged_example(base, self.examples[index], position, self.config.seed)[0]
-            )
-            for index in {index for _, index in batch.items}
-            for position in self.config.positions
-        }
-        known = scored_prompts(self.results, self.unmodified, candidates)
+        done = read_records(self.results)
+        candidates: dict[tuple[str, int, str], Prompt] = {}
+        indices = sorted({index for _, index in batch.items})
+        if self.unmodified is not None:
+            base = self.methods[self.unmodified]
+            for index in indices:
+                for position in self.config.positions:
+                    example = arranged_example(base, self.examples[index], position, self.config.seed)[0]
+                    candidates[self.unmodified, position, self.examples[index].id] = prompt_of(example)
+        candidates.update(self._other_rankings(engine, batch, records, done))
+        known = scored_prompts(done, candidates)
         fields = metric_fields(self.config.metrics)
         todo = []
         for number, (record, prompt) in enumerate(zip(records, read, strict=True)):
@@ -154,8 +163,36 @@ class BatchScorer:
                 todo.append(number)
                 continue
             record.update({name: earlier[name] for name in fields})
-            record["same_prompt_as"] = [self.unmodified, earlier["position"]]
+            record["same_prompt_as"] = [earlier["method"], earlier["position"]]
         return todo
+
+    def _other_rankings(
+        self, engine: Any, batch: Batch, records: list[dict[str, Any]], done: Sequence[dict[str, Any]]
+    ) -> dict[tuple[str, int, str], Prompt]:
+        """The prompts the run's other calibrated reorderings read for this batch's items, rebuilt
+        from the recorded ranking attention (no model run)."""
+        others = {
+            name: other
+            for name, other in self.methods.items()
+            if name != batch.method and ranks_documents(other)
+        }
+        if not others:
+            return {}
+        keys = {(record["position"], record["example_id"]) for record in records}
+        labels = [name for name, other in self.methods.items() if ranks_documents(other)]
+        attention = recorded_rankings(done, labels, keys)
+        scored = {(r["method"], r["position"], r["example_id"]) for r in done if r["method"] in others}
+        prompts = {}
+        for position, index in batch.items:
+            example_id = self.examples[index].id
+            for name, other in others.items():
+                if (name, position, example_id) not in scored or (position, example_id) not in attention:
+                    continue
+                assert isinstance(other.method, CalibratedReorder)
+                text = prompt_of(arranged_example(other, self.examples[index], position, self.config.seed)[0])
+                ranking = torch.tensor(attention[position, example_id][1])
+                prompts[name, position, example_id] = other.method.reordered(engine, text, ranking)
+        return prompts
 
     def _score(
         self,

@@ -4,22 +4,22 @@ The method's ranking pass (`CalibratedReorder.ranking_attention`) keeps the atte
 layer, and what its settings decide (layer band, bias strength, margin, placement) is computed from
 that record alone. A sweep stores it with the item (`ranking_attention`, [layers][documents],
 rounded to float32's precision), and a second calibrated-reordering label of the same run reads
-it instead of running the pass again (`ranking_from`: the label it read it from): a variant's cost
-is then only the answers to prompts no label has scored yet. Both the label that records the
-attention and the ones that read it rank from the rounded numbers, so a rerun orders alike.
+it instead of running the pass again (`ranking_from`: the label it read it from); the prompts the
+labels wrote are rebuilt from it, so a variant's item whose prompt another label already scored
+takes those scores (`scored_prompts`): a variant costs only the answers to its new prompts. Both
+the label that records the attention and the ones that read it rank from the rounded numbers, so
+a rerun orders alike.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from rag_mspoe.attention.reorder import CalibratedReorder
 from rag_mspoe.chat_template import Prompt
-from rag_mspoe.eval.runs.results import read_records
 from rag_mspoe.method_spec import ResolvedMethod
 
 FIELD = "ranking_attention"
@@ -32,15 +32,13 @@ def ranks_documents(method: ResolvedMethod) -> bool:
 
 
 def recorded_rankings(
-    results: Path | None, labels: Iterable[str], keys: set[tuple[int, str]]
+    records: Iterable[dict[str, Any]], labels: Iterable[str], keys: set[tuple[int, str]]
 ) -> dict[tuple[int, str], tuple[str, list[list[float]]]]:
-    """(position, example id) -> (label, ranking attention) for the records of `labels` in the
-    results file that carry one (read afresh: other workers may have added records)."""
+    """(position, example id) -> (label, ranking attention) for the `records` of `labels` that carry
+    one (the run's records read afresh: other workers may have added some)."""
     wanted = set(labels)
-    if results is None or not wanted or not results.exists():
-        return {}
     found = {}
-    for record in read_records(results):
+    for record in records:
         key = (record["position"], record["example_id"])
         if record["method"] in wanted and key in keys and FIELD in record:
             found[key] = (record["method"], record[FIELD])
@@ -67,7 +65,9 @@ def reordered_prompts(
             if computed is None:  # fewer than two documents: nothing to reorder
                 read.append(text)
                 continue
-            attention = [[float(f"{value:.{SIGNIFICANT_DIGITS}g}") for value in row] for row in computed.tolist()]
+            attention = [
+                [float(f"{value:.{SIGNIFICANT_DIGITS}g}") for value in row] for row in computed.tolist()
+            ]
             record[FIELD] = attention
         read.append(method.reordered(engine, text, torch.tensor(attention)))
     return read

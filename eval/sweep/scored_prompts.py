@@ -3,21 +3,20 @@
 A method that rewrites its prompt before the unmodified model reads it (calibrated reordering)
 often writes, character for character, a prompt the unmodified model has read at another gold
 position of the same example: the gold document moved to the front of the example with its gold
-at position 4 is that example's prompt with its gold at position 0. The item then takes that
-record's scores instead of running the model again on the same text, and says so
-(`same_prompt_as`: the label and gold position it took them from). The run's settings are one
-for all its records, so the scores are the ones the model would give again (up to the rounding
-of a different batch, as between any two batches of a run).
+at position 4 is that example's prompt with its gold at position 0; and a variant of it (another
+margin, band or strength) mostly writes what the run's first calibrated reordering wrote for the
+same item. The item then takes that record's scores instead of running the model again on the
+same text, and says so (`same_prompt_as`: the label and gold position it took them from). The
+run's settings are one for all its records, so the scores are the ones the model would give again
+(up to the rounding of a different batch, as between any two batches of a run).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from rag_mspoe.chat_template import Prompt, as_messages
-from rag_mspoe.eval.runs.results import read_records
 from rag_mspoe.method_spec import ResolvedMethod
 
 # The fields each metric writes into a record (see batch_scorer).
@@ -49,13 +48,13 @@ def metric_fields(metrics: Sequence[str]) -> list[str]:
 
 
 def scored_prompts(
-    results: Path, label: str, prompts: Mapping[tuple[int, str], Prompt]
+    records: Iterable[dict[str, Any]], prompts: Mapping[tuple[str, int, str], Prompt]
 ) -> dict[tuple[tuple[str, str], ...], dict[str, Any]]:
-    """The records of `label` in the results file whose (position, example id) is in `prompts`,
-    keyed by the text of their prompt there (read afresh: other workers may have added records)."""
-    found = {}
-    for record in read_records(results):
-        key = (record["position"], record["example_id"])
-        if record["method"] == label and key in prompts:
-            found[prompt_key(prompts[key])] = record
+    """The records whose (label, position, example id) is in `prompts`, keyed by the text of their
+    prompt there; the first such record of a text when several labels read it."""
+    found: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
+    for record in records:
+        key = (record["method"], record["position"], record["example_id"])
+        if key in prompts:
+            found.setdefault(prompt_key(prompts[key]), record)
     return found
