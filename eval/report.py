@@ -91,6 +91,45 @@ def summarize(
     return summary
 
 
+def gold_placement(records: Sequence[dict[str, Any]]) -> dict[str, dict[int, dict[str, float]]]:
+    """For each method that reorders documents: per gold position, the share of its items whose
+    prompt had the gold first (`first`) and whose prompt moved it at all (`moved`), and how many."""
+    counts: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0, 0]))
+    for record in records:
+        if "prompt_position" not in record:
+            continue
+        position, placed = int(record["position"]), int(record["prompt_position"])
+        tally = counts[record["method"]][position]
+        tally[0] += placed == 0
+        tally[1] += placed != position
+        tally[2] += 1
+    return {
+        method: {
+            position: {"first": first / n, "moved": moved / n, "items": n}
+            for position, (first, moved, n) in sorted(by_position.items())
+        }
+        for method, by_position in counts.items()
+        if any(moved for _, moved, _ in by_position.values())
+    }
+
+
+def placement_table(placement: dict[str, dict[int, dict[str, float]]]) -> str:
+    """The share of items with the gold first, per method and gold position, as Markdown."""
+    if not placement:
+        return ""
+    positions = sorted({p for by_position in placement.values() for p in by_position})
+    lines = [
+        "| method | " + " | ".join(f"pos {p}" for p in positions) + " |",
+        "|---|" + "---|" * len(positions),
+    ]
+    for method, by_position in placement.items():
+        shares = [by_position.get(p) for p in positions]
+        cells = [f"{100 * x['first']:.0f} % of {x['items']:.0f}" if x else "-" for x in shares]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    note = "Items whose prompt had the gold document first, by the gold position the sweep set."
+    return "\n".join(lines) + f"\n\n{note}\n"
+
+
 def _natural(text: str) -> tuple[Any, ...]:
     return tuple(int(part) if part.isdigit() else part for part in text.replace("-", " ").split())
 
@@ -223,8 +262,13 @@ def write_report(folder: Path, metric: str | None = None, baseline: str = "none"
         "main_metric": chosen,
         "metrics": summaries,
     }
+    placement = gold_placement(records)
+    if placement:
+        document["gold_placement"] = placement
     (folder / SUMMARY_FILE).write_text(json.dumps(document, indent=2, default=str) + "\n")
     tables = [f"### {METRIC_LABELS.get(m, m)}\n\n{markdown_table(summaries[m])}" for m in [chosen, *metrics]]
+    if placement:
+        tables.append(f"### Where the gold document was read\n\n{placement_table(placement)}")
     (folder / TABLE_FILE).write_text("\n".join(dict.fromkeys(tables)))
     model = document["model"] or sweep.get("model") or DEFAULT_MODEL
     title = f"{model}: {sweep.get('task', '')}, {sweep.get('num_documents', '?')} documents"

@@ -70,6 +70,25 @@ def test_markdown_table_and_plot_are_written(tmp_path):
     assert saved["main_metric"] == "choice_correct" and saved["records"] == 120
 
 
+def test_the_report_says_where_a_reordering_put_the_gold(tmp_path):
+    write_results(tmp_path, SCORES)
+    records = [json.loads(line) for line in (tmp_path / RESULTS_FILE).read_text().splitlines()]
+    for record in records:
+        # none reads the gold where the sweep put it; "mspoe" stands for a reordering here that
+        # puts it first in 3 of 4 examples, and leaves it in place in the others.
+        moved = record["method"] == "mspoe" and int(record["example_id"].split("-")[1]) % 4 != 0
+        record["prompt_position"] = 0 if moved else record["position"]
+    (tmp_path / RESULTS_FILE).write_text("".join(json.dumps(r) + "\n" for r in records))
+    placement = write_report(tmp_path)["gold_placement"]
+    assert list(placement) == ["mspoe"]  # none moved nothing
+    assert placement["mspoe"][4] == {"first": 0.75, "moved": 0.75, "items": 20}
+    # At position 0 a gold left in place is first too; nothing moved it.
+    assert placement["mspoe"][0] == {"first": 1.0, "moved": 0.0, "items": 20}
+    table = (tmp_path / "table.md").read_text()
+    assert "### Where the gold document was read" in table
+    assert "| mspoe | 100 % of 20 | 75 % of 20 | 75 % of 20 |" in table
+
+
 def test_only_examples_every_method_has_count(tmp_path):
     records = [
         {"method": "none", "position": 0, "example_id": "a", "choice_correct": 1.0},
