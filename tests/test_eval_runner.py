@@ -181,6 +181,37 @@ def test_calibrated_reorderings_of_one_run_share_their_ranking_pass(tiny, tmp_pa
         assert record["prompt_position"] == source["prompt_position"]
 
 
+def test_a_variant_added_to_a_run_recorded_without_rankings_ranks_once_and_takes_known_scores(
+    tiny, tmp_path, monkeypatch
+):
+    # A run from before sweeps recorded the ranking pass: the variant runs the pass itself, then
+    # finds its prompts among those the first label scored.
+    from rag_mspoe.attention import CalibratedReorder
+
+    monkeypatch.setenv("RAG_MSPOE_CACHE", str(tmp_path / "cache"))
+    default = CalibratedReorder().save(tmp_path / "default.json")
+    settings = dict(num_documents=4, positions=(0, 3), samples=2, metrics=("loglik",))
+    run_sweep(
+        SweepConfig(methods=("calibrated-reorder",), **settings),
+        tmp_path,
+        model=tiny[0],
+        tokenizer=tiny[1],
+        progress=False,
+    )
+    results = tmp_path / "results.jsonl"
+    older = [{k: v for k, v in r.items() if k != "ranking_attention"} for r in read_records(results)]
+    results.write_text("".join(json.dumps(r) + "\n" for r in older))
+    both = SweepConfig(methods=("calibrated-reorder", f"same={default}"), **settings)
+    run_sweep(both, tmp_path, model=tiny[0], tokenizer=tiny[1], progress=False)
+    first = {(r["position"], r["example_id"]): r for r in older}
+    added = [r for r in read_records(results) if r["method"] == "same"]
+    assert len(added) == 4
+    for record in added:
+        label, position = record["same_prompt_as"]
+        assert label == "calibrated-reorder" and "ranking_attention" in record
+        assert record["gold_logprob"] == first[position, record["example_id"]]["gold_logprob"]
+
+
 def test_a_labelled_method_is_recorded_under_its_label(tiny, tmp_path):
     config = SweepConfig(num_documents=4, positions=(0, 3), methods=("none", "half=pi:2"), samples=2)
     outcome = run_sweep(config, tmp_path, model=tiny[0], tokenizer=tiny[1], progress=False)

@@ -180,7 +180,8 @@ class BatchScorer:
             return {}
         keys = {(record["position"], record["example_id"]) for record in records}
         labels = [name for name, other in self.methods.items() if ranks_documents(other)]
-        attention = recorded_rankings(done, labels, keys)
+        # This batch's own ranking passes count too: an item the run ranked only now.
+        attention = recorded_rankings([*done, *records], labels, keys)
         scored = {(r["method"], r["position"], r["example_id"]) for r in done if r["method"] in others}
         prompts = {}
         for position, index in batch.items:
