@@ -118,6 +118,10 @@ class HiddenScale(MethodConfig):
     """
 
     kind: ClassVar[str] = "hidden"
+    alone_because: ClassVar[str] = (
+        "it scales hidden states through hooks of its own, which do not stack with the attention hooks "
+        "the RoPE methods use"
+    )
     hooks: ClassVar[Any] = HiddenScaleState
     argument_name: ClassVar[str] = "hidden"
     dimension: int = -1

@@ -71,6 +71,7 @@ class MethodConfig:
       presets       names users can type for ready configs, each with its field values
       argument_name the spec name of its 'name:ARG' form, parsed by `from_argument` (none if empty)
       composes      Compose may stack it with other composing methods applied by the same hooks
+      alone_because why it does not compose (for the error a user sees), when it does not
       once_per_compose  at most one config of this kind in a Compose
     and may override `reads_last_row` and `needs_document_spans` (batching and prompt needs).
     """
@@ -80,6 +81,7 @@ class MethodConfig:
     presets: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
     argument_name: ClassVar[str] = ""
     composes: ClassVar[bool] = False
+    alone_because: ClassVar[str] = ""
     once_per_compose: ClassVar[bool] = False
     registry: ClassVar[dict[str, type[MethodConfig]]] = {}
 
@@ -209,9 +211,9 @@ class Compose(MethodConfig):
             raise ValueError("Nest methods flat: Compose(methods=[a, b, c]), not Compose inside Compose.")
         for method in self.methods:
             if not method.composes:
-                raise ValueError(
-                    f"{type(method).__name__} does not compose with other methods; apply it on its own."
-                )
+                reason = f": {method.alone_because}" if method.alone_because else ""
+                name = type(method).__name__
+                raise ValueError(f"{name} does not compose with other methods{reason}; apply it on its own.")
         for kind in {m.kind for m in self.methods if m.once_per_compose}:
             if sum(m.kind == kind for m in self.methods) > 1:
                 raise ValueError(

@@ -154,7 +154,7 @@ def test_models_with_sliding_windows_are_refused():
 
 def test_spec_names_pine():
     assert parse_method("pine") == Pine()
-    with pytest.raises(ValueError, match="does not compose"):
+    with pytest.raises(ValueError, match="does not compose with other methods: it computes the attention"):
         parse_method("pine+mspoe")
 
 

@@ -23,6 +23,7 @@ from rag_mspoe.document_prompts import (
 )
 from rag_mspoe.engine import Engine
 from rag_mspoe.engine_generation import spans_after_cut
+from rag_mspoe.method_spec import parse_method
 from rag_mspoe.pipelines.packing import render_qa_prompt
 
 DOCUMENTS = [
@@ -243,6 +244,8 @@ def test_calibrated_reorder_places_the_top_ranked_document():
     assert CalibratedReorder(min_margin=0.2, place="sorted").order(relevance) == [0, 1, 2, 3]
     with pytest.raises(ValueError, match="min_margin must be 0 or more"):
         CalibratedReorder(min_margin=-0.1)
+    with pytest.raises(ValueError, match=r"does not compose .* Engine.rewritten"):
+        parse_method("calibrated-reorder+mspoe")
     with pytest.raises(TypeError, match="rewrites the prompt"):
         rescaled(tiny_chat_model()[0], CalibratedReorder()).__enter__()
 

@@ -58,6 +58,10 @@ class AttentionCalibration(MethodConfig):
     """
 
     kind: ClassVar[str] = "attention-calibration"
+    alone_because: ClassVar[str] = (
+        "it subtracts a positional bias estimated on the unmodified model's attention, which a RoPE "
+        "or hidden-state change would no longer match"
+    )
     hooks: ClassVar[type[AttentionCalibrationHooks]] = AttentionCalibrationHooks
     presets: ClassVar[dict[str, dict[str, Any]]] = {"attention-calibration": {}}
     argument_name: ClassVar[str] = "attention-calibration"  # attention-calibration:TEMPERATURE

@@ -31,6 +31,10 @@ class Pine(MethodConfig):
     """
 
     kind: ClassVar[str] = "pine"
+    alone_because: ClassVar[str] = (
+        "it computes the attention over the documents itself, with the positions it assigns them, "
+        "and a rescaled RoPE inside that computation is not implemented"
+    )
     hooks: ClassVar[type[PineHooks]] = PineHooks
     presets: ClassVar[dict[str, dict[str, Any]]] = {"pine": {}}
     layers: list[int] | None = None

@@ -51,6 +51,11 @@ class CalibratedReorder(MethodConfig):
     """
 
     kind: ClassVar[str] = "calibrated-reorder"
+    alone_because: ClassVar[str] = (
+        "it rewrites the prompt and the unmodified model answers; to answer its prompt with another "
+        "method, rewrite with Engine.rewritten([prompt], method='calibrated-reorder') (its second "
+        "item is the prompts) and generate from that with the other method"
+    )
     presets: ClassVar[dict[str, dict[str, Any]]] = {"calibrated-reorder": {}}
     layers: list[int] | None = None
     strength: float = 1.0
