@@ -45,3 +45,31 @@ def test_ray_needs_at_least_one_worker(tmp_path):
     config = SweepConfig(num_documents=3, positions=(0,), samples=1, model=str(tmp_path))
     with pytest.raises(ValueError, match="at least 1"):
         run_sweep(config, tmp_path / "run", ray_address="local", ray_workers=0, progress=False)
+
+
+class _CrashingScoring:
+    """An evaluation whose worker process dies on its first unit, as when memory runs out."""
+
+    def __init__(self, model: str) -> None:
+        self.config = type("Config", (), {"model": model})()
+
+    def scorer(self, model, tokenizer):
+        import os
+
+        return lambda unit: os._exit(1)
+
+
+def test_a_lost_worker_stops_the_run_with_what_to_do(tmp_path):
+    import sys
+
+    from ray import cloudpickle
+
+    from rag_mspoe.eval.runs.ray_backend import WorkerPool
+
+    # The worker cannot import this test module: the crashing evaluation travels by value.
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    model_dir = save_tiny_chat_model(tmp_path / "model")
+    expected = pytest.raises(RuntimeError, match="rerun the same command to go on")
+    with WorkerPool(_CrashingScoring(str(model_dir)), "local", 1, threads=1) as pool, expected as caught:
+        list(pool.map(["unit"]))
+    assert "A Ray worker was lost" in str(caught.value) and "--ray-workers" in str(caught.value)

@@ -71,6 +71,16 @@ def connect(address: str, workers: int) -> bool:
     return True
 
 
+def lost_worker_message(exc: BaseException) -> str:
+    """What to do when Ray lost a worker (killed for memory, crashed, its node gone)."""
+    first_line = (str(exc).strip().splitlines() or [""])[0][:300]
+    return (
+        f"A Ray worker was lost ({type(exc).__name__}: {first_line}). The records scored so far are "
+        "saved: rerun the same command to go on. Each worker holds a model replica; when memory runs "
+        "short, run fewer workers (--ray-workers) or free memory for them."
+    )
+
+
 class WorkerPool:
     """`workers` model replicas kept across calls: a sweep maps its units once, calibration maps
     each generation's methods on the same replicas (a model load per generation would cost more
@@ -112,11 +122,21 @@ class WorkerPool:
         for replica in self._replicas:
             for _ in range(_IN_FLIGHT_PER_WORKER):
                 submit(replica)
+        lost = (
+            ray.exceptions.OutOfMemoryError,
+            ray.exceptions.RayActorError,
+            ray.exceptions.WorkerCrashedError,
+            ray.exceptions.NodeDiedError,
+        )
         while running:
             ready, _ = ray.wait(list(running), num_returns=1)
             replica = running.pop(ready[0])
             submit(replica)
-            yield ray.get(ready[0])
+            try:
+                records = ray.get(ready[0])
+            except lost as exc:
+                raise RuntimeError(lost_worker_message(exc)) from exc
+            yield records
 
     def close(self) -> None:
         for replica in self._replicas:
