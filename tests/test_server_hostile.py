@@ -169,17 +169,22 @@ def test_client_errors_are_400s_naming_the_field_on_a_connection_that_stays_usab
         assert read_response(sock)[0] == 200  # the same keep-alive connection, after 22 errors
 
 
-LONG = 1000  # tokens the tiny model takes about ten seconds to write on a CI machine
+LONG = 1000  # tokens: at least ten seconds of writing at the pace `forward_lengths` sets
+TOKEN_PACE = 0.01  # seconds each token's forward takes at least, so no machine is fast enough to
+# write half of LONG before the server notices its client left (an idle machine wrote 520 once)
 
 
 @contextlib.contextmanager
 def forward_lengths(model) -> Iterator[list[int]]:
-    """The input length of every forward the model runs: a prefill's is its prompt's length, a token's 1."""
+    """The input length of every forward the model runs: a prefill's is its prompt's length, a
+    token's 1; each token's forward takes at least TOKEN_PACE."""
     lengths: list[int] = []
 
     def record(_module, args, kwargs, _output):
         ids = kwargs.get("input_ids", args[0] if args else None)
         lengths.append(int(ids.shape[1]))
+        if lengths[-1] == 1:
+            time.sleep(TOKEN_PACE)
 
     handle = model.register_forward_hook(record, with_kwargs=True)
     try:
