@@ -84,6 +84,7 @@ class BatchScorer:
         self.engines = engines
         self.results = results
         self.unmodified = unmodified_label(methods)
+        self.ranking_labels = [name for name, other in self.methods.items() if ranks_documents(other)]
 
     def score(self, batch: Batch) -> list[dict[str, Any]]:
         method = self.methods[batch.method]
@@ -107,16 +108,18 @@ class BatchScorer:
             )
         ]
         # A method that rewrites prompts does it once here; the unmodified model then reads them.
+        rewrites = method.method is not None and method.method.rewrites_prompt()
+        done = self._done_records() if rewrites else []  # read once: other workers may have added some
         if ranks_documents(method):
-            run_method, read = None, self._reordered(engine, method, texts, records)
+            run_method, read = None, self._reordered(engine, method, texts, records, done)
         else:
             run_method, read = engine.rewritten(texts, method=method.method)
         todo = list(range(len(records)))
-        if method.method is not None and method.method.rewrites_prompt():
+        if rewrites:
             for record, original, rewritten in zip(records, texts, read, strict=True):
                 record["prompt_position"] = moved_slot(original, rewritten, record["prompt_position"])
             if run_method is None:  # the unmodified model reads the new prompts, as it did before
-                todo = self._take_scored(engine, batch, records, read)
+                todo = self._take_scored(engine, batch, records, read, done)
         examples = [arranged[i][0] for i in todo]
         self._score(engine, run_method, examples, [read[i] for i in todo], [records[i] for i in todo])
         seconds = (time.perf_counter() - started) / len(records)
@@ -124,27 +127,38 @@ class BatchScorer:
             record["seconds"] = round(seconds, 4)
         return records
 
+    def _done_records(self) -> list[dict[str, Any]]:
+        """The run's records so far (none without a results file)."""
+        return read_records(self.results) if self.results is not None and self.results.exists() else []
+
     def _reordered(
-        self, engine: Any, method: ResolvedMethod, texts: Sequence[Prompt], records: list[dict[str, Any]]
+        self,
+        engine: Any,
+        method: ResolvedMethod,
+        texts: Sequence[Prompt],
+        records: list[dict[str, Any]],
+        done: Sequence[dict[str, Any]],
     ) -> list[Prompt]:
         """Calibrated reordering's prompts, ranked from the attention any of the run's calibrated
         reorderings recorded for the item, or from a ranking pass recorded now (`rankings`)."""
-        labels = [name for name, other in self.methods.items() if ranks_documents(other)]
         keys = {(record["position"], record["example_id"]) for record in records}
-        done = read_records(self.results) if self.results is not None and self.results.exists() else []
-        recorded = recorded_rankings(done, labels, keys)
+        recorded = recorded_rankings(done, self.ranking_labels, keys)
         assert isinstance(method.method, CalibratedReorder)
         return reordered_prompts(engine, method.method, texts, records, recorded)
 
     def _take_scored(
-        self, engine: Any, batch: Batch, records: list[dict[str, Any]], read: Sequence[Prompt]
+        self,
+        engine: Any,
+        batch: Batch,
+        records: list[dict[str, Any]],
+        read: Sequence[Prompt],
+        done: Sequence[dict[str, Any]],
     ) -> list[int]:
         """Fill in the items whose prompt the unmodified model already read in this run, as the
         unmodified label's prompt at any gold position of the example or as another calibrated
         reordering's at the same one; the indices of the others."""
-        if self.results is None or not self.results.exists():
+        if not done:
             return list(range(len(records)))
-        done = read_records(self.results)
         candidates: dict[tuple[str, int, str], Prompt] = {}
         indices = sorted({index for _, index in batch.items})
         if self.unmodified is not None:
@@ -179,9 +193,8 @@ class BatchScorer:
         if not others:
             return {}
         keys = {(record["position"], record["example_id"]) for record in records}
-        labels = [name for name, other in self.methods.items() if ranks_documents(other)]
         # This batch's own ranking passes count too: an item the run ranked only now.
-        attention = recorded_rankings([*done, *records], labels, keys)
+        attention = recorded_rankings([*done, *records], self.ranking_labels, keys)
         scored = {(r["method"], r["position"], r["example_id"]) for r in done if r["method"] in others}
         prompts = {}
         for position, index in batch.items:
