@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from rag_mspoe.eval.runs.heap import releasing
 from rag_mspoe.eval.runs.manifest import (
     finish_session,
     jsonable,
@@ -261,5 +262,5 @@ def _score_here(
         model, tokenizer = load_model(
             evaluation.config.model, device=device, dtype=dtype, threads=threads, quantize=quantize
         )
-    score = evaluation.scorer(model, tokenizer)
+    score = releasing(evaluation.scorer(model, tokenizer))
     return (score(unit) for unit in units), model_facts(model)

@@ -13,6 +13,7 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from rag_mspoe.eval.runs.heap import releasing
 from rag_mspoe.eval.runs.units import UnitScoring
 
 RAY_INSTALL = "pip install 'rag-mspoe[ray]'"
@@ -47,7 +48,7 @@ class Worker:
             evaluation.config.model, device=device, dtype=dtype, threads=threads or 1, quantize=quantize
         )
         self.facts = model_facts(model)
-        self.scorer = evaluation.scorer(model, tokenizer)
+        self.scorer = releasing(evaluation.scorer(model, tokenizer))
 
     def model_facts(self) -> dict[str, Any]:
         return self.facts
