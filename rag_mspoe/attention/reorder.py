@@ -85,14 +85,25 @@ class CalibratedReorder(MethodConfig):
         return True
 
     def rewrite(self, engine: Any, prompt: Prompt, *, raw: bool = False) -> Prompt:
-        attention = self.ranking_attention(engine, prompt, raw=raw)
-        return prompt if attention is None else self.reordered(engine, prompt, attention, raw=raw)
+        ids, spans = engine.document_spans_of(self, prompt, raw=raw)
+        attention = self._attention_over(engine, ids, spans)
+        return prompt if attention is None else self._reordered_by(engine.model, prompt, attention, raw)
 
     def ranking_attention(self, engine: Any, prompt: Prompt, *, raw: bool = False) -> torch.Tensor | None:
         """The ranking pass: [layers, documents], the attention the rows after the last document put
         on each document in every layer, averaged over heads (None with fewer than two documents).
         Every layer is kept, so any band's ranking can be read from it later (sweeps record it)."""
-        ids, spans = engine.document_spans_of(self, prompt, raw=raw)
+        return self._attention_over(engine, *engine.document_spans_of(self, prompt, raw=raw))
+
+    def reordered(self, engine: Any, prompt: Prompt, attention: torch.Tensor, *, raw: bool = False) -> Prompt:
+        """The prompt reordered by the ranking that `attention` (as `ranking_attention` gives it) makes."""
+        _, spans = engine.document_spans_of(self, prompt, raw=raw)
+        self.prepare(engine.model, engine.tokenizer, [spans])
+        return self._reordered_by(engine.model, prompt, attention, raw)
+
+    def _attention_over(
+        self, engine: Any, ids: Sequence[int], spans: Sequence[tuple[int, int]]
+    ) -> torch.Tensor | None:
         if len(spans) < 2:
             return None
         self.prepare(engine.model, engine.tokenizer, [spans])
@@ -101,11 +112,8 @@ class CalibratedReorder(MethodConfig):
         layers = range(int(engine.model.config.num_hidden_layers))
         return document_attention(engine.model, cache, ids, spans, layers).mean(dim=1)
 
-    def reordered(self, engine: Any, prompt: Prompt, attention: torch.Tensor, *, raw: bool = False) -> Prompt:
-        """The prompt reordered by the ranking that `attention` (as `ranking_attention` gives it) makes."""
-        _, spans = engine.document_spans_of(self, prompt, raw=raw)
-        self.prepare(engine.model, engine.tokenizer, [spans])
-        reordered = reordered_prompt(prompt, self.order(self.relevance(engine.model, attention)))
+    def _reordered_by(self, model: Any, prompt: Prompt, attention: torch.Tensor, raw: bool) -> Prompt:
+        reordered = reordered_prompt(prompt, self.order(self.relevance(model, attention)))
         return reordered[0]["content"] if raw else reordered
 
     def relevance(self, model: Any, attention: torch.Tensor) -> list[float]:
