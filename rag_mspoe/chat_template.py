@@ -156,12 +156,20 @@ def render(
 
 
 def raw_text(prompt: Prompt, tools: Sequence[Mapping[str, Any]] = ()) -> str:
-    """A raw=True prompt: plain text the model continues, without the chat template."""
-    if not isinstance(prompt, str):
-        raise TypeError("raw=True takes a plain string prompt; pass messages without raw=True.")
+    """A raw=True prompt: plain text the model continues, without the chat template. It is a
+    string, or one message whose content is the text (so it can say where its documents are)."""
     if tools:
         raise ValueError("raw=True cannot show tools to the model; send messages through the chat template.")
-    return prompt
+    if isinstance(prompt, str):
+        return prompt
+    messages = as_messages(prompt)
+    if len(messages) != 1:
+        raise TypeError(
+            f"raw=True takes a plain string prompt or one message, got {len(messages)} messages; pass "
+            "them without raw=True to use the chat template."
+        )
+    content: str = messages[0]["content"]
+    return content
 
 
 def render_text(

@@ -82,9 +82,9 @@ def render_with_spans(
     if raw:
         text = raw_text(prompt, tools)
         encoded = tokenizer(text + prefix, add_special_tokens=True, return_offsets_mapping=True)
-        lines = find_document_lines(text)
-        spans = None if lines is None else char_to_token_spans(encoded["offset_mapping"], lines)
-        return list(encoded["input_ids"]), spans
+        lines = _message_spans(as_messages(prompt)[0])  # explicit spans, else document lines
+        token_spans = None if lines is None else char_to_token_spans(encoded["offset_mapping"], lines)
+        return list(encoded["input_ids"]), token_spans
     messages = as_messages(prompt)
     found = [_message_spans(message) for message in messages]
     mask = SpecialTextMask(tokenizer)

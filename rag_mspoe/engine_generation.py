@@ -116,9 +116,7 @@ class GeneratingEngine(EngineBase):
                 f"{self.context_window}. Shorten the prompt, lower max_new_tokens, or pass truncate='middle' "
                 "to cut the middle of the prompt."
             )
-        # Keep the head and the tail, as LongBench does: instructions tend to sit at both ends.
-        head = budget // 2
-        tail_start = len(ids) - (budget - head)
+        head, tail_start, _ = middle_cut(len(ids), budget)
         removed = ids[head:tail_start]
         with self._tokenizer_lock:
             removed_text = self.tokenizer.decode(removed, skip_special_tokens=False)
@@ -267,6 +265,18 @@ class GeneratingEngine(EngineBase):
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
             yield
+
+
+def middle_cut(length: int, max_tokens: int) -> tuple[int, int, int]:
+    """(head, tail_start, removed): tokens [head, tail_start) of `length` go to fit `max_tokens`.
+    The head and the tail stay, as LongBench does (instructions tend to sit at both ends); the head
+    keeps half."""
+    if max_tokens < 1:
+        raise ValueError(f"The prompt limit must be at least 1 token, got {max_tokens}.")
+    if length <= max_tokens:
+        return length, length, 0
+    head = max_tokens // 2
+    return head, length - (max_tokens - head), length - max_tokens
 
 
 def spans_after_cut(spans: list[Span], head: int, tail_start: int) -> list[Span]:

@@ -85,6 +85,21 @@ def test_bad_explicit_spans_are_refused_with_the_rule():
         render_with_spans(tokenizer, [{"role": "user", "content": "hi", "document_spans": "0-2"}])
 
 
+def test_a_raw_prompt_says_where_its_documents_are_by_lines_or_by_spans():
+    tokenizer = embedded_tokenizer()
+    text = "Read these.\nDocument [1] Paris is in France.\nDocument [2] Rome is in Italy.\nWhere is Rome?"
+    ids, by_lines = render_with_spans(tokenizer, text, raw=True)
+    lines = [
+        (text.index("Document [1]"), text.index("\nDocument [2]")),
+        (text.index("Document [2]"), text.index("\nWhere")),
+    ]
+    same_ids, by_spans = render_with_spans(tokenizer, [document_message(text, lines)], raw=True)
+    assert same_ids == ids and by_spans == by_lines and len(by_lines) == 2
+    plain = "Passage 1: Paris is in France. Passage 2: Rome is in Italy. Where is Rome?"
+    assert render_with_spans(tokenizer, plain, raw=True)[1] is None
+    assert render_with_spans(tokenizer, [document_message(plain, [])], raw=True)[1] == []
+
+
 def test_a_prompt_without_documents_says_so():
     tokenizer = embedded_tokenizer()
     assert render_with_spans(tokenizer, "hello")[1] is None

@@ -191,8 +191,10 @@ def test_bad_settings_are_named(engine, settings, message):
 def test_bad_messages_are_named(engine):
     with pytest.raises(ValueError, match="role 'robot'; use one of system, user, assistant"):
         engine.generate([{"role": "robot", "content": "hi"}])
-    with pytest.raises(TypeError, match="raw=True takes a plain string"):
-        engine.generate([{"role": "user", "content": "hi"}], raw=True)
+    with pytest.raises(TypeError, match="raw=True takes a plain string prompt or one message, got 2"):
+        engine.generate([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}], raw=True)
+    one = engine.generate([{"role": "user", "content": "hi"}], raw=True, max_new_tokens=3)
+    assert one.text == engine.generate("hi", raw=True, max_new_tokens=3).text
 
 
 def test_timeout_while_waiting_for_a_busy_model(engine):

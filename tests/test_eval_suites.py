@@ -12,7 +12,7 @@ from eval_run_helpers import tiny_chat_model
 from rag_mspoe.eval.scoring.text_metrics import score_text
 from rag_mspoe.eval.suites.data import write_suite_data
 from rag_mspoe.eval.suites.knowledge import load_choices
-from rag_mspoe.eval.suites.long_context import LONGBENCH_TASKS, load_long, truncate_middle
+from rag_mspoe.eval.suites.long_context import LONGBENCH_TASKS, load_long
 from rag_mspoe.eval.suites.report import position_gains, side_effect_table, summarize_suite
 from rag_mspoe.eval.suites.run import DataFile, SuiteConfig, prompt_within, run_suite
 
@@ -107,10 +107,12 @@ def test_mmlu_jsonl_and_original_csv(tmp_path):
         load_choices(bad)
 
 
-def test_truncate_middle_keeps_head_and_tail():
-    assert truncate_middle(list(range(10)), 4) == ([0, 1, 8, 9], 6)
-    assert truncate_middle(list(range(10)), 5) == ([0, 1, 7, 8, 9], 5)
-    assert truncate_middle([1, 2, 3], 5) == ([1, 2, 3], 0)
+def test_the_middle_cut_keeps_head_and_tail():
+    from rag_mspoe.engine_generation import middle_cut
+
+    assert middle_cut(10, 4) == (2, 8, 6)  # tokens 0, 1 and 8, 9 stay
+    assert middle_cut(10, 5) == (2, 7, 5)
+    assert middle_cut(3, 5) == (3, 3, 0)
 
 
 @pytest.fixture(scope="module")
@@ -139,11 +141,78 @@ def test_middle_cut_prompt_keeps_instructions_and_question(tiny, data):
 
     engine = Engine(*tiny)
     example = load_long(data["longbench"], "longbench")[2]  # 60 passages: well over 300 tokens
-    text, removed = prompt_within(engine, example, 300)
+    (message,), removed = prompt_within(engine, example, 300)
+    text, documents = message["content"], message["document_spans"]
     full = engine.encode(example.prompt)
     assert removed == len(full) - 300 and len(engine.encode(text)) == pytest.approx(300, abs=3)
     assert text.startswith("Answer the question based on the given passages.")
     assert text.endswith(f"Question: {example.input}\nAnswer:")
+    # The kept text is the prompt's head and tail; what is left of the passages is still marked.
+    head = next(i for i in range(len(text)) if text[i] != example.prompt[i])
+    assert example.prompt.endswith(text[head:])
+    assert len(documents) >= 2 and text[slice(*documents[0])].startswith("Passage 1:")
+    # Passages inside the cut are gone; one the cut falls in keeps its head, or its tail.
+    starts = [text[slice(*span)].startswith("Passage ") for span in documents]
+    assert starts.count(False) <= 1 and all(
+        a[1] <= b[0] for a, b in zip(documents, documents[1:], strict=False)
+    )
+
+
+def test_prompts_say_where_their_passages_and_documents_are(tmp_path):
+    path = write_jsonl(
+        tmp_path / "hotpotqa.jsonl",
+        [{"_id": "a", "input": "Who? {input}", "context": "Passage 1:\nAnn {input}\n\nPassage 2:\nBob\n",
+          "answers": ["Ann"]},
+         {"_id": "b", "input": "Who?", "context": "Passage 2:\nAnn\nPassage 1:\nBob", "answers": ["Ann"]}],
+    )  # fmt: skip
+    first, unordered = load_long(path, "longbench")
+    text, spans = first.prompt_with_documents()
+    assert [text[a:b] for a, b in spans] == ["Passage 1:\nAnn {input}", "Passage 2:\nBob"]
+    assert text.count("{input}") == 2  # the slots are filled once: text in the context stays as it is
+    text, spans = unordered.prompt_with_documents()  # passages not numbered 1, 2: one document
+    assert [text[a:b] for a, b in spans] == [unordered.context]
+    scrolls = write_jsonl(
+        tmp_path / "qasper.jsonl",
+        [{"id": "1", "input": "Read: the doc. Q?", "output": "x", "document_start_index": 6,
+          "document_end_index": 14},
+         {"id": "2", "input": "Read: the doc. Q?", "output": "y"}],
+    )  # fmt: skip
+    marked, unmarked = load_long(scrolls, "zeroscrolls")
+    assert marked.prompt_with_documents() == ("Read: the doc. Q?", [(6, 14)])
+    assert unmarked.prompt_with_documents() == ("Read: the doc. Q?", None)
+    bad = write_jsonl(
+        tmp_path / "quality.jsonl",
+        [{"id": "1", "input": "short", "output": "x", "document_start_index": 2, "document_end_index": 99}],
+    )
+    with pytest.raises(ValueError, match=r"record 1: document_start_index 2 and document_end_index 99.*<= 5"):
+        load_long(bad, "zeroscrolls")
+
+
+def test_methods_that_read_documents_run_the_suites(tiny, data, tmp_path):
+    config = suite_config(data, methods=("none", "pine", "calibrated-reorder"), samples=1)
+    run_suite(config, tmp_path, model=tiny[0], tokenizer=tiny[1], progress=False)
+    records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    by_method = {m: {r["task"]: r for r in records if r["method"] == m} for m in config.methods}
+    assert len(records) == 3 * 4
+    # A knowledge question has no documents: both methods are the unmodified model there.
+    for method in ("pine", "calibrated-reorder"):
+        assert (
+            by_method[method]["mmlu/general_knowledge"]["choice"]
+            == by_method["none"]["mmlu/general_knowledge"]["choice"]
+        )
+    unmarked = tmp_path / "scrolls.jsonl"
+    unmarked.write_text(
+        "".join(
+            json.dumps({k: v for k, v in json.loads(line).items() if not k.startswith("document_")}) + "\n"
+            for line in Path(data["zeroscrolls"]).read_text().splitlines()
+        )
+    )
+    own = SuiteConfig(files=(DataFile("zeroscrolls", str(unmarked)),), methods=("none", "pine"), samples=1)
+    with pytest.raises(
+        ValueError, match="pine read the documents.*document_start_index and document_end_index"
+    ):
+        run_suite(own, tmp_path / "own", model=tiny[0], tokenizer=tiny[1], progress=False)
+    assert not (tmp_path / "own" / "results.jsonl").exists()
 
 
 def test_suite_scores_every_method_task_and_example_once_and_resumes(tiny, data, tmp_path):

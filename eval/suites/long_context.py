@@ -17,6 +17,7 @@ tokens stay (instructions and the question sit there) and the middle of the cont
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -202,6 +203,7 @@ class LongExample:
     answers: tuple[str, ...]
     spec: TaskSpec
     classes: tuple[str, ...] = ()
+    document_span: tuple[int, int] | None = None  # ZeroSCROLLS: where the document is in `input`
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "answers", tuple(self.answers))
@@ -211,8 +213,26 @@ class LongExample:
 
     @property
     def prompt(self) -> str:
-        # str.replace, not str.format: contexts hold braces (code, JSON) that format would read.
-        return self.spec.prompt.replace("{context}", self.context).replace("{input}", self.input)
+        return self.prompt_with_documents()[0]
+
+    def prompt_with_documents(self) -> tuple[str, list[tuple[int, int]] | None]:
+        """The prompt and the character span of each of its documents: the context's numbered
+        passages ('Passage 1:', 'Paragraph 2:', 'Document 3:' lines), else the whole context as one
+        document; [] when the prompt holds no context; None when where it is is not known (a
+        ZeroSCROLLS record without document_start_index and document_end_index)."""
+        if self.suite == "zeroscrolls":
+            span = self.document_span
+            return self.input, None if span is None else document_spans(self.input, span)
+        # One pass over the template, not str.replace twice (a context may spell "{input}") nor
+        # str.format (contexts hold braces: code, JSON).
+        text, context = "", None
+        for piece in _FIELD.split(self.spec.prompt):
+            if piece == "{context}":
+                context = (len(text), len(text) + len(self.context))
+                text += self.context
+            else:
+                text += self.input if piece == "{input}" else piece
+        return text, [] if context is None or not self.context else document_spans(text, context)
 
     def to_dict(self) -> dict[str, Any]:
         """A LongBench-format record that carries its task spec, so it loads back on its own."""
@@ -226,6 +246,22 @@ class LongExample:
             "suite": self.suite,
             **dataclasses.asdict(self.spec),
         }
+
+
+_FIELD = re.compile(r"(\{context\}|\{input\})")
+# A numbered passage heading at the start of a line, as LongBench's multi-document contexts write them.
+_PASSAGE = re.compile(r"^(?:Passage|Paragraph|Document) (\d+):", re.MULTILINE)
+
+
+def document_spans(text: str, document: tuple[int, int]) -> list[tuple[int, int]]:
+    """The documents of `text[start:end]`: one per numbered passage when the passages number 1, 2,
+    ... in order (each runs to the next, trailing blank space left out), else the whole range."""
+    start, end = document
+    headings = list(_PASSAGE.finditer(text, start, end))
+    if len(headings) < 2 or [int(h.group(1)) for h in headings] != list(range(1, len(headings) + 1)):
+        return [document]
+    bounds = [h.start() for h in headings] + [end]
+    return [(a, a + len(text[a:b].rstrip())) for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
 def task_spec(suite: Suite, task: str, record: dict[str, Any]) -> TaskSpec:
@@ -298,18 +334,33 @@ def _zeroscrolls(file: Path, records: Sequence[dict[str, Any]], task: str) -> li
                 previous = merged[identifier]
                 merged[identifier] = dataclasses.replace(previous, answers=(*previous.answers, reference))
                 continue
+            text = string_field(record, "input")
             merged[identifier] = LongExample(
                 id=identifier,
                 suite="zeroscrolls",
                 task=task,
                 context="",
-                input=string_field(record, "input"),
+                input=text,
                 answers=(reference,),
                 spec=spec,
+                document_span=_document_indices(record, len(text)),
             )
         except (KeyError, ValueError, TypeError) as exc:
             raise ValueError(f"{file}, record {number + 1}: {exc}; fix or remove that record.") from None
     return list(merged.values())
+
+
+def _document_indices(record: dict[str, Any], length: int) -> tuple[int, int] | None:
+    """ZeroSCROLLS's document_start_index and document_end_index, checked; None without them."""
+    start, end = record.get("document_start_index"), record.get("document_end_index")
+    if start is None and end is None:
+        return None
+    if not (isinstance(start, int) and isinstance(end, int) and 0 <= start <= end <= length):
+        raise ValueError(
+            f"document_start_index {start!r} and document_end_index {end!r} must be character offsets "
+            f"0 <= start <= end <= {length} of the input"
+        )
+    return start, end
 
 
 def _check_unique(file: Path, examples: Sequence[LongExample]) -> None:
@@ -321,13 +372,3 @@ def _check_unique(file: Path, examples: Sequence[LongExample]) -> None:
                 f"{file}: example id {example.id!r} of {example.task} appears twice; ids must be unique."
             )
         seen.add(key)
-
-
-def truncate_middle(ids: Sequence[int], max_tokens: int) -> tuple[list[int], int]:
-    """(ids cut to `max_tokens` by removing the middle, tokens removed). The head keeps half."""
-    if max_tokens < 2:
-        raise ValueError(f"The prompt limit must be at least 2 tokens, got {max_tokens}.")
-    if len(ids) <= max_tokens:
-        return list(ids), 0
-    head = max_tokens // 2
-    return [*ids[:head], *ids[len(ids) - (max_tokens - head) :]], len(ids) - max_tokens

@@ -20,14 +20,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
+from rag_mspoe.chat_template import Prompt
 from rag_mspoe.cli import model_load_options
+from rag_mspoe.document_prompts import document_message
+from rag_mspoe.engine_generation import middle_cut, spans_after_cut
 from rag_mspoe.eval.method_engines import EngineSet, require_given_order
 from rag_mspoe.eval.runs.loop import Evaluation, Pairing, run_evaluation
 from rag_mspoe.eval.runs.results import Key
 from rag_mspoe.eval.runs.units import Scorer
 from rag_mspoe.eval.scoring.text_metrics import score_text
 from rag_mspoe.eval.suites.knowledge import ChoiceExample, Scoring, choice_scores, load_choices
-from rag_mspoe.eval.suites.long_context import LongExample, load_long, truncate_middle
+from rag_mspoe.eval.suites.long_context import LongExample, load_long
 from rag_mspoe.eval.suites.report import position_gains, write_suite_report
 from rag_mspoe.loading import source_name
 from rag_mspoe.method_spec import ResolvedMethod, resolve_all
@@ -225,10 +228,28 @@ def run_suite(
     # The side-effect table still shows a reordering's position-bias gain, from a sweep.
     require_given_order(methods, "in these suites")
     tasks = load_tasks(config)
+    require_document_spans(methods, tasks)
     if sweep is not None:
         position_gains(sweep)  # a bad sweep folder fails now, not after the run
     outcome = run_evaluation(Suite(config, methods, tasks), folder, **options)
     return write_suite_report(outcome.folder, [m.name for m in methods], sweep=sweep)
+
+
+def require_document_spans(methods: Sequence[ResolvedMethod], tasks: dict[str, list[Example]]) -> None:
+    """Refuse, before any model runs, a method that reads documents on a task whose prompts do
+    not say where their document is."""
+    readers = [m.name for m in methods if m.method is not None and m.method.needs_document_spans()]
+    if not readers:
+        return
+    for task, examples in tasks.items():
+        long = [e for e in examples if isinstance(e, LongExample)]
+        unknown = [e.id for e in long if e.prompt_with_documents()[1] is None]
+        if unknown:
+            raise ValueError(
+                f"{', '.join(readers)} read the documents, and {task}'s records do not say where the "
+                f"document is in the input (example {unknown[0]!r}): give the records ZeroSCROLLS's "
+                "document_start_index and document_end_index, or run those methods without that task."
+            )
 
 
 def score_item(engine: Any, item: WorkItem, config: SuiteConfig) -> list[dict[str, Any]]:
@@ -240,14 +261,29 @@ def score_item(engine: Any, item: WorkItem, config: SuiteConfig) -> list[dict[st
     return [{**record, "seconds": seconds} for record in records]
 
 
-def prompt_within(engine: Any, example: LongExample, max_length: int | None) -> tuple[str, int]:
-    """The example's prompt cut in the middle to the limit, and how many tokens were cut."""
+def prompt_within(engine: Any, example: LongExample, max_length: int | None) -> tuple[Prompt, int]:
+    """The example's prompt cut in the middle to the limit, and how many tokens were cut. The cut
+    falls between tokens of the text, so the kept text is the original's head and tail, and the
+    prompt says where its documents are (what is left of them), for the methods that read them."""
     limit = engine.context_window - example.spec.max_new_tokens - TEMPLATE_ROOM
     if max_length is not None:
         limit = min(limit, max_length)
-    ids = engine.encode(example.prompt)
-    kept, removed = truncate_middle(ids, limit)
-    return (engine.tokenizer.decode(kept) if removed else example.prompt), removed
+    text, documents = example.prompt_with_documents()
+    starts = token_starts(engine, text)
+    head, tail_start, removed = middle_cut(len(starts), limit)
+    if removed:
+        cut_from, cut_to = starts[head], starts[tail_start]
+        text = text[:cut_from] + text[cut_to:]
+        documents = None if documents is None else spans_after_cut(documents, cut_from, cut_to)
+    return (text if documents is None else [document_message(text, documents)]), removed
+
+
+def token_starts(engine: Any, text: str) -> list[int]:
+    """Where each of the text's tokens starts (the tokens `Engine.encode` gives)."""
+    encoded = engine.tokenizer(
+        text, add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=True
+    )
+    return [start for start, _ in encoded["offset_mapping"]]
 
 
 def _answer_long(
@@ -285,7 +321,7 @@ def _answer_choices(
 ) -> Iterator[dict[str, Any]]:
     for example in examples:
         scored = engine.score_continuations(
-            example.prompt(config.choice_scoring),
+            [document_message(example.prompt(config.choice_scoring), [])],  # a question, no documents
             example.continuations(config.choice_scoring),
             raw=True,
             method=item.method.method,
