@@ -120,3 +120,32 @@ def test_a_new_sweep_refuses_a_relabelled_method_name_or_an_empty_part(model_dir
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert ("binds the method name" if "=" in spec else "has an empty part") in result.stderr
     assert not run.exists()
+
+
+def test_a_run_folder_moved_with_its_inputs_resumes(model_dir, tmp_path):
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    text = project / "data" / "book.txt"
+    text.write_text(" ".join(f"line {i} of a long and dull book about harbours." for i in range(100)))
+    common = ["--model", model_dir, "--no-progress", "--threads", "1", "--methods", "none"]
+    first = run_cli("perplexity", text, "--out", project / "runs" / "ppl", *common, "--lengths", "32")
+    assert first.returncode == 0, first.stderr[-2000:]
+    manifest = json.loads((project / "runs" / "ppl" / "manifest.json").read_text())
+    assert manifest["perplexity"]["text"] == "../../data/book.txt"  # where the input sits beside the run
+    assert list(manifest["data"]) == ["../../data/book.txt"]
+
+    moved = tmp_path / "clone"
+    project.rename(moved)
+    run = moved / "runs" / "ppl"
+    grown = run_cli("perplexity", moved / "data" / "book.txt", "--out", run, *common, "--lengths", "32", "64")
+    assert grown.returncode == 0, grown.stderr[-2000:]
+    assert len(read_records(run / "results.jsonl")) == 2
+
+    # A run written when manifests kept absolute paths resumes too.
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["perplexity"]["text"] = str(moved / "data" / "book.txt")
+    manifest["data"] = {str(moved / "data" / "book.txt"): manifest["data"]["../../data/book.txt"]}
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    again = run_cli("perplexity", moved / "data" / "book.txt", "--out", run, *common, "--lengths", "32", "64")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert len(read_records(run / "results.jsonl")) == 2

@@ -217,8 +217,11 @@ def run_evaluation(
 def _checked_manifest(folder: Path, evaluation: Evaluation) -> dict[str, Any]:
     """The folder's manifest updated for this session, after refusing a run it cannot resume."""
     kind = evaluation.kind
-    digests = {path: hashlib.sha256(Path(path).read_bytes()).hexdigest() for path in evaluation.inputs()}
-    settings = evaluation.settings()
+    digests = {
+        relative_to(folder, path): hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        for path in evaluation.inputs()
+    }
+    settings = relative_to(folder, evaluation.settings())
     manifest = read_manifest(folder)
     if manifest is None:
         refuse_records_without_manifest(folder)
@@ -228,10 +231,10 @@ def _checked_manifest(folder: Path, evaluation: Evaluation) -> dict[str, Any]:
         if found not in (None, kind):
             raise ValueError(f"{folder} holds a {found} run, not a {kind} run; write into a new folder.")
         identity = {name: settings[name] for name in evaluation.identity_fields}
-        refuse_other_settings(folder, f"a {kind} run with other settings", manifest.get(kind) or {}, identity)
-        changed = [
-            path for path, digest in digests.items() if (manifest.get("data") or {}).get(path) != digest
-        ]
+        previous = relative_to(folder, manifest.get(kind) or {})  # older runs kept absolute paths
+        refuse_other_settings(folder, f"a {kind} run with other settings", previous, identity)
+        known = relative_to(folder, manifest.get("data") or {})
+        changed = [path for path, digest in digests.items() if known.get(path) != digest]
         if changed:
             raise ValueError(
                 f"{changed} changed since this run started in {folder}; scores would mix two "
@@ -244,6 +247,22 @@ def _checked_manifest(folder: Path, evaluation: Evaluation) -> dict[str, Any]:
     if digests:
         manifest["data"] = digests
     return manifest
+
+
+def relative_to(folder: Path, value: Any) -> Any:
+    """`value` (a setting: a string, or lists and dicts of them) with every absolute path made
+    relative to the run folder, dict keys included. A run folder then names its inputs as they sit
+    beside it, so it resumes wherever the two are moved together (a clone of a repository)."""
+    if isinstance(value, str) and os.path.isabs(value):
+        try:
+            return os.path.relpath(value, folder.resolve())
+        except ValueError:  # another drive: no relative path
+            return value
+    if isinstance(value, list):
+        return [relative_to(folder, item) for item in value]
+    if isinstance(value, dict):
+        return {relative_to(folder, key): relative_to(folder, item) for key, item in value.items()}
+    return value
 
 
 def _score_here(
