@@ -18,8 +18,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from rag_mspoe.attention.reorder import CalibratedReorder, moved_slot
 from rag_mspoe.chat_template import Prompt
 from rag_mspoe.eval.data import prompts
@@ -28,7 +26,12 @@ from rag_mspoe.eval.method_engines import EngineSet, stable_seed
 from rag_mspoe.eval.runs.results import read_records
 from rag_mspoe.eval.scoring import model_scores
 from rag_mspoe.eval.sweep.plan import Batch, Example, SweepConfig
-from rag_mspoe.eval.sweep.rankings import ranks_documents, recorded_rankings, reordered_prompts
+from rag_mspoe.eval.sweep.rankings import (
+    other_labels_prompts,
+    ranks_documents,
+    recorded_rankings,
+    reordered_prompts,
+)
 from rag_mspoe.eval.sweep.scored_prompts import metric_fields, prompt_key, scored_prompts, unmodified_label
 from rag_mspoe.method_spec import ResolvedMethod
 
@@ -119,7 +122,7 @@ class BatchScorer:
             for record, original, rewritten in zip(records, texts, read, strict=True):
                 record["prompt_position"] = moved_slot(original, rewritten, record["prompt_position"])
             if run_method is None:  # the unmodified model reads the new prompts, as it did before
-                todo = self._take_scored(engine, batch, records, read, done)
+                todo = self._take_scored(engine, batch, texts, records, read, done)
         examples = [arranged[i][0] for i in todo]
         self._score(engine, run_method, examples, [read[i] for i in todo], [records[i] for i in todo])
         seconds = (time.perf_counter() - started) / len(records)
@@ -150,6 +153,7 @@ class BatchScorer:
         self,
         engine: Any,
         batch: Batch,
+        texts: Sequence[Prompt],
         records: list[dict[str, Any]],
         read: Sequence[Prompt],
         done: Sequence[dict[str, Any]],
@@ -167,7 +171,15 @@ class BatchScorer:
                 for position in self.config.positions:
                     example = arranged_example(base, self.examples[index], position, self.config.seed)[0]
                     candidates[self.unmodified, position, self.examples[index].id] = prompt_of(example)
-        candidates.update(self._other_rankings(engine, batch, records, done))
+        # The other reorderings take the documents in the order given, as this batch's prompts do
+        # when its label does too: those are then the prompts they reordered.
+        given = self.methods[batch.method].order == "given"
+        others = {
+            name: other.method
+            for name, other in self.methods.items()
+            if given and name != batch.method and ranks_documents(other)
+        }
+        candidates.update(other_labels_prompts(engine, others, texts, records, done, self.ranking_labels))
         known = scored_prompts(done, candidates)
         fields = metric_fields(self.config.metrics)
         todo = []
@@ -179,34 +191,6 @@ class BatchScorer:
             record.update({name: earlier[name] for name in fields})
             record["same_prompt_as"] = [earlier["method"], earlier["position"]]
         return todo
-
-    def _other_rankings(
-        self, engine: Any, batch: Batch, records: list[dict[str, Any]], done: Sequence[dict[str, Any]]
-    ) -> dict[tuple[str, int, str], Prompt]:
-        """The prompts the run's other calibrated reorderings read for this batch's items, rebuilt
-        from the recorded ranking attention (no model run)."""
-        others = {
-            name: other
-            for name, other in self.methods.items()
-            if name != batch.method and ranks_documents(other)
-        }
-        if not others:
-            return {}
-        keys = {(record["position"], record["example_id"]) for record in records}
-        # This batch's own ranking passes count too: an item the run ranked only now.
-        attention = recorded_rankings([*done, *records], self.ranking_labels, keys)
-        scored = {(r["method"], r["position"], r["example_id"]) for r in done if r["method"] in others}
-        prompts = {}
-        for position, index in batch.items:
-            example_id = self.examples[index].id
-            for name, other in others.items():
-                if (name, position, example_id) not in scored or (position, example_id) not in attention:
-                    continue
-                assert isinstance(other.method, CalibratedReorder)
-                text = prompt_of(arranged_example(other, self.examples[index], position, self.config.seed)[0])
-                ranking = torch.tensor(attention[position, example_id][1])
-                prompts[name, position, example_id] = other.method.reordered(engine, text, ranking)
-        return prompts
 
     def _score(
         self,

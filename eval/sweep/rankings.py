@@ -13,7 +13,7 @@ a rerun orders alike.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -71,3 +71,31 @@ def reordered_prompts(
             record[FIELD] = attention
         read.append(method.reordered(engine, text, torch.tensor(attention)))
     return read
+
+
+def other_labels_prompts(
+    engine: Any,
+    others: Mapping[str, Any],
+    texts: Sequence[Prompt],
+    records: Sequence[dict[str, Any]],
+    done: Sequence[dict[str, Any]],
+    ranking_labels: Iterable[str],
+) -> dict[tuple[str, int, str], Prompt]:
+    """(label, position, example id) -> the prompt each of the run's `others` calibrated reorderings
+    read for the batch's items, rebuilt from the recorded ranking attention (no model run). The
+    labels' documents come in the order given, so each item's prompt before reordering is the
+    batch's own (`texts`)."""
+    if not others:
+        return {}
+    keys = {(record["position"], record["example_id"]) for record in records}
+    # This batch's own ranking passes count too: an item the run ranked only now.
+    attention = recorded_rankings([*done, *records], ranking_labels, keys)
+    scored = {(r["method"], r["position"], r["example_id"]) for r in done if r["method"] in others}
+    prompts = {}
+    for text, record in zip(texts, records, strict=True):
+        key = (record["position"], record["example_id"])
+        for name, method in others.items():
+            if (name, *key) in scored and key in attention:
+                ranking = torch.tensor(attention[key][1])
+                prompts[(name, *key)] = method.reordered(engine, text, ranking)
+    return prompts
