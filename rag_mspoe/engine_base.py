@@ -119,10 +119,15 @@ class EngineBase:
     def encode(self, text: str) -> list[int]:
         """Token ids of plain text, without special tokens (a tokenizer for token budgets); text
         that spells a special token ('<|im_start|>') counts as the plain text the engine sends."""
+        return list(self._plain_tokens(text)["input_ids"])
+
+    def token_starts(self, text: str) -> list[int]:
+        """Where each of `encode(text)`'s tokens starts in the text (to cut it between tokens)."""
+        return [start for start, _ in self._plain_tokens(text, return_offsets_mapping=True)["offset_mapping"]]
+
+    def _plain_tokens(self, text: str, **options: Any) -> Any:
         with self._tokenizer_lock:
-            return list(
-                self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-            )
+            return self.tokenizer(text, add_special_tokens=False, split_special_tokens=True, **options)
 
     # -- internals shared by generation and scoring ------------------------------------------------
     def _collect_eos_ids(self) -> set[int]:

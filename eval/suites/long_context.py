@@ -213,16 +213,22 @@ class LongExample:
 
     @property
     def prompt(self) -> str:
-        return self.prompt_with_documents()[0]
+        return self._filled()[0]
 
     def prompt_with_documents(self) -> tuple[str, list[tuple[int, int]] | None]:
         """The prompt and the character span of each of its documents: the context's numbered
         passages ('Passage 1:', 'Paragraph 2:', 'Document 3:' lines), else the whole context as one
         document; [] when the prompt holds no context; None when where it is is not known (a
         ZeroSCROLLS record without document_start_index and document_end_index)."""
+        text, document = self._filled()
+        if document is None:
+            return text, None if self.suite == "zeroscrolls" else []
+        return text, document_spans(text, document)
+
+    def _filled(self) -> tuple[str, tuple[int, int] | None]:
+        """The prompt and the character range of its document (the context), if it has one."""
         if self.suite == "zeroscrolls":
-            span = self.document_span
-            return self.input, None if span is None else document_spans(self.input, span)
+            return self.input, self.document_span
         # One pass over the template, not str.replace twice (a context may spell "{input}") nor
         # str.format (contexts hold braces: code, JSON).
         text, context = "", None
@@ -232,7 +238,7 @@ class LongExample:
                 text += self.context
             else:
                 text += self.input if piece == "{input}" else piece
-        return text, [] if context is None or not self.context else document_spans(text, context)
+        return text, context if self.context else None
 
     def to_dict(self) -> dict[str, Any]:
         """A LongBench-format record that carries its task spec, so it loads back on its own."""

@@ -269,21 +269,13 @@ def prompt_within(engine: Any, example: LongExample, max_length: int | None) -> 
     if max_length is not None:
         limit = min(limit, max_length)
     text, documents = example.prompt_with_documents()
-    starts = token_starts(engine, text)
+    starts = engine.token_starts(text)
     head, tail_start, removed = middle_cut(len(starts), limit)
     if removed:
         cut_from, cut_to = starts[head], starts[tail_start]
         text = text[:cut_from] + text[cut_to:]
         documents = None if documents is None else spans_after_cut(documents, cut_from, cut_to)
     return (text if documents is None else [document_message(text, documents)]), removed
-
-
-def token_starts(engine: Any, text: str) -> list[int]:
-    """Where each of the text's tokens starts (the tokens `Engine.encode` gives)."""
-    encoded = engine.tokenizer(
-        text, add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=True
-    )
-    return [start for start, _ in encoded["offset_mapping"]]
 
 
 def _answer_long(
