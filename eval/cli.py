@@ -79,13 +79,23 @@ def _register_report(subparsers: Any) -> None:
     )
     parser.add_argument("--baseline", default="none", help="method the paired tests compare against")
     parser.add_argument("--sweep", default=None, help="for a suite folder: a sweep folder, for the gains")
+    parser.add_argument(
+        "--methods", nargs="+", default=None, metavar="LABEL",
+        help="for a sweep folder: report only these labels, on the examples they all have",
+    )
+    parser.add_argument(
+        "--out", default=None, help="for a sweep folder: write the report here instead of into the run folder"
+    )
     parser.set_defaults(func=_report)
 
 
 def _report(args: argparse.Namespace) -> int:
     """Rewrite the report of any run folder, of the kind its manifest names."""
     folder = Path(args.run)
-    print(Evaluation.registry[folder_kind(folder)].report(folder, args))
+    kind = folder_kind(folder)
+    if kind != "sweep" and (args.methods or args.out):
+        raise ValueError(f"--methods and --out are for sweep folders; {folder} is a {kind} run.")
+    print(Evaluation.registry[kind].report(folder, args))
     return 0
 
 

@@ -240,14 +240,33 @@ def plot(summary: dict[str, Any], path: Path, title: str = "") -> None:
     )
 
 
-def write_report(folder: Path, metric: str | None = None, baseline: str = "none") -> dict[str, Any]:
-    """Write summary.json (every metric), table.md and the plot (the chosen metric) into `folder`."""
+def write_report(
+    folder: Path,
+    metric: str | None = None,
+    baseline: str = "none",
+    methods: Sequence[str] | None = None,
+    out: Path | None = None,
+) -> dict[str, Any]:
+    """Write summary.json (every metric), table.md and the plot (the chosen metric) into `out`
+    (default: `folder`).
+
+    methods: report only these labels, on the examples they all have (a run whose labels were
+    added at different times can be reported for its complete labels at their full size)."""
     folder = Path(folder)
+    out = Path(out) if out is not None else folder
     records = read_records(folder / RESULTS_FILE)
     if not records:
         raise ValueError(f"{folder} has no results yet; run a sweep into it first.")
+    if methods:
+        labels = list(dict.fromkeys(r["method"] for r in records))
+        unknown = [m for m in methods if m not in labels]
+        if unknown:
+            raise ValueError(
+                f"{folder} has no records for {', '.join(unknown)}; its labels are {', '.join(labels)}."
+            )
+        records = [r for r in records if r["method"] in methods]
     manifest = read_manifest(folder) or {}
-    order = manifest.get("sweep", {}).get("methods", [])
+    order = list(methods or manifest.get("sweep", {}).get("methods", []))
     metrics = available_metrics(records)
     if metric is not None and metric not in metrics:
         raise ValueError(f"{folder} has no {metric!r} scores; it has {', '.join(metrics)}.")
@@ -265,14 +284,15 @@ def write_report(folder: Path, metric: str | None = None, baseline: str = "none"
     placement = gold_placement(records)
     if placement:
         document["gold_placement"] = placement
-    (folder / SUMMARY_FILE).write_text(json.dumps(document, indent=2, default=str) + "\n")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / SUMMARY_FILE).write_text(json.dumps(document, indent=2, default=str) + "\n")
     tables = [f"### {METRIC_LABELS.get(m, m)}\n\n{markdown_table(summaries[m])}" for m in [chosen, *metrics]]
     if placement:
         tables.append(f"### Where the gold document was read\n\n{placement_table(placement)}")
-    (folder / TABLE_FILE).write_text("\n".join(dict.fromkeys(tables)))
+    (out / TABLE_FILE).write_text("\n".join(dict.fromkeys(tables)))
     model = document["model"] or sweep.get("model") or DEFAULT_MODEL
     title = f"{model}: {sweep.get('task', '')}, {sweep.get('num_documents', '?')} documents"
-    plot(summaries[chosen], folder / PLOT_FILE, title=title.strip())
+    plot(summaries[chosen], out / PLOT_FILE, title=title.strip())
     return document
 
 

@@ -37,6 +37,15 @@ def test_sweep_report_and_compare_commands(model_dir, tmp_path, capsys):
     assert "gold answer log-likelihood" in capsys.readouterr().out
     assert json.loads((tmp_path / "a" / "summary.json").read_text())["main_metric"] == "gold_logprob"
 
+    # One label, reported elsewhere; the run folder's own report is left as it was.
+    assert main(["report", str(tmp_path / "a"), "--methods", "random", "--out", str(tmp_path / "only")]) == 0
+    assert "| random |" in capsys.readouterr().out
+    only = json.loads((tmp_path / "only" / "summary.json").read_text())["metrics"]["gold_logprob"]
+    assert list(only["methods"]) == ["random"]
+    assert "| none |" in (tmp_path / "a" / "table.md").read_text()
+    assert main(["report", str(tmp_path / "a"), "--methods", "pine"]) == 1
+    assert "no records for pine; its labels are none, random" in capsys.readouterr().err
+
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "cmp")]) == 0
     assert "| none | 0 | 2 |" in capsys.readouterr().out
     assert (tmp_path / "cmp" / "comparison.json").is_file()

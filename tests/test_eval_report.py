@@ -100,6 +100,20 @@ def test_only_examples_every_method_has_count(tmp_path):
     assert summary["methods"]["none"]["accuracy"] == {0: 1.0}
 
 
+def test_a_label_added_on_fewer_examples_can_be_left_out_of_the_report(tmp_path):
+    scores = {**SCORES, ("pine", 0): [1] * 5, ("pine", 4): [1] * 5, ("pine", 9): [1] * 5}
+    write_results(tmp_path, scores)
+    every = write_report(tmp_path)["metrics"]["choice_correct"]
+    assert every["examples_per_position"] == {0: 5, 4: 5, 9: 5}
+    complete = write_report(tmp_path, methods=["mspoe", "none"], out=tmp_path / "complete")
+    summary = complete["metrics"]["choice_correct"]
+    assert summary["examples_per_position"] == {0: 20, 4: 20, 9: 20}
+    assert list(summary["methods"]) == ["mspoe", "none"]
+    assert summary["methods"]["none"]["accuracy"] == {0: 0.8, 4: 0.2, 9: 0.4}
+    assert (tmp_path / "complete" / "table.md").is_file()
+    assert (tmp_path / "complete" / "accuracy_by_position.png").is_file()
+
+
 def test_an_empty_run_and_a_missing_metric_are_explained(tmp_path):
     with pytest.raises(ValueError, match="no results yet"):
         write_report(tmp_path)

@@ -84,8 +84,15 @@ class Sweep(Evaluation):
 
     @classmethod
     def report(cls, folder: Path, options: argparse.Namespace) -> str:
-        write_report(folder, metric=options.metric, baseline=options.baseline)
-        return _table(folder)
+        out = Path(options.out) if options.out else folder
+        write_report(
+            folder,
+            metric=options.metric,
+            baseline=options.baseline,
+            methods=options.methods,
+            out=out,
+        )
+        return _table(out)
 
     @classmethod
     def add_options(cls, parser: argparse.ArgumentParser) -> None:
