@@ -80,7 +80,10 @@ def _register_report(subparsers: Any) -> None:
     parser.add_argument("--baseline", default="none", help="method the paired tests compare against")
     parser.add_argument("--sweep", default=None, help="for a suite folder: a sweep folder, for the gains")
     parser.add_argument(
-        "--methods", nargs="+", default=None, metavar="LABEL",
+        "--methods",
+        nargs="+",
+        default=None,
+        metavar="LABEL",
         help="for a sweep folder: report only these labels, on the examples they all have",
     )
     parser.add_argument(
