@@ -7,6 +7,7 @@ bias               the positional bias it subtracts, estimated per model and num
 pine               Pine (position-invariant inference): the config
 pine_hooks         its hooks: bidirectional attention between documents, positions by importance
 reorder            CalibratedReorder: documents ranked by calibrated attention, read again reordered
+invariant_reorder  InvariantReorder: documents ranked each read alone, read again sorted by rank
 document_hooks     what both hooks share: the attention function they install, spans, positions
 
 rescale(model, AttentionCalibration())      # or Pine(), "attention-calibration", "pine"
@@ -17,6 +18,7 @@ with document_spans(model, [spans]):
 
 from rag_mspoe.attention.bias import PositionalBias, bias_cache_path
 from rag_mspoe.attention.calibration import AttentionCalibration, estimate_positional_bias
+from rag_mspoe.attention.invariant_reorder import InvariantReorder
 from rag_mspoe.attention.pine import Pine
 from rag_mspoe.attention.reorder import CalibratedReorder
 from rag_mspoe.attention.spans import DocumentSpans, document_spans, prompt_with_spans
@@ -26,6 +28,7 @@ __all__ = [
     "AttentionCalibration",
     "CalibratedReorder",
     "DocumentSpans",
+    "InvariantReorder",
     "Pine",
     "PositionalBias",
     "bias_cache_path",

@@ -72,11 +72,7 @@ class CalibratedReorder(MethodConfig):
             raise ValueError(f"place must be 'first', 'sorted' or 'last', got {self.place!r}")
 
     def hooks_class(self) -> Any:
-        raise TypeError(
-            "calibrated-reorder rewrites the prompt before the model reads it, so it is not applied "
-            "to a model with rescale(); run it through the engine (Engine(..., method="
-            "'calibrated-reorder'), the adapters, the server, `rag-mspoe sweep`)."
-        )
+        raise rewrites_not_rescales(self.kind)
 
     def needs_document_spans(self) -> bool:
         return True
@@ -198,41 +194,69 @@ def positional_bias(model: Any, documents: int) -> torch.Tensor:
     return table
 
 
+def rewrites_not_rescales(kind: str) -> TypeError:
+    """The error for applying a method that rewrites prompts with `rescale`."""
+    return TypeError(
+        f"{kind} rewrites the prompt before the model reads it, so it is not applied to a model with "
+        f"rescale(); run it through the engine (Engine(..., method='{kind}'), the adapters, the "
+        "server, `rag-mspoe sweep`)."
+    )
+
+
 def reordered_prompt(prompt: Prompt, order: Sequence[int]) -> list[dict[str, Any]]:
     """The prompt with its documents in `order` (old indices, one per document, across the messages
     in turn), each message's document spans updated; 'Document [i]' numbers run 1, 2, ... again."""
+    count = len(_located_documents(as_messages(prompt)))
+    if sorted(order) != list(range(count)):
+        raise ValueError(f"An order of {count} documents is a permutation of 0..{count - 1}.")
+    return prompt_with_documents(prompt, order)
+
+
+def prompt_with_documents(prompt: Prompt, chosen: Sequence[int]) -> list[dict[str, Any]]:
+    """The prompt with only the documents `chosen` (old indices, each at most once), in that order:
+    they fill the document slots from the first, each slot keeping the separator before it; the
+    slots left over go with theirs. Spans are updated; 'Document [i]' numbers run 1, 2, ... again."""
     messages = as_messages(prompt)
     located = _located_documents(messages)
-    if sorted(order) != list(range(len(located))):
-        raise ValueError(f"An order of {len(located)} documents is a permutation of 0..{len(located) - 1}.")
+    if len(set(chosen)) != len(chosen) or not all(0 <= k < len(located) for k in chosen):
+        raise ValueError(
+            f"Choose documents by distinct indices in 0..{len(located) - 1}, got {list(chosen)}."
+        )
     texts = [messages[i]["content"][start:end] for i, (start, end) in located]
-    moved = [texts[k] for k in order]
+    moved = [texts[k] for k in chosen]
     result = [dict(message) for message in messages]
     slot = 0
     for index, message in enumerate(messages):
-        pieces, spans, cursor, content = [], [], 0, message["content"]
-        for _, (start, end) in [item for item in located if item[0] == index]:
-            pieces.append(content[cursor:start])
+        own = [span for i, span in located if i == index]
+        if not own:
+            continue
+        content = message["content"]
+        pieces, spans = [content[: own[0][0]]], []
+        for number, (start, _) in enumerate(own):
+            if slot == len(moved):
+                break
+            if number:
+                pieces.append(content[own[number - 1][1] : start])  # the separator before the slot
             text = _NUMBER.sub(f"Document [{slot + 1}]", moved[slot], count=1)
             begin = sum(len(p) for p in pieces)
             spans.append([begin, begin + len(text)])
             pieces.append(text)
-            cursor, slot = end, slot + 1
-        if spans:
-            result[index] = {**message, "content": "".join(pieces) + content[cursor:], DOCUMENT_SPANS: spans}
+            slot += 1
+        result[index] = {**message, "content": "".join(pieces) + content[own[-1][1] :], DOCUMENT_SPANS: spans}
     return result
 
 
 def moved_slot(original: Prompt, reordered: Prompt, slot: int) -> int:
     """Where the document at `slot` of `original` is in `reordered` (a reordering of its documents),
     the documents compared without their 'Document [i]' numbers."""
-    before, after = _document_texts(original), _document_texts(reordered)
+    before, after = document_texts(original), document_texts(reordered)
     if not 0 <= slot < len(before) or before[slot] not in after:
         raise ValueError(f"Document {slot} of the original prompt is not in the reordered one.")
     return after.index(before[slot])
 
 
-def _document_texts(prompt: Prompt) -> list[str]:
+def document_texts(prompt: Prompt) -> list[str]:
+    """The prompt's documents in order, without their 'Document [i]' numbers."""
     messages = as_messages(prompt)
     return [
         _NUMBER.sub("", messages[index]["content"][start:end], count=1)

@@ -12,6 +12,7 @@ import itertools
 from collections.abc import Callable
 
 from rag_mspoe.attention.calibration import AttentionCalibration
+from rag_mspoe.attention.invariant_reorder import BEST_PLACES, InvariantReorder
 from rag_mspoe.attention.pine import Pine
 from rag_mspoe.attention.reorder import CalibratedReorder
 from rag_mspoe.method_config import MethodConfig
@@ -108,9 +109,21 @@ def calibrated_reorder_space(num_layers: int) -> dict[str, MethodConfig]:
     return candidates
 
 
+def invariant_reorder_space(num_layers: int) -> dict[str, MethodConfig]:
+    """The layers whose attention scores each document read alone (the default, the third quarter,
+    among them) and where the top-ranked document goes."""
+    bands = {**layer_bands(num_layers), "all": list(range(num_layers))}
+    bands["q3"] = list(range(num_layers // 2, (3 * num_layers) // 4))
+    return {
+        f"invariant-{band}-best-{best}": InvariantReorder(layers=layers, best=best)
+        for (band, layers), best in itertools.product(bands.items(), BEST_PLACES)
+    }
+
+
 SPACES: dict[str, Space] = {
     "attention-calibration": attention_calibration_space,
     "calibrated-reorder": calibrated_reorder_space,
+    "invariant-reorder": invariant_reorder_space,
     "pine": pine_space,
     "layerwise": layerwise_space,
     "mspoe": mspoe_space,

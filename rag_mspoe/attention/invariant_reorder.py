@@ -1,0 +1,105 @@
+"""Position-invariant reordering: each document is ranked while the model reads it alone, and the
+model answers from the documents sorted by that rank, so its answer does not depend on the order
+the documents came in.
+
+A document's score is the attention the question rows give it when the prompt holds that document
+and no other (averaged over heads and a band of layers). That prompt is the same whatever the
+document's place was (its 'Document [i]' number is rewritten to 1), so the score depends on the
+document, the question and the template only, and so does the sorted prompt: under this method
+every order of the same documents gives the same prompt, the same answer and the same scores,
+exactly. PINE (`rag_mspoe.attention.pine`) gets invariance by changing attention in every layer,
+which small models read poorly; here the model reads an ordinary prompt, in the order its
+ranking chose.
+
+Cost: one short pass per document (the template, the document and the question), about one
+prefill of the whole prompt in all; each document's rows are cached by their tokens
+(`rag_mspoe.document_prefix`), so scoring the same document with the same template again (a sweep's
+other gold positions) runs only the question rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from rag_mspoe.attention.reorder import (
+    document_attention,
+    document_texts,
+    prompt_with_documents,
+    reordered_prompt,
+    rewrites_not_rescales,
+)
+from rag_mspoe.chat_template import Prompt
+from rag_mspoe.method_config import MethodConfig, check_layers, chosen_layers
+from rag_mspoe.rope.rescaling import rescaled
+
+Best = Literal["first", "last"]
+BEST_PLACES: tuple[Best, ...] = ("first", "last")
+
+
+@dataclass
+class InvariantReorder(MethodConfig):
+    """Rank each document read alone, then answer from the documents sorted by rank.
+
+    layers: the layers whose attention scores a document (None: the third quarter of the layers,
+    the band that ranked best on the models measured). best: "first" puts the top-ranked document
+    first and the others after it by rank; "last" puts it last, nearest the question (for a model
+    that reads the end of its context best).
+    """
+
+    kind: ClassVar[str] = "invariant-reorder"
+    alone_because: ClassVar[str] = (
+        "it rewrites the prompt and the unmodified model answers; to answer its prompt with another "
+        "method, rewrite with Engine.rewritten([prompt], method='invariant-reorder') (its second "
+        "item is the prompts) and generate from that with the other method"
+    )
+    presets: ClassVar[dict[str, dict[str, Any]]] = {"invariant-reorder": {}}
+    layers: list[int] | None = None
+    best: Best = "first"
+
+    def __post_init__(self) -> None:
+        check_layers(self.layers)
+        if self.best not in BEST_PLACES:
+            raise ValueError(f"best must be 'first' or 'last', got {self.best!r}")
+
+    def hooks_class(self) -> Any:
+        raise rewrites_not_rescales(self.kind)
+
+    def needs_document_spans(self) -> bool:
+        return True
+
+    def rewrites_prompt(self) -> bool:
+        return True
+
+    def ranking_layers(self, num_layers: int) -> list[int]:
+        if self.layers is None:
+            return list(range(num_layers // 2, (3 * num_layers) // 4))
+        return chosen_layers("InvariantReorder", self.layers, num_layers)
+
+    def rewrite(self, engine: Any, prompt: Prompt, *, raw: bool = False) -> Prompt:
+        _, spans = engine.document_spans_of(self, prompt, raw=raw)
+        if len(spans) < 2:
+            return prompt
+        scores = self.scores(engine, prompt, raw=raw)
+        reordered = reordered_prompt(prompt, self.order(scores, document_texts(prompt)))
+        return reordered[0]["content"] if raw else reordered
+
+    def scores(self, engine: Any, prompt: Prompt, *, raw: bool = False) -> list[float]:
+        """Each document's score: the attention the question gives it in a prompt of its own."""
+        return [
+            self._score_alone(engine, prompt_with_documents(prompt, [k]), raw)
+            for k in range(len(document_texts(prompt)))
+        ]
+
+    def _score_alone(self, engine: Any, single: list[dict[str, Any]], raw: bool) -> float:
+        ids, spans = engine.document_spans_of(self, single[0]["content"] if raw else single, raw=raw)
+        layers = self.ranking_layers(int(engine.model.config.num_hidden_layers))
+        with rescaled(engine.model, None):
+            cache = engine.document_prefixes.copy_of(ids[: spans[-1][1]])
+        return float(document_attention(engine.model, cache, ids, spans, layers).mean())
+
+    def order(self, scores: list[float], texts: list[str]) -> list[int]:
+        """Indices of the documents by score, best first (or last); equal scores by text, so the
+        order depends on the documents and not on where they were."""
+        ranked = sorted(range(len(scores)), key=lambda k: (-scores[k], texts[k]))
+        return ranked if self.best == "first" else ranked[::-1]

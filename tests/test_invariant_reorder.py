@@ -1,0 +1,136 @@
+"""Position-invariant reordering: every order of the same documents becomes the same prompt, sorted
+by scores each document gets alone; on a tiny model for the mechanics, on the embedded one as the
+integration check, and on the real SmolLM2 and Qwen2.5 tokenizers' chat templates."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from eval_run_helpers import tiny_chat_model
+
+from rag_mspoe import rescaled
+from rag_mspoe.attention import AttentionCalibration, InvariantReorder, document_spans
+from rag_mspoe.attention.reorder import prompt_with_documents
+from rag_mspoe.document_prompts import MissingDocumentSpans, document_message, render_with_spans
+from rag_mspoe.engine import Engine
+from rag_mspoe.method_spec import parse_method
+from rag_mspoe.pipelines.packing import render_qa_prompt
+from rag_mspoe.rope.rescaling import STATE_ATTR
+
+DOCUMENTS = [
+    ("Rivers", "The Danube flows through ten countries before it reaches the Black Sea."),
+    ("France", "Paris is the capital of France and its largest city."),
+    ("Mountains", "Mont Blanc is the highest mountain in the Alps."),
+    ("Deserts", "The Sahara is the largest hot desert in the world."),
+]
+QUESTION = "What is the capital of France?"
+
+
+def _qa(order):
+    return render_qa_prompt(QUESTION, [DOCUMENTS[i] for i in order])[0]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    model, tokenizer = tiny_chat_model()
+    return Engine(model, tokenizer, method="none")
+
+
+def test_a_prompt_with_some_documents_keeps_them_numbered_and_separated():
+    text, spans = render_qa_prompt(QUESTION, DOCUMENTS)
+    for prompt in (text, [document_message(text, spans)]):
+        (alone,) = prompt_with_documents(prompt, [2])
+        # Exactly the prompt the packer writes for that document alone.
+        assert alone["content"] == render_qa_prompt(QUESTION, [DOCUMENTS[2]])[0]
+        assert [alone["content"][s:e] for s, e in alone["document_spans"]] == [
+            "Document [1](Title: Mountains) Mont Blanc is the highest mountain in the Alps."
+        ]
+        (two,) = prompt_with_documents(prompt, [3, 0])
+        assert two["content"] == render_qa_prompt(QUESTION, [DOCUMENTS[3], DOCUMENTS[0]])[0]
+    with pytest.raises(ValueError, match="distinct indices in 0..3"):
+        prompt_with_documents(text, [1, 1])
+    with pytest.raises(ValueError, match="distinct indices in 0..3"):
+        prompt_with_documents(text, [4])
+
+
+def test_every_order_of_the_documents_gives_the_same_prompt_and_answer(engine):
+    method = InvariantReorder()
+    orders = list(itertools.permutations(range(4)))[::5]  # 5 of the 24 orders, the first one included
+    rewritten = [engine.rewritten([_qa(order)], method=method)[1][0] for order in orders]
+    assert all(prompt == rewritten[0] for prompt in rewritten)
+    scores = [engine.score_continuations(_qa(order), [" Paris"], method=method)[0][0] for order in orders]
+    assert len(set(scores)) == 1
+    unmodified = {engine.score_continuations(_qa(order), [" Paris"], method="none")[0][0] for order in orders}
+    assert len(unmodified) > 1  # the order does change what the unmodified model reads
+    answers = {engine.generate(_qa(order), method=method, max_new_tokens=6).text for order in orders}
+    assert len(answers) == 1
+    assert engine.generate(_qa(orders[0]), method=method, max_new_tokens=2).method == "invariant-reorder"
+
+
+def test_the_documents_are_sorted_by_the_questions_attention_to_each_alone(engine):
+    method = InvariantReorder(layers=[1, 2])
+    scores = []
+    for index in range(len(DOCUMENTS)):
+        # A full forward of the document's own prompt, recorded by attention calibration's hooks.
+        ids, spans = render_with_spans(engine.tokenizer, render_qa_prompt(QUESTION, [DOCUMENTS[index]])[0])
+        with rescaled(engine.model, AttentionCalibration(bias="zero", layers=[1, 2])), torch.no_grad():
+            state = getattr(engine.model, STATE_ATTR)
+            state.recorded = {}
+            with document_spans(engine.model, [spans]):
+                engine.model(torch.tensor([ids]))
+            scores.append(float(torch.stack([state.recorded[layer] for layer in (1, 2)]).mean()))
+    assert method.scores(engine, _qa((0, 1, 2, 3))) == pytest.approx(scores, rel=1e-4)
+    ranked = sorted(range(4), key=lambda k: -scores[k])
+    (message,) = engine.rewritten([_qa((0, 1, 2, 3))], method=method)[1][0]
+    assert message["content"] == _qa(ranked)
+    last = InvariantReorder(layers=[1, 2], best="last")
+    assert engine.rewritten([_qa((0, 1, 2, 3))], method=last)[1][0][0]["content"] == _qa(ranked[::-1])
+    # A raw prompt (plain text, documents found by their lines) is rewritten the same way.
+    assert engine.rewritten([_qa((3, 2, 1, 0))], method=method, raw=True)[1][0] == _qa(ranked)
+
+
+def test_equal_scores_are_ordered_by_the_documents_text_not_their_place():
+    method = InvariantReorder()
+    texts = ["b", "a", "c"]
+    assert method.order([0.5, 0.5, 0.1], texts) == [1, 0, 2]
+    assert method.order([0.5, 0.5, 0.1], ["a", "b", "c"]) == [0, 1, 2]
+    assert InvariantReorder(best="last").order([0.5, 0.5, 0.1], texts) == [2, 0, 1]
+
+
+def test_prompts_without_two_documents_are_left_as_they_are(engine):
+    no_documents = [document_message("Name three colours.", [])]
+    assert engine.rewritten([no_documents], method="invariant-reorder")[1][0] == no_documents
+    one = _qa((1,))
+    assert engine.score_continuations(one, [" Paris"], method="invariant-reorder") == (
+        engine.score_continuations(one, [" Paris"], method="none")
+    )
+    with pytest.raises(MissingDocumentSpans):
+        engine.generate("Where is Paris?", method="invariant-reorder", max_new_tokens=3)
+
+
+def test_bad_settings_and_uses_are_refused_with_the_way_out():
+    with pytest.raises(ValueError, match="best must be 'first' or 'last'"):
+        InvariantReorder(best="middle")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"does not compose .* Engine.rewritten"):
+        parse_method("invariant-reorder+mspoe")
+    with pytest.raises(TypeError, match="invariant-reorder rewrites the prompt"):
+        rescaled(tiny_chat_model()[0], InvariantReorder()).__enter__()
+    with pytest.raises(ValueError, match="layer"):
+        InvariantReorder(layers=[-1])
+    assert InvariantReorder().ranking_layers(24) == list(range(12, 18))
+    with pytest.raises(ValueError):
+        InvariantReorder(layers=[30]).ranking_layers(24)
+
+
+@pytest.mark.slow
+def test_the_embedded_model_answers_every_order_alike_and_right(embedded):
+    model, tokenizer = embedded
+    engine = Engine(model, tokenizer, method="none")
+    answers = {
+        engine.generate(_qa(order), method="invariant-reorder", max_new_tokens=12).text
+        for order in ((0, 1, 2, 3), (3, 2, 1, 0), (2, 0, 3, 1))
+    }
+    assert len(answers) == 1
+    assert "paris" in answers.pop().lower()
