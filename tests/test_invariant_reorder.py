@@ -55,8 +55,9 @@ def test_a_prompt_with_some_documents_keeps_them_numbered_and_separated():
         prompt_with_documents(text, [4])
 
 
-def test_every_order_of_the_documents_gives_the_same_prompt_and_answer(engine):
-    method = InvariantReorder()
+@pytest.mark.parametrize("score", ["question", "attention"])
+def test_every_order_of_the_documents_gives_the_same_prompt_and_answer(engine, score):
+    method = InvariantReorder(score=score)
     orders = list(itertools.permutations(range(4)))[::5]  # 5 of the 24 orders, the first one included
     rewritten = [engine.rewritten([_qa(order)], method=method)[1][0] for order in orders]
     assert all(prompt == rewritten[0] for prompt in rewritten)
@@ -69,8 +70,27 @@ def test_every_order_of_the_documents_gives_the_same_prompt_and_answer(engine):
     assert engine.generate(_qa(orders[0]), method=method, max_new_tokens=2).method == "invariant-reorder"
 
 
+def test_the_documents_are_sorted_by_how_well_each_alone_predicts_the_question(engine):
+    scores = []
+    for index in range(len(DOCUMENTS)):
+        # A full forward of the document's own prompt: the log-likelihood of every token after it.
+        ids, spans = render_with_spans(engine.tokenizer, render_qa_prompt(QUESTION, [DOCUMENTS[index]])[0])
+        with torch.no_grad():
+            logits = engine.model(torch.tensor([ids])).logits[0].float()
+        log_p = torch.log_softmax(logits[:-1], dim=-1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+        scores.append(float(log_p[spans[0][1] - 1 :].sum()))
+    method = InvariantReorder()
+    assert method.scores(engine, _qa((0, 1, 2, 3))) == pytest.approx(scores, abs=1e-3)
+    assert method.scores(engine, _qa((3, 1, 0, 2))) == pytest.approx(
+        [scores[i] for i in (3, 1, 0, 2)], abs=1e-3
+    )
+    ranked = sorted(range(4), key=lambda k: -scores[k])
+    (message,) = engine.rewritten([_qa((2, 3, 0, 1))], method=method)[1][0]
+    assert message["content"] == _qa(ranked)
+
+
 def test_the_documents_are_sorted_by_the_questions_attention_to_each_alone(engine):
-    method = InvariantReorder(layers=[1, 2])
+    method = InvariantReorder(score="attention", layers=[1, 2])
     scores = []
     for index in range(len(DOCUMENTS)):
         # A full forward of the document's own prompt, recorded by attention calibration's hooks.
@@ -85,7 +105,7 @@ def test_the_documents_are_sorted_by_the_questions_attention_to_each_alone(engin
     ranked = sorted(range(4), key=lambda k: -scores[k])
     (message,) = engine.rewritten([_qa((0, 1, 2, 3))], method=method)[1][0]
     assert message["content"] == _qa(ranked)
-    last = InvariantReorder(layers=[1, 2], best="last")
+    last = InvariantReorder(score="attention", layers=[1, 2], best="last")
     assert engine.rewritten([_qa((0, 1, 2, 3))], method=last)[1][0][0]["content"] == _qa(ranked[::-1])
     # A raw prompt (plain text, documents found by their lines) is rewritten the same way.
     assert engine.rewritten([_qa((3, 2, 1, 0))], method=method, raw=True)[1][0] == _qa(ranked)
@@ -117,11 +137,15 @@ def test_bad_settings_and_uses_are_refused_with_the_way_out():
         parse_method("invariant-reorder+mspoe")
     with pytest.raises(TypeError, match="invariant-reorder rewrites the prompt"):
         rescaled(tiny_chat_model()[0], InvariantReorder()).__enter__()
+    with pytest.raises(ValueError, match="score must be 'question' or 'attention'"):
+        InvariantReorder(score="retriever")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="give them with score='attention'"):
+        InvariantReorder(layers=[1, 2])
     with pytest.raises(ValueError, match="layer"):
-        InvariantReorder(layers=[-1])
-    assert InvariantReorder().ranking_layers(24) == list(range(12, 18))
+        InvariantReorder(score="attention", layers=[-1])
+    assert InvariantReorder(score="attention").ranking_layers(24) == list(range(12, 18))
     with pytest.raises(ValueError):
-        InvariantReorder(layers=[30]).ranking_layers(24)
+        InvariantReorder(score="attention", layers=[30]).ranking_layers(24)
 
 
 @pytest.mark.slow

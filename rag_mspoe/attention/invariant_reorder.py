@@ -2,25 +2,29 @@
 model answers from the documents sorted by that rank, so its answer does not depend on the order
 the documents came in.
 
-A document's score is the attention the question rows give it when the prompt holds that document
-and no other (averaged over heads and a band of layers). That prompt is the same whatever the
-document's place was (its 'Document [i]' number is rewritten to 1), so the score depends on the
-document, the question and the template only, and so does the sorted prompt: under this method
-every order of the same documents gives the same prompt, the same answer and the same scores,
-exactly. PINE (`rag_mspoe.attention.pine`) gets invariance by changing attention in every layer,
-which small models read poorly; here the model reads an ordinary prompt, in the order its
-ranking chose.
+A document is scored on the prompt that holds it and no other document. By default the score is
+how well it predicts what follows it, the question: the log-likelihood of the tokens after the
+document (zero-shot reranking by question likelihood, as in UPR, Sachan et al., 2022); or the
+attention the question rows give it, averaged over heads and a band of layers. That prompt is the
+same whatever the document's place was (its 'Document [i]' number is rewritten to 1), so the
+score depends on the document, the question and the template only, and so does the sorted
+prompt: under this method every order of the same documents gives the same prompt, the same
+answer and the same scores, exactly. PINE (`rag_mspoe.attention.pine`) gets invariance by
+changing attention in every layer, which small models read poorly; here the model reads an
+ordinary prompt, in the order its ranking chose.
 
 Cost: one short pass per document (the template, the document and the question), about one
 prefill of the whole prompt in all; each document's rows are cached by their tokens
-(`rag_mspoe.document_prefix`), so scoring the same document with the same template again (a sweep's
-other gold positions) runs only the question rows.
+(`rag_mspoe.document_prefix`), so scoring the same document with the same template again (a
+sweep's other gold positions) runs only the rows after it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
+
+import torch
 
 from rag_mspoe.attention.reorder import (
     document_attention,
@@ -31,20 +35,26 @@ from rag_mspoe.attention.reorder import (
 )
 from rag_mspoe.chat_template import Prompt
 from rag_mspoe.method_config import MethodConfig, check_layers, chosen_layers
+from rag_mspoe.rope.hooks import cache_argument
 from rag_mspoe.rope.rescaling import rescaled
 
 Best = Literal["first", "last"]
 BEST_PLACES: tuple[Best, ...] = ("first", "last")
+Score = Literal["question", "attention"]
+SCORES: tuple[Score, ...] = ("question", "attention")
 
 
 @dataclass
 class InvariantReorder(MethodConfig):
     """Rank each document read alone, then answer from the documents sorted by rank.
 
-    layers: the layers whose attention scores a document (None: the third quarter of the layers,
-    the band that ranked best on the models measured). best: "first" puts the top-ranked document
-    first and the others after it by rank; "last" puts it last, nearest the question (for a model
-    that reads the end of its context best).
+    score: "question" ranks by the log-likelihood of the text after the document (the question)
+    given the document; "attention" by the attention the question rows give the document in
+    `layers` (None: the third quarter of the layers, the band that ranked best on the model
+    measured). On the 0.5B's search questions the question's likelihood put the gold first more
+    often (see the README). best: "first" puts the top-ranked document first and the others after
+    it by rank; "last" puts it last, nearest the question (for a model that reads the end of its
+    context best).
     """
 
     kind: ClassVar[str] = "invariant-reorder"
@@ -54,11 +64,16 @@ class InvariantReorder(MethodConfig):
         "item is the prompts) and generate from that with the other method"
     )
     presets: ClassVar[dict[str, dict[str, Any]]] = {"invariant-reorder": {}}
+    score: Score = "question"
     layers: list[int] | None = None
     best: Best = "first"
 
     def __post_init__(self) -> None:
+        if self.score not in SCORES:
+            raise ValueError(f"score must be 'question' or 'attention', got {self.score!r}")
         check_layers(self.layers)
+        if self.layers is not None and self.score != "attention":
+            raise ValueError("layers choose the attention that scores; give them with score='attention'.")
         if self.best not in BEST_PLACES:
             raise ValueError(f"best must be 'first' or 'last', got {self.best!r}")
 
@@ -85,7 +100,8 @@ class InvariantReorder(MethodConfig):
         return reordered[0]["content"] if raw else reordered
 
     def scores(self, engine: Any, prompt: Prompt, *, raw: bool = False) -> list[float]:
-        """Each document's score: the attention the question gives it in a prompt of its own."""
+        """Each document's score in a prompt of its own: the log-likelihood of what follows it, or
+        the attention the question gives it."""
         return [
             self._score_alone(engine, prompt_with_documents(prompt, [k]), raw)
             for k in range(len(document_texts(prompt)))
@@ -93,13 +109,32 @@ class InvariantReorder(MethodConfig):
 
     def _score_alone(self, engine: Any, single: list[dict[str, Any]], raw: bool) -> float:
         ids, spans = engine.document_spans_of(self, single[0]["content"] if raw else single, raw=raw)
-        layers = self.ranking_layers(int(engine.model.config.num_hidden_layers))
+        end = spans[-1][1]
         with rescaled(engine.model, None):
-            cache = engine.document_prefixes.copy_of(ids[: spans[-1][1]])
-        return float(document_attention(engine.model, cache, ids, spans, layers).mean())
+            if self.score == "attention":
+                layers = self.ranking_layers(int(engine.model.config.num_hidden_layers))
+                cache = engine.document_prefixes.copy_of(ids[:end])
+                return float(document_attention(engine.model, cache, ids, spans, layers).mean())
+            # The cache stops one token short: the document's last row predicts the first token after it.
+            cache = engine.document_prefixes.copy_of(ids[: end - 1]) if end > 1 else None
+            return log_likelihood_after(engine.model, cache, ids, end)
 
     def order(self, scores: list[float], texts: list[str]) -> list[int]:
         """Indices of the documents by score, best first (or last); equal scores by text, so the
         order depends on the documents and not on where they were."""
         ranked = sorted(range(len(scores)), key=lambda k: (-scores[k], texts[k]))
         return ranked if self.best == "first" else ranked[::-1]
+
+
+def log_likelihood_after(model: Any, cache: Any, ids: list[int], end: int) -> float:
+    """The sum of log p(token) over `ids[end:]` (0 when nothing follows); `cache` holds the model's
+    rows of `ids[: end - 1]` (a copy it may use up), or is None to read `ids` from the start."""
+    if end >= len(ids):
+        return 0.0
+    start = end - 1 if cache is not None else 0
+    with torch.inference_mode():
+        rows = torch.tensor([list(ids[start:])], device=model.device)
+        arguments = cache_argument(cache) if cache is not None else {}
+        logits = model(rows, **arguments).logits[0, end - 1 - start : -1].float()
+    targets = torch.tensor(list(ids[end:]), device=logits.device)
+    return float(torch.log_softmax(logits, dim=-1).gather(1, targets[:, None]).sum())

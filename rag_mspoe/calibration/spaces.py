@@ -110,14 +110,18 @@ def calibrated_reorder_space(num_layers: int) -> dict[str, MethodConfig]:
 
 
 def invariant_reorder_space(num_layers: int) -> dict[str, MethodConfig]:
-    """The layers whose attention scores each document read alone (the default, the third quarter,
-    among them) and where the top-ranked document goes."""
+    """What scores each document read alone (the question's likelihood, or the attention of a band
+    of layers, among them the third quarter) and where the top-ranked document goes."""
     bands = {**layer_bands(num_layers), "all": list(range(num_layers))}
     bands["q3"] = list(range(num_layers // 2, (3 * num_layers) // 4))
-    return {
-        f"invariant-{band}-best-{best}": InvariantReorder(layers=layers, best=best)
-        for (band, layers), best in itertools.product(bands.items(), BEST_PLACES)
+    candidates: dict[str, MethodConfig] = {
+        f"invariant-question-best-{best}": InvariantReorder(best=best) for best in BEST_PLACES
     }
+    for (band, layers), best in itertools.product(bands.items(), BEST_PLACES):
+        candidates[f"invariant-attention-{band}-best-{best}"] = InvariantReorder(
+            score="attention", layers=layers, best=best
+        )
+    return candidates
 
 
 SPACES: dict[str, Space] = {
