@@ -271,3 +271,36 @@ def test_the_method_is_resolved_once_when_the_adapter_is_made(tiny, tmp_path):
     chat = ChatRagMsPoE(engine=tiny, method=str(path), max_tokens=6)
     path.unlink()  # later calls need the config, not the file
     assert chat.invoke(QUESTION).content == tiny.generate(QUESTION, max_new_tokens=6, method="pi:2").text
+
+
+def test_under_invariant_reorder_a_chain_answers_alike_whatever_order_retrieval_gives(tiny):
+    from langchain_core.documents import Document
+    from langchain_core.runnables import RunnableLambda, RunnablePassthrough
+
+    from rag_mspoe.connectors import format_documents
+
+    documents = [
+        Document("The Danube reaches the Black Sea.", metadata={"title": "Rivers"}),
+        Document("Paris is the capital of France.", metadata={"title": "France"}),
+        Document("Mont Blanc is in the Alps.", metadata={"title": "Mountains"}),
+    ]
+    prompt = ChatPromptTemplate.from_messages(
+        [("human", "Answer from these search results.\n\n{context}\n\nQuestion: {question}\nAnswer:")]
+    )
+    answers = {}
+    for method in ("invariant-reorder", "none"):
+        chat = ChatRagMsPoE(engine=tiny, method=method, max_tokens=8)
+        for order in ((0, 1, 2), (2, 0, 1), (1, 2, 0)):
+            retrieved = [documents[i] for i in order]
+            chain = (
+                {
+                    "context": RunnableLambda(lambda _, r=retrieved: r) | format_documents,
+                    "question": RunnablePassthrough(),
+                }
+                | prompt
+                | chat
+                | StrOutputParser()
+            )
+            answers.setdefault(method, set()).add(chain.invoke("What is the capital of France?"))
+    assert len(answers["invariant-reorder"]) == 1
+    assert len(answers["none"]) > 1  # the order does change what the unmodified model answers

@@ -209,3 +209,23 @@ def test_nodes_formatted_as_documents_run_the_methods_that_read_them(tiny):
     assert reply.message.content == tiny.generate(text, max_new_tokens=8, method="pine").text
     with pytest.raises(ValueError, match=r"Document \[1\]"):
         llm.complete("Paris is in France. Where is Paris?")
+
+
+def test_under_invariant_reorder_nodes_in_any_order_get_one_answer(tiny):
+    from llama_index.core.schema import NodeWithScore, TextNode
+
+    from rag_mspoe.connectors import format_documents
+
+    nodes = [
+        NodeWithScore(node=TextNode(text="The Danube reaches the Black Sea.", metadata={"title": "Rivers"})),
+        NodeWithScore(node=TextNode(text="Paris is the capital of France.", metadata={"title": "France"})),
+        NodeWithScore(node=TextNode(text="Mont Blanc is in the Alps.", metadata={"title": "Mountains"})),
+    ]
+    llm = RagMsPoE(engine=tiny, method="invariant-reorder", max_tokens=8)
+    completions, chats = set(), set()
+    for order in ((0, 1, 2), (2, 0, 1), (1, 2, 0)):
+        question = "Question: What is the capital of France?\nAnswer:"
+        text = f"{format_documents([nodes[i] for i in order])}\n\n{question}"
+        completions.add(llm.complete(text).text)
+        chats.add(llm.chat([ChatMessage(role="user", content=text)]).message.content)
+    assert len(completions) == 1 and len(chats) == 1
