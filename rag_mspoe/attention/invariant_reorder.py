@@ -27,14 +27,14 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from rag_mspoe.attention.reorder import (
+    DocumentReordering,
     document_attention,
     document_texts,
     prompt_with_documents,
     reordered_prompt,
-    rewrites_not_rescales,
 )
 from rag_mspoe.chat_template import Prompt
-from rag_mspoe.method_config import MethodConfig, check_layers, chosen_layers
+from rag_mspoe.method_config import check_layers, chosen_layers
 from rag_mspoe.rope.hooks import cache_argument
 from rag_mspoe.rope.rescaling import rescaled
 
@@ -45,7 +45,7 @@ SCORES: tuple[Score, ...] = ("question", "attention")
 
 
 @dataclass
-class InvariantReorder(MethodConfig):
+class InvariantReorder(DocumentReordering):
     """Rank each document read alone, then answer from the documents sorted by rank.
 
     score: "question" ranks by the log-likelihood of the text after the document (the question)
@@ -58,11 +58,6 @@ class InvariantReorder(MethodConfig):
     """
 
     kind: ClassVar[str] = "invariant-reorder"
-    alone_because: ClassVar[str] = (
-        "it rewrites the prompt and the unmodified model answers; to answer its prompt with another "
-        "method, rewrite with Engine.rewritten([prompt], method='invariant-reorder') (its second "
-        "item is the prompts) and generate from that with the other method"
-    )
     presets: ClassVar[dict[str, dict[str, Any]]] = {"invariant-reorder": {}}
     score: Score = "question"
     layers: list[int] | None = None
@@ -76,15 +71,6 @@ class InvariantReorder(MethodConfig):
             raise ValueError("layers choose the attention that scores; give them with score='attention'.")
         if self.best not in BEST_PLACES:
             raise ValueError(f"best must be 'first' or 'last', got {self.best!r}")
-
-    def hooks_class(self) -> Any:
-        raise rewrites_not_rescales(self.kind)
-
-    def needs_document_spans(self) -> bool:
-        return True
-
-    def rewrites_prompt(self) -> bool:
-        return True
 
     def ranking_layers(self, num_layers: int) -> list[int]:
         if self.layers is None:

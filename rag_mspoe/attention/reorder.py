@@ -35,8 +35,28 @@ Placement = Literal["first", "sorted", "last"]
 _NUMBER = re.compile(r"^Document \[\d+\]")
 
 
+class DocumentReordering(MethodConfig):
+    """What every method that reorders a prompt's documents declares: it needs their spans, it
+    rewrites the prompt (the unmodified model reads the result), and `rescale` cannot apply it."""
+
+    alone_because: ClassVar[str] = (
+        "it rewrites the prompt and the unmodified model answers; to answer its prompt with another "
+        "method, rewrite with Engine.rewritten([prompt], method=<this method>) (its second item is "
+        "the prompts) and generate from that with the other method"
+    )
+
+    def hooks_class(self) -> Any:
+        raise rewrites_not_rescales(self.kind)
+
+    def needs_document_spans(self) -> bool:
+        return True
+
+    def rewrites_prompt(self) -> bool:
+        return True
+
+
 @dataclass
-class CalibratedReorder(MethodConfig):
+class CalibratedReorder(DocumentReordering):
     """Rank the documents by calibrated attention, then answer from them reordered.
 
     layers: the layers whose attention ranks (None: the upper half, where the ranking is sharpest
@@ -51,11 +71,6 @@ class CalibratedReorder(MethodConfig):
     """
 
     kind: ClassVar[str] = "calibrated-reorder"
-    alone_because: ClassVar[str] = (
-        "it rewrites the prompt and the unmodified model answers; to answer its prompt with another "
-        "method, rewrite with Engine.rewritten([prompt], method='calibrated-reorder') (its second "
-        "item is the prompts) and generate from that with the other method"
-    )
     presets: ClassVar[dict[str, dict[str, Any]]] = {"calibrated-reorder": {}}
     layers: list[int] | None = None
     strength: float = 1.0
@@ -70,15 +85,6 @@ class CalibratedReorder(MethodConfig):
                 raise ValueError(f"{name} must be 0 or more, got {getattr(self, name)}")
         if self.place not in ("first", "sorted", "last"):
             raise ValueError(f"place must be 'first', 'sorted' or 'last', got {self.place!r}")
-
-    def hooks_class(self) -> Any:
-        raise rewrites_not_rescales(self.kind)
-
-    def needs_document_spans(self) -> bool:
-        return True
-
-    def rewrites_prompt(self) -> bool:
-        return True
 
     def rewrite(self, engine: Any, prompt: Prompt, *, raw: bool = False) -> Prompt:
         ids, spans = engine.document_spans_of(self, prompt, raw=raw)
