@@ -113,7 +113,7 @@ def invariant_reorder_space(num_layers: int) -> dict[str, MethodConfig]:
     """What scores each document read alone (the question's likelihood, or the attention of a band
     of layers, among them the third quarter) and where the top-ranked document goes."""
     bands = {**layer_bands(num_layers), "all": list(range(num_layers))}
-    bands["q3"] = list(range(num_layers // 2, (3 * num_layers) // 4))
+    bands["q3"] = InvariantReorder(score="attention").ranking_layers(num_layers)  # its default band
     candidates: dict[str, MethodConfig] = {
         f"invariant-question-best-{best}": InvariantReorder(best=best) for best in BEST_PLACES
     }
