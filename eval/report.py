@@ -93,24 +93,31 @@ def summarize(
 
 def gold_placement(records: Sequence[dict[str, Any]]) -> dict[str, dict[int, dict[str, float]]]:
     """For each method that reorders documents: per gold position, the share of its items whose
-    prompt had the gold first (`first`) and whose prompt moved it at all (`moved`), and how many."""
-    counts: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0, 0]))
+    prompt had the gold first (`first`), moved it at all (`moved`) and left it out (`dropped`: a
+    method that reads only some documents), and how many."""
+    counts: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0, 0, 0]))
     for record in records:
         if "prompt_position" not in record:
             continue
-        position, placed = int(record["position"]), int(record["prompt_position"])
+        position, placed = int(record["position"]), record["prompt_position"]
         tally = counts[record["method"]][position]
         tally[0] += placed == 0
         tally[1] += placed != position
-        tally[2] += 1
+        tally[2] += placed is None
+        tally[3] += 1
     return {
         method: {
-            position: {"first": first / n, "moved": moved / n, "items": n}
-            for position, (first, moved, n) in sorted(by_position.items())
+            position: {"first": first / n, "moved": moved / n, "dropped": dropped / n, "items": n}
+            for position, (first, moved, dropped, n) in sorted(by_position.items())
         }
         for method, by_position in counts.items()
-        if any(moved for _, moved, _ in by_position.values())
+        if any(moved for _, moved, _, _ in by_position.values())
     }
+
+
+def _placement_cell(share: dict[str, float]) -> str:
+    cell = f"{100 * share['first']:.0f} % of {share['items']:.0f}"
+    return cell + (f" ({100 * share['dropped']:.0f} % left out)" if share["dropped"] else "")
 
 
 def placement_table(placement: dict[str, dict[int, dict[str, float]]]) -> str:
@@ -124,9 +131,14 @@ def placement_table(placement: dict[str, dict[int, dict[str, float]]]) -> str:
     ]
     for method, by_position in placement.items():
         shares = [by_position.get(p) for p in positions]
-        cells = [f"{100 * x['first']:.0f} % of {x['items']:.0f}" if x else "-" for x in shares]
+        cells = [_placement_cell(x) if x else "-" for x in shares]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     note = "Items whose prompt had the gold document first, by the gold position the sweep set."
+    if any(x["dropped"] for by_position in placement.values() for x in by_position.values()):
+        note += (
+            " Left out: items whose prompt did not hold the gold at all (a method that reads only"
+            " some documents)."
+        )
     return "\n".join(lines) + f"\n\n{note}\n"
 
 

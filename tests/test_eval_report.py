@@ -75,18 +75,23 @@ def test_the_report_says_where_a_reordering_put_the_gold(tmp_path):
     records = [json.loads(line) for line in (tmp_path / RESULTS_FILE).read_text().splitlines()]
     for record in records:
         # none reads the gold where the sweep put it; "mspoe" stands for a reordering here that
-        # puts it first in 3 of 4 examples, and leaves it in place in the others.
-        moved = record["method"] == "mspoe" and int(record["example_id"].split("-")[1]) % 4 != 0
-        record["prompt_position"] = 0 if moved else record["position"]
+        # leaves it in place in 1 example of 4, leaves it out (reads only some documents) in 1 and
+        # puts it first in the others.
+        kind = int(record["example_id"].split("-")[1]) % 4
+        if record["method"] == "mspoe" and kind:
+            record["prompt_position"] = None if kind == 1 else 0
+        else:
+            record["prompt_position"] = record["position"]
     (tmp_path / RESULTS_FILE).write_text("".join(json.dumps(r) + "\n" for r in records))
     placement = write_report(tmp_path)["gold_placement"]
     assert list(placement) == ["mspoe"]  # none moved nothing
-    assert placement["mspoe"][4] == {"first": 0.75, "moved": 0.75, "items": 20}
-    # At position 0 a gold left in place is first too; nothing moved it.
-    assert placement["mspoe"][0] == {"first": 1.0, "moved": 0.0, "items": 20}
+    assert placement["mspoe"][4] == {"first": 0.5, "moved": 0.75, "dropped": 0.25, "items": 20}
+    # At position 0 a gold left in place is first too; only leaving it out moved it.
+    assert placement["mspoe"][0] == {"first": 0.75, "moved": 0.25, "dropped": 0.25, "items": 20}
     table = (tmp_path / "table.md").read_text()
     assert "### Where the gold document was read" in table
-    assert "| mspoe | 100 % of 20 | 75 % of 20 | 75 % of 20 |" in table
+    assert "| mspoe | 75 % of 20 (25 % left out) | 50 % of 20 (25 % left out) |" in table
+    assert "Left out: items whose prompt did not hold the gold" in table
 
 
 def test_only_examples_every_method_has_count(tmp_path):

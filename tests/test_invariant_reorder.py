@@ -12,9 +12,14 @@ from eval_run_helpers import tiny_chat_model
 
 from rag_mspoe import rescaled
 from rag_mspoe.attention import AttentionCalibration, InvariantReorder, document_spans
-from rag_mspoe.attention.reorder import prompt_with_documents
+from rag_mspoe.attention.reorder import moved_slot, prompt_with_documents
 from rag_mspoe.document_prompts import MissingDocumentSpans, document_message, render_with_spans
 from rag_mspoe.engine import Engine
+from rag_mspoe.eval.data.records import with_gold_at
+from rag_mspoe.eval.runs.results import read_records
+from rag_mspoe.eval.sweep.batch_scorer import candidates_of, prompt_of
+from rag_mspoe.eval.sweep.plan import SweepConfig
+from rag_mspoe.eval.sweep.run import frozen_examples, run_sweep
 from rag_mspoe.method_spec import parse_method
 from rag_mspoe.pipelines.packing import render_qa_prompt
 from rag_mspoe.rope.rescaling import STATE_ATTR
@@ -119,6 +124,60 @@ def test_equal_scores_are_ordered_by_the_documents_text_not_their_place():
     assert InvariantReorder(best="last").order([0.5, 0.5, 0.1], texts) == [2, 0, 1]
 
 
+def test_keep_reads_only_the_best_ranked_documents_whatever_their_order(engine):
+    scores = InvariantReorder().scores(engine, _qa((0, 1, 2, 3)))
+    ranked = sorted(range(4), key=lambda k: -scores[k])
+    for spec, kept in (
+        ("invariant-reorder:2", ranked[:2]),
+        (InvariantReorder(keep=2, best="last"), ranked[:2][::-1]),
+        ("invariant-reorder:1", ranked[:1]),
+        ("invariant-reorder:9", ranked),  # more than there are: all of them
+    ):
+        expected, spans = render_qa_prompt(QUESTION, [DOCUMENTS[k] for k in kept])
+        for order in ((0, 1, 2, 3), (3, 1, 2, 0), (2, 3, 0, 1)):
+            (message,) = engine.rewritten([_qa(order)], method=spec)[1][0]
+            assert message["content"] == expected
+            assert [tuple(span) for span in message["document_spans"]] == [tuple(span) for span in spans]
+    assert parse_method("invariant-reorder:3") == InvariantReorder(keep=3)
+    # Where the gold went: its slot in the prompt read, or None when it was left out.
+    original = _qa((0, 1, 2, 3))
+    (shorter,) = engine.rewritten([original], method="invariant-reorder:1")[1][0]
+    assert moved_slot(original, [shorter], ranked[0]) == 0
+    assert moved_slot(original, [shorter], ranked[1]) is None
+
+
+def test_a_sweep_records_where_a_kept_gold_was_read_and_when_it_was_left_out(tmp_path):
+    model, tokenizer = tiny_chat_model()
+    config = SweepConfig(
+        num_documents=4,
+        positions=(0, 3),
+        methods=("none", "invariant-reorder:2"),
+        samples=4,
+        metrics=("loglik",),
+    )
+    run_sweep(config, tmp_path, model=model, tokenizer=tokenizer, progress=False)
+    records = [r for r in read_records(tmp_path / "results.jsonl") if r["method"] == "invariant-reorder:2"]
+    examples = {e.id: e for e in frozen_examples(config, tmp_path)}
+    engine = Engine(model, tokenizer, method="none")
+    assert len(records) == 8
+    for record in records:
+        placed = with_gold_at(examples[record["example_id"]], record["position"])
+        prompt = prompt_of(placed)
+        (rewritten,) = engine.rewritten([prompt], method="invariant-reorder:2")[1]
+        assert record["prompt_position"] == moved_slot(prompt, rewritten, record["position"])
+        ((expected, _),) = engine.score_continuations(
+            prompt, [candidates_of(placed)[1]], method="invariant-reorder:2"
+        )
+        assert record["gold_logprob"] == pytest.approx(expected, abs=1e-4)
+    # The tiny model keeps the gold for some examples, not for others: both are recorded.
+    assert {r["prompt_position"] for r in records} == {1, None}
+    # One prompt per example whatever the gold's position: the same scores at both.
+    by_example = {}
+    for record in records:
+        by_example.setdefault(record["example_id"], set()).add(round(record["gold_logprob"], 4))
+    assert all(len(scores) == 1 for scores in by_example.values())
+
+
 def test_prompts_without_two_documents_are_left_as_they_are(engine):
     no_documents = [document_message("Name three colours.", [])]
     assert engine.rewritten([no_documents], method="invariant-reorder")[1][0] == no_documents
@@ -137,6 +196,12 @@ def test_bad_settings_and_uses_are_refused_with_the_way_out():
         parse_method("invariant-reorder+mspoe")
     with pytest.raises(TypeError, match="invariant-reorder rewrites the prompt"):
         rescaled(tiny_chat_model()[0], InvariantReorder()).__enter__()
+    for keep in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="keep is how many documents the model reads"):
+            InvariantReorder(keep=keep)  # type: ignore[arg-type]
+    for spec in ("invariant-reorder:0", "invariant-reorder:two"):
+        with pytest.raises(ValueError, match="write e.g. 'invariant-reorder:3'"):
+            parse_method(spec)
     with pytest.raises(ValueError, match="score must be 'question' or 'attention'"):
         InvariantReorder(score="retriever")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="give them with score='attention'"):

@@ -13,6 +13,11 @@ answer and the same scores, exactly. PINE (`rag_mspoe.attention.pine`) gets inva
 changing attention in every layer, which small models read poorly; here the model reads an
 ordinary prompt, in the order its ranking chose.
 
+With `keep`, the model reads only the `keep` best-ranked documents: fewer distractors beside the
+one that answers, at the risk of dropping it when the ranking misses (a reranker's trade; the
+README gives both on real questions). The choice is still made from scores the order cannot
+change, so the prompt stays invariant.
+
 Cost: one short pass per document (the template, the document and the question), about one
 prefill of the whole prompt in all; each document's rows are cached by their tokens
 (`rag_mspoe.document_prefix`), so scoring the same document with the same template again (a
@@ -31,10 +36,9 @@ from rag_mspoe.attention.reorder import (
     document_attention,
     document_texts,
     prompt_with_documents,
-    reordered_prompt,
 )
 from rag_mspoe.chat_template import Prompt
-from rag_mspoe.method_config import check_layers, chosen_layers
+from rag_mspoe.method_config import MethodConfig, check_layers, chosen_layers
 from rag_mspoe.rope.hooks import cache_argument
 from rag_mspoe.rope.rescaling import rescaled
 
@@ -54,14 +58,16 @@ class InvariantReorder(DocumentReordering):
     measured). On the 0.5B's search questions the question's likelihood put the gold first more
     often (see the README). best: "first" puts the top-ranked document first and the others after
     it by rank; "last" puts it last, nearest the question (for a model that reads the end of its
-    context best).
+    context best). keep: read only this many of the best-ranked documents (None: all of them).
     """
 
     kind: ClassVar[str] = "invariant-reorder"
     presets: ClassVar[dict[str, dict[str, Any]]] = {"invariant-reorder": {}}
+    argument_name: ClassVar[str] = "invariant-reorder"  # invariant-reorder:KEEP
     score: Score = "question"
     layers: list[int] | None = None
     best: Best = "first"
+    keep: int | None = None
 
     def __post_init__(self) -> None:
         if self.score not in SCORES:
@@ -71,6 +77,22 @@ class InvariantReorder(DocumentReordering):
             raise ValueError("layers choose the attention that scores; give them with score='attention'.")
         if self.best not in BEST_PLACES:
             raise ValueError(f"best must be 'first' or 'last', got {self.best!r}")
+        if self.keep is not None and (
+            isinstance(self.keep, bool) or not isinstance(self.keep, int) or self.keep < 1
+        ):
+            raise ValueError(
+                "keep is how many documents the model reads, a whole number >= 1 (or None for all), "
+                f"got {self.keep!r}"
+            )
+
+    @classmethod
+    def from_argument(cls, part: str, argument: str) -> MethodConfig:
+        if not argument.strip().isdigit() or int(argument) < 1:
+            raise ValueError(
+                f"{part!r}: the argument is how many of the best-ranked documents the model reads, "
+                "a whole number >= 1; write e.g. 'invariant-reorder:3'."
+            )
+        return cls(keep=int(argument))
 
     def ranking_layers(self, num_layers: int) -> list[int]:
         if self.layers is None:
@@ -82,8 +104,8 @@ class InvariantReorder(DocumentReordering):
         if len(spans) < 2:
             return prompt
         scores = self.scores(engine, prompt, raw=raw)
-        reordered = reordered_prompt(prompt, self.order(scores, document_texts(prompt)))
-        return reordered[0]["content"] if raw else reordered
+        rewritten = prompt_with_documents(prompt, self.order(scores, document_texts(prompt)))
+        return rewritten[0]["content"] if raw else rewritten
 
     def scores(self, engine: Any, prompt: Prompt, *, raw: bool = False) -> list[float]:
         """Each document's score in a prompt of its own: the log-likelihood of what follows it, or
@@ -106,9 +128,10 @@ class InvariantReorder(DocumentReordering):
             return log_likelihood_after(engine.model, cache, ids, end)
 
     def order(self, scores: list[float], texts: list[str]) -> list[int]:
-        """Indices of the documents by score, best first (or last); equal scores by text, so the
-        order depends on the documents and not on where they were."""
-        ranked = sorted(range(len(scores)), key=lambda k: (-scores[k], texts[k]))
+        """Indices of the documents the model reads, by score, best first (or last): all of them, or
+        the `keep` best. Equal scores go by text, so the order depends on the documents and not on
+        where they were."""
+        ranked = sorted(range(len(scores)), key=lambda k: (-scores[k], texts[k]))[: self.keep]
         return ranked if self.best == "first" else ranked[::-1]
 
 

@@ -252,13 +252,14 @@ def prompt_with_documents(prompt: Prompt, chosen: Sequence[int]) -> list[dict[st
     return result
 
 
-def moved_slot(original: Prompt, reordered: Prompt, slot: int) -> int:
-    """Where the document at `slot` of `original` is in `reordered` (a reordering of its documents),
-    the documents compared without their 'Document [i]' numbers."""
+def moved_slot(original: Prompt, reordered: Prompt, slot: int) -> int | None:
+    """Where the document at `slot` of `original` is in `reordered` (its documents, reordered, some
+    perhaps left out), the documents compared without their 'Document [i]' numbers; None when it
+    was left out."""
     before, after = document_texts(original), document_texts(reordered)
-    if not 0 <= slot < len(before) or before[slot] not in after:
-        raise ValueError(f"Document {slot} of the original prompt is not in the reordered one.")
-    return after.index(before[slot])
+    if not 0 <= slot < len(before):
+        raise ValueError(f"The original prompt has {len(before)} documents, so it has no document {slot}.")
+    return after.index(before[slot]) if before[slot] in after else None
 
 
 def document_texts(prompt: Prompt) -> list[str]:

@@ -111,12 +111,15 @@ def calibrated_reorder_space(num_layers: int) -> dict[str, MethodConfig]:
 
 def invariant_reorder_space(num_layers: int) -> dict[str, MethodConfig]:
     """What scores each document read alone (the question's likelihood, or the attention of a band
-    of layers, among them the third quarter) and where the top-ranked document goes."""
+    of layers, among them the third quarter), where the top-ranked document goes, and how many of
+    the best-ranked documents the model reads."""
     bands = {**layer_bands(num_layers), "all": list(range(num_layers))}
     bands["q3"] = InvariantReorder(score="attention").ranking_layers(num_layers)  # its default band
     candidates: dict[str, MethodConfig] = {
         f"invariant-question-best-{best}": InvariantReorder(best=best) for best in BEST_PLACES
     }
+    for keep in (1, 2, 3, 5):
+        candidates[f"invariant-question-keep-{keep}"] = InvariantReorder(keep=keep)
     for (band, layers), best in itertools.product(bands.items(), BEST_PLACES):
         candidates[f"invariant-attention-{band}-best-{best}"] = InvariantReorder(
             score="attention", layers=layers, best=best
