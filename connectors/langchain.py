@@ -158,6 +158,8 @@ class EngineParams(EngineFields):
         }
         if result.truncation is not None:
             metadata["truncated_tokens"] = result.truncation.removed_tokens
+        if result.documents_read is not None:  # a method reordered the documents: cite by this
+            metadata["documents_read"] = list(result.documents_read)
         return metadata
 
     def _ls_params(

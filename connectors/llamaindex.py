@@ -353,6 +353,8 @@ class RagMsPoE(EngineFields, FunctionCallingLLM):
         }
         if result.truncation is not None:
             raw["truncated_tokens"] = result.truncation.removed_tokens
+        if result.documents_read is not None:  # a method reordered the documents: cite by this
+            raw["documents_read"] = list(result.documents_read)
         return raw
 
     def _chat_response(

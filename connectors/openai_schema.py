@@ -211,6 +211,12 @@ def usage(result: GenerationResult) -> dict[str, int]:
     }
 
 
+def _read_order(result: GenerationResult) -> dict[str, Any]:
+    """An extra field of the choice when a method reordered the prompt's documents: which given
+    document each one the model read was, so the answer's 'Document [i]' can be cited back."""
+    return {} if result.documents_read is None else {"documents_read": list(result.documents_read)}
+
+
 def chat_completion(result: GenerationResult, model: str) -> dict[str, Any]:
     return {
         "id": new_id("chatcmpl"),
@@ -223,6 +229,7 @@ def chat_completion(result: GenerationResult, model: str) -> dict[str, Any]:
                 "message": {"role": "assistant", "content": result.text},
                 "finish_reason": result.finish_reason,
                 "logprobs": None,
+                **_read_order(result),
             }
         ],
         "usage": usage(result),
@@ -262,6 +269,7 @@ def text_completion(result: GenerationResult, model: str, prefix: str = "") -> d
                 "text": prefix + result.text,
                 "finish_reason": result.finish_reason,
                 "logprobs": None,
+                **_read_order(result),
             }
         ],
         "usage": usage(result),

@@ -73,11 +73,16 @@ class Answer:
     timings: dict[str, float] = field(default_factory=dict)  # seconds: retrieve, pack, generate
 
 
-def parse_citations(text: str, documents: Sequence[RetrievedChunk]) -> tuple[list[Citation], list[int]]:
+def parse_citations(
+    text: str, documents: Sequence[RetrievedChunk], read: Sequence[int] | None = None
+) -> tuple[list[Citation], list[int]]:
     """Map the document numbers cited in `text` to the packed chunks, in order of first mention.
 
-    Returns (citations, numbers that name no packed document).
+    `read`: when a method rewrote the prompt (reordered its documents, or kept only some), the
+    index of the packed chunk behind each document the model read, in its order; the answer's
+    numbers are those of the prompt it read. Returns (citations, numbers that name no document).
     """
+    numbered = list(documents) if read is None else [documents[k] for k in read]
     citations: list[Citation] = []
     unknown: list[int] = []
     seen: set[int] = set()
@@ -86,10 +91,10 @@ def parse_citations(text: str, documents: Sequence[RetrievedChunk]) -> tuple[lis
         if number in seen:
             continue
         seen.add(number)
-        if not 1 <= number <= len(documents):
+        if not 1 <= number <= len(numbered):
             unknown.append(number)
             continue
-        item = documents[number - 1]
+        item = numbered[number - 1]
         chunk = item.chunk
         citations.append(
             Citation(number, chunk.source, chunk.title, chunk.start, chunk.end, chunk.location, item.chunk_id)
@@ -158,7 +163,8 @@ def generate_answer(
     result = engine.generate(packed.prompt, max_new_tokens=max_new_tokens, **generate_options)
     generate_seconds = time.perf_counter() - started
     text = result.text.strip()
-    citations, unknown = parse_citations(text, packed.documents)
+    # Another engine than ours may not say what it read: then the prompt is read as packed.
+    citations, unknown = parse_citations(text, packed.documents, getattr(result, "documents_read", None))
     return Answer(
         question=question,
         text=text,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -13,6 +14,7 @@ from typing import Any
 
 import torch
 
+from rag_mspoe.attention.reorder import documents_read
 from rag_mspoe.attention.spans import Span
 from rag_mspoe.chat_template import Prompt
 from rag_mspoe.engine_base import EngineBase
@@ -60,16 +62,26 @@ class GeneratingEngine(EngineBase):
             )
         config = GenerationSettings.of(settings)
         asked = self._resolve_method(config.method)
-        method, prompts = self._rewritten(asked, prompts, config.raw)
-        prepared = [self._prepare(prompt, config, method) for prompt in prompts]
+        method, rewritten = self._rewritten(asked, prompts, config.raw)
+        prepared = [self._prepare(prompt, config, method) for prompt in rewritten]
         if config.temperature:
-            return self._run(prepared, config, method, cancel=cancel, shown=asked)
-        # Greedy answers to the same tokens are the same: a sweep's prompts often repeat once a
-        # method rewrote them (calibrated reordering puts the same document first).
-        unique = list({(tuple(p.ids), tuple(p.spans or ())): p for p in prepared}.values())
-        answers = self._run(unique, config, method, cancel=cancel, shown=asked)
-        by_prompt = {(tuple(p.ids), tuple(p.spans or ())): a for p, a in zip(unique, answers, strict=True)}
-        return [by_prompt[tuple(p.ids), tuple(p.spans or ())] for p in prepared]
+            answers = self._run(prepared, config, method, cancel=cancel, shown=asked)
+        else:
+            # Greedy answers to the same tokens are the same: a sweep's prompts often repeat once a
+            # method rewrote them (calibrated reordering puts the same document first).
+            unique = list({(tuple(p.ids), tuple(p.spans or ())): p for p in prepared}.values())
+            by_prompt = dict(
+                zip(
+                    [(tuple(p.ids), tuple(p.spans or ())) for p in unique],
+                    self._run(unique, config, method, cancel=cancel, shown=asked),
+                    strict=True,
+                )
+            )
+            answers = [by_prompt[tuple(p.ids), tuple(p.spans or ())] for p in prepared]
+        return [
+            _with_read_order(answer, given, read)
+            for answer, given, read in zip(answers, prompts, rewritten, strict=True)
+        ]
 
     def stream(self, prompt: Prompt, **settings: Any) -> TextStream:
         """Iterate over text pieces as they are generated; `.result` holds the counts at the end."""
@@ -140,7 +152,7 @@ class GeneratingEngine(EngineBase):
                 method, (rewritten,) = self._rewritten(asked, [prompt], config.raw)
                 ready = prepared if rewritten is prompt else self._prepare(rewritten, config, method)
                 (result,) = self._run([ready], config, method, on_text=put, cancel=cancel, shown=asked)
-                put(End(result))
+                put(End(_with_read_order(result, prompt, rewritten)))
             except BaseException as exc:  # handed to the consumer, who re-raises it
                 put(exc)
 
@@ -288,3 +300,11 @@ def spans_after_cut(spans: list[Span], head: int, tail_start: int) -> list[Span]
 
     cut = [(moved(start), moved(end)) for start, end in spans]
     return [(start, end) for start, end in cut if start < end]
+
+
+def _with_read_order(result: GenerationResult, given: Prompt, read: Prompt) -> GenerationResult:
+    """The result, saying which given document each one the model read was, when a method rewrote
+    the prompt (so the answer's 'Document [i]' can be mapped back)."""
+    if read is given:
+        return result
+    return dataclasses.replace(result, documents_read=documents_read(given, read))

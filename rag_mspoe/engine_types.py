@@ -62,6 +62,10 @@ class GenerationResult:
     finish_reason: FinishReason
     method: str
     truncation: Truncation | None = None
+    # When the method rewrote the prompt (reordering methods): for each document the model read, in
+    # its order, the index of that document in the prompt given; cite by it ('Document [1]' of the
+    # answer is documents_read[0] of the given documents).
+    documents_read: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

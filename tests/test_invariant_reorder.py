@@ -146,6 +146,21 @@ def test_keep_reads_only_the_best_ranked_documents_whatever_their_order(engine):
     assert moved_slot(original, [shorter], ranked[1]) is None
 
 
+def test_answers_say_which_given_document_each_one_read_was(engine):
+    scores = InvariantReorder().scores(engine, _qa((0, 1, 2, 3)))
+    ranked = sorted(range(4), key=lambda k: -scores[k])
+    given = (2, 0, 3, 1)
+    expected = tuple(given.index(k) for k in ranked[:2])  # 'Document [1]' read = given[expected[0]]
+    prompt = _qa(given)
+    assert engine.generate(prompt, method="invariant-reorder:2", max_new_tokens=2).documents_read == expected
+    batch = engine.generate_batch([prompt, _qa((0, 1, 2, 3))], method="invariant-reorder:2", max_new_tokens=2)
+    assert [r.documents_read for r in batch] == [expected, tuple(ranked[:2])]
+    stream = engine.stream(prompt, method="invariant-reorder:2", max_new_tokens=2)
+    "".join(stream)
+    assert stream.result.documents_read == expected
+    assert engine.generate(prompt, method="none", max_new_tokens=2).documents_read is None
+
+
 def test_a_sweep_records_where_a_kept_gold_was_read_and_when_it_was_left_out(tmp_path):
     model, tokenizer = tiny_chat_model()
     config = SweepConfig(

@@ -304,3 +304,9 @@ def test_under_invariant_reorder_a_chain_answers_alike_whatever_order_retrieval_
             answers.setdefault(method, set()).add(chain.invoke("What is the capital of France?"))
     assert len(answers["invariant-reorder"]) == 1
     assert len(answers["none"]) > 1  # the order does change what the unmodified model answers
+    # The message says which retrieved document each one the model read was, to cite by.
+    text = prompt.invoke({"context": format_documents(documents), "question": "Capital of France?"})
+    read = ChatRagMsPoE(engine=tiny, method="invariant-reorder", max_tokens=2).invoke(text)
+    assert sorted(read.response_metadata["documents_read"]) == [0, 1, 2]
+    plain = ChatRagMsPoE(engine=tiny, method="none", max_tokens=2).invoke(text)
+    assert "documents_read" not in plain.response_metadata

@@ -229,3 +229,4 @@ def test_under_invariant_reorder_nodes_in_any_order_get_one_answer(tiny):
         completions.add(llm.complete(text).text)
         chats.add(llm.chat([ChatMessage(role="user", content=text)]).message.content)
     assert len(completions) == 1 and len(chats) == 1
+    assert sorted(llm.complete(text).raw["documents_read"]) == [0, 1, 2]  # to cite by

@@ -40,6 +40,13 @@ def test_citations_keep_first_mention_order_and_report_unknown_numbers():
     assert parse_citations("No sources here, 1787 and 38.", PACKED) == ([], [])
 
 
+def test_citations_of_a_reordered_prompt_name_the_chunks_the_model_read():
+    # The model read the third packed chunk as 'Document [1]' and the first as 'Document [2]'.
+    citations, unknown = parse_citations("Sails [Document 1]; dredged [2]; ferry [3].", PACKED, read=(2, 0))
+    assert [(c.number, c.source) for c in citations] == [(1, "/docs/mill.pdf"), (2, "/docs/harbour.md")]
+    assert unknown == [3]  # the model read two documents
+
+
 @pytest.mark.slow
 def test_answer_end_to_end_with_the_embedded_model(tmp_path, embedded):
     from rag_mspoe.engine import Engine

@@ -85,6 +85,18 @@ def test_methods_that_read_documents_find_them_in_requests(base_url, client, eng
     assert error["code"] == "document_spans_missing" and "Document [1]" in error["message"]
 
 
+def test_a_reordering_method_says_which_given_document_each_one_read_was(base_url, engine):
+    from rag_mspoe.pipelines.packing import render_qa_prompt
+
+    messages = [{"role": "user", "content": render_qa_prompt("What is the capital of France?", DOCUMENTS)[0]}]
+    expected = engine.generate(messages, max_new_tokens=4, method="invariant-reorder").documents_read
+    assert sorted(expected) == [0, 1, 2]
+    for model, read in ((f"{engine.name}+invariant-reorder", list(expected)), (f"{engine.name}+mspoe", None)):
+        body = {"model": model, "messages": messages, "max_tokens": 4, "temperature": 0}
+        choice = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=60).json()["choices"][0]
+        assert choice.get("documents_read") == read
+
+
 def test_streaming_equals_non_streaming(client, engine):
     kwargs = dict(model=f"{engine.name}+mspoe", messages=QUESTION, max_tokens=16, temperature=0)
     whole = client.chat.completions.create(**kwargs).choices[0].message.content

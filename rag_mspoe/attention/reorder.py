@@ -262,6 +262,18 @@ def moved_slot(original: Prompt, reordered: Prompt, slot: int) -> int | None:
     return after.index(before[slot]) if before[slot] in after else None
 
 
+def documents_read(given: Prompt, rewritten: Prompt) -> tuple[int, ...]:
+    """The index in `given` of each document of `rewritten` (its documents, reordered, some perhaps
+    left out), in order; equal texts are matched in turn."""
+    slots: dict[str, list[int]] = {}
+    for index, text in enumerate(document_texts(given)):
+        slots.setdefault(text, []).append(index)
+    try:
+        return tuple(slots[text].pop(0) for text in document_texts(rewritten))
+    except (KeyError, IndexError):
+        raise ValueError("The rewritten prompt holds a document the given prompt does not.") from None
+
+
 def document_texts(prompt: Prompt) -> list[str]:
     """The prompt's documents in order, without their 'Document [i]' numbers."""
     messages = as_messages(prompt)
