@@ -12,7 +12,7 @@ from eval_run_helpers import tiny_chat_model
 
 from rag_mspoe import rescaled
 from rag_mspoe.attention import AttentionCalibration, InvariantReorder, document_spans
-from rag_mspoe.attention.reorder import moved_slot, prompt_with_documents
+from rag_mspoe.attention.reorder import documents_read, moved_slot, prompt_with_documents
 from rag_mspoe.document_prompts import MissingDocumentSpans, document_message, render_with_spans
 from rag_mspoe.engine import Engine
 from rag_mspoe.eval.data.records import with_gold_at
@@ -159,6 +159,15 @@ def test_answers_say_which_given_document_each_one_read_was(engine):
     "".join(stream)
     assert stream.result.documents_read == expected
     assert engine.generate(prompt, method="none", max_new_tokens=2).documents_read is None
+
+
+def test_the_read_order_matches_equal_documents_in_turn_and_refuses_strangers():
+    twice = [DOCUMENTS[0], DOCUMENTS[1], DOCUMENTS[0]]
+    given = render_qa_prompt(QUESTION, twice)[0]
+    assert documents_read(given, prompt_with_documents(given, [2, 1, 0])) == (0, 1, 2)
+    assert documents_read(given, prompt_with_documents(given, [1, 2])) == (1, 0)
+    with pytest.raises(ValueError, match="holds a document the given prompt does not"):
+        documents_read(given, _qa((3,)))
 
 
 def test_a_sweep_records_where_a_kept_gold_was_read_and_when_it_was_left_out(tmp_path):

@@ -256,10 +256,11 @@ def moved_slot(original: Prompt, reordered: Prompt, slot: int) -> int | None:
     """Where the document at `slot` of `original` is in `reordered` (its documents, reordered, some
     perhaps left out), the documents compared without their 'Document [i]' numbers; None when it
     was left out."""
-    before, after = document_texts(original), document_texts(reordered)
-    if not 0 <= slot < len(before):
-        raise ValueError(f"The original prompt has {len(before)} documents, so it has no document {slot}.")
-    return after.index(before[slot]) if before[slot] in after else None
+    count = len(document_texts(original))
+    if not 0 <= slot < count:
+        raise ValueError(f"The original prompt has {count} documents, so it has no document {slot}.")
+    read = documents_read(original, reordered)
+    return read.index(slot) if slot in read else None
 
 
 def documents_read(given: Prompt, rewritten: Prompt) -> tuple[int, ...]:
