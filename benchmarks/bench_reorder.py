@@ -8,7 +8,8 @@ The ranking pass reads only the question rows on the unmodified model's cache of
 but that cache is one prefill of the prompt as given; the answer is then prefilled from the
 reordered prompt. So the expected cost is about two prefills and the same decoding. Invariant
 reordering runs one short pass per document (template, document, question): about one prefill of
-the whole prompt in all, then the answer's. Prints seconds per answer for each method and its
+the whole prompt in all, then the answer's; reading only the top-ranked document
+(`invariant-reorder:1`) makes that answer's prefill one document long. Prints seconds per answer for each method and its
 ratio to the unmodified model's, as one JSON line at the end.
 """
 
@@ -25,7 +26,7 @@ from rag_mspoe.eval.data.records import with_gold_at
 from rag_mspoe.eval.sweep.batch_scorer import prompt_of
 
 DATA = "docs/results/nq10-split/search-10.jsonl.gz"
-METHODS = ("none", "calibrated-reorder", "invariant-reorder")
+METHODS = ("none", "calibrated-reorder", "invariant-reorder", "invariant-reorder:1")
 
 
 def main() -> None:
