@@ -9,8 +9,8 @@ but that cache is one prefill of the prompt as given; the answer is then prefill
 reordered prompt. So the expected cost is about two prefills and the same decoding. Invariant
 reordering runs one short pass per document (template, document, question): about one prefill of
 the whole prompt in all, then the answer's; reading only the top-ranked document
-(`invariant-reorder:1`) makes that answer's prefill one document long. Prints seconds per answer for each method and its
-ratio to the unmodified model's, as one JSON line at the end.
+(`invariant-reorder:1`) makes that answer's prefill one document long. Prints seconds per answer
+for each method and its ratio to the unmodified model's, as one JSON line at the end.
 """
 
 from __future__ import annotations
