@@ -38,6 +38,11 @@ class _Prepared:
     truncation: Truncation | None
     spans: list[Span] | None = None  # the documents' token spans, for methods that read them
 
+    @property
+    def key(self) -> tuple[tuple[int, ...], tuple[Any, ...]]:
+        """What a greedy answer depends on: equal keys, equal answers."""
+        return tuple(self.ids), tuple(self.spans or ())
+
 
 class GeneratingEngine(EngineBase):
     """Answers: `generate`, `generate_batch`, `stream` and their async forms."""
@@ -69,15 +74,10 @@ class GeneratingEngine(EngineBase):
         else:
             # Greedy answers to the same tokens are the same: a sweep's prompts often repeat once a
             # method rewrote them (calibrated reordering puts the same document first).
-            unique = list({(tuple(p.ids), tuple(p.spans or ())): p for p in prepared}.values())
-            by_prompt = dict(
-                zip(
-                    [(tuple(p.ids), tuple(p.spans or ())) for p in unique],
-                    self._run(unique, config, method, cancel=cancel, shown=asked),
-                    strict=True,
-                )
-            )
-            answers = [by_prompt[tuple(p.ids), tuple(p.spans or ())] for p in prepared]
+            unique = list({p.key: p for p in prepared}.values())
+            unique_answers = self._run(unique, config, method, cancel=cancel, shown=asked)
+            by_prompt = {p.key: answer for p, answer in zip(unique, unique_answers, strict=True)}
+            answers = [by_prompt[p.key] for p in prepared]
         return [
             _with_read_order(answer, given, read)
             for answer, given, read in zip(answers, prompts, rewritten, strict=True)
