@@ -58,7 +58,7 @@ from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ConfigDict, Field
 
 from rag_mspoe.chat_template import DOCUMENT_SPANS
-from rag_mspoe.connectors.settings import EngineFields, aretrying, engine_settings, retrying
+from rag_mspoe.connectors.settings import EngineFields, aretrying, engine_settings, read_order, retrying
 from rag_mspoe.engine import ENGINE_DEFAULT, GenerationResult
 from rag_mspoe.json_output import check_schema, generate_json
 from rag_mspoe.tool_calls import ToolAnswer, astream_with_tools, generate_with_tools, stream_with_tools
@@ -158,8 +158,7 @@ class EngineParams(EngineFields):
         }
         if result.truncation is not None:
             metadata["truncated_tokens"] = result.truncation.removed_tokens
-        if result.documents_read is not None:  # a method reordered the documents: cite by this
-            metadata["documents_read"] = list(result.documents_read)
+        metadata.update(read_order(result))
         return metadata
 
     def _ls_params(

@@ -48,7 +48,7 @@ from llama_index.core.tools import BaseTool
 from pydantic import BaseModel, ConfigDict, Field
 
 from rag_mspoe.chat_template import DOCUMENT_SPANS, Prompt
-from rag_mspoe.connectors.settings import EngineFields, aretrying, engine_settings, retrying
+from rag_mspoe.connectors.settings import EngineFields, aretrying, engine_settings, read_order, retrying
 from rag_mspoe.engine import GenerationResult
 from rag_mspoe.json_output import generate_json
 from rag_mspoe.tool_calls import ToolAnswer, astream_with_tools, generate_with_tools, stream_with_tools
@@ -353,8 +353,7 @@ class RagMsPoE(EngineFields, FunctionCallingLLM):
         }
         if result.truncation is not None:
             raw["truncated_tokens"] = result.truncation.removed_tokens
-        if result.documents_read is not None:  # a method reordered the documents: cite by this
-            raw["documents_read"] = list(result.documents_read)
+        raw.update(read_order(result))
         return raw
 
     def _chat_response(

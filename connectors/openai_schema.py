@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rag_mspoe.chat_template import DOCUMENT_SPANS
+from rag_mspoe.connectors.settings import read_order
 from rag_mspoe.engine import GenerationResult
 from rag_mspoe.grammar import Grammar
 from rag_mspoe.json_output import check_schema
@@ -211,12 +212,6 @@ def usage(result: GenerationResult) -> dict[str, int]:
     }
 
 
-def _read_order(result: GenerationResult) -> dict[str, Any]:
-    """An extra field of the choice when a method reordered the prompt's documents: which given
-    document each one the model read was, so the answer's 'Document [i]' can be cited back."""
-    return {} if result.documents_read is None else {"documents_read": list(result.documents_read)}
-
-
 def chat_completion(result: GenerationResult, model: str) -> dict[str, Any]:
     return {
         "id": new_id("chatcmpl"),
@@ -229,7 +224,7 @@ def chat_completion(result: GenerationResult, model: str) -> dict[str, Any]:
                 "message": {"role": "assistant", "content": result.text},
                 "finish_reason": result.finish_reason,
                 "logprobs": None,
-                **_read_order(result),
+                **read_order(result),  # an extra field OpenAI clients ignore
             }
         ],
         "usage": usage(result),
@@ -269,7 +264,7 @@ def text_completion(result: GenerationResult, model: str, prefix: str = "") -> d
                 "text": prefix + result.text,
                 "finish_reason": result.finish_reason,
                 "logprobs": None,
-                **_read_order(result),
+                **read_order(result),  # an extra field OpenAI clients ignore
             }
         ],
         "usage": usage(result),

@@ -10,7 +10,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from rag_mspoe.engine import ENGINE_DEFAULT, Engine, GenerationTimeout, shared_engine
+from rag_mspoe.engine import ENGINE_DEFAULT, Engine, GenerationResult, GenerationTimeout, shared_engine
 
 # Settings a single call may override, by the names the adapters use for their fields.
 PER_CALL_SETTINGS = ("temperature", "max_tokens", "top_p", "seed", "stop", "method", "truncate", "timeout")
@@ -32,6 +32,13 @@ def engine_settings(adapter: Any, overrides: dict[str, Any]) -> dict[str, Any]:
         value["method"] = adapter.method_config  # resolved once, when the adapter was made
     value["max_new_tokens"] = value.pop("max_tokens")
     return value
+
+
+def read_order(result: GenerationResult) -> dict[str, list[int]]:
+    """The response field `documents_read` when a method reordered the prompt's documents (which
+    given document each one the model read was, so the answer's 'Document [i]' can be cited back);
+    nothing otherwise."""
+    return {} if result.documents_read is None else {"documents_read": list(result.documents_read)}
 
 
 def retrying(call: Callable[[], T], max_retries: int) -> T:
