@@ -271,26 +271,41 @@ def text_completion(result: GenerationResult, model: str, prefix: str = "") -> d
     }
 
 
-def chat_chunk(
-    chunk_id: str, model: str, delta: dict[str, str], finish_reason: str | None = None
-) -> dict[str, Any]:
+def chat_chunk(chunk_id: str, model: str, delta: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": chunk_id,
         "object": "chat.completion.chunk",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}],
+        "choices": [{"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}],
     }
 
 
-def text_chunk(chunk_id: str, model: str, text: str, finish_reason: str | None = None) -> dict[str, Any]:
+def final_chat_chunk(
+    chunk_id: str, model: str, result: GenerationResult, finish_reason: str
+) -> dict[str, Any]:
+    """The chunk that closes a streamed chat answer: its finish reason and, when a method reordered
+    the documents, which given document each one read was (as in the non-streamed choice)."""
+    chunk = chat_chunk(chunk_id, model, {})
+    chunk["choices"][0].update(finish_reason=finish_reason, **read_order(result))
+    return chunk
+
+
+def text_chunk(chunk_id: str, model: str, text: str) -> dict[str, Any]:
     return {
         "id": chunk_id,
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}],
+        "choices": [{"index": 0, "text": text, "finish_reason": None, "logprobs": None}],
     }
+
+
+def final_text_chunk(chunk_id: str, model: str, result: GenerationResult) -> dict[str, Any]:
+    """The chunk that closes a streamed text completion (see `final_chat_chunk`)."""
+    chunk = text_chunk(chunk_id, model, "")
+    chunk["choices"][0].update(finish_reason=result.finish_reason, **read_order(result))
+    return chunk
 
 
 def usage_chunk(chunk_id: str, model: str, result: GenerationResult, obj: str) -> dict[str, Any]:

@@ -363,7 +363,7 @@ def create_app(
             async for piece in stream:
                 yield schema.chat_chunk(chunk_id, body.model, {"content": piece})
             assert stream.result is not None
-            yield schema.chat_chunk(chunk_id, body.model, {}, stream.result.finish_reason)
+            yield schema.final_chat_chunk(chunk_id, body.model, stream.result, stream.result.finish_reason)
             if include_usage:
                 yield schema.usage_chunk(chunk_id, body.model, stream.result, "chat.completion.chunk")
 
@@ -394,7 +394,9 @@ def create_app(
             async for event in stream:
                 yield schema.chat_chunk(chunk_id, body.model, schema.tool_stream_delta(event))
             assert stream.answer is not None
-            yield schema.chat_chunk(chunk_id, body.model, {}, stream.answer.finish_reason)
+            yield schema.final_chat_chunk(
+                chunk_id, body.model, stream.answer.result, stream.answer.finish_reason
+            )
             if include_usage:
                 yield schema.usage_chunk(chunk_id, body.model, stream.answer.result, "chat.completion.chunk")
 
@@ -420,7 +422,7 @@ def create_app(
             async for piece in stream:
                 yield schema.text_chunk(chunk_id, body.model, piece)
             assert stream.result is not None
-            yield schema.text_chunk(chunk_id, body.model, "", stream.result.finish_reason)
+            yield schema.final_text_chunk(chunk_id, body.model, stream.result)
             if include_usage:
                 yield schema.usage_chunk(chunk_id, body.model, stream.result, "text_completion")
 

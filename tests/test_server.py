@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import pytest
@@ -91,10 +92,31 @@ def test_a_reordering_method_says_which_given_document_each_one_read_was(base_ur
     messages = [{"role": "user", "content": render_qa_prompt("What is the capital of France?", DOCUMENTS)[0]}]
     expected = engine.generate(messages, max_new_tokens=4, method="invariant-reorder").documents_read
     assert sorted(expected) == [0, 1, 2]
-    for model, read in ((f"{engine.name}+invariant-reorder", list(expected)), (f"{engine.name}+mspoe", None)):
-        body = {"model": model, "messages": messages, "max_tokens": 4, "temperature": 0}
+    text = messages[0]["content"]
+    read_raw = engine.generate(text, raw=True, max_new_tokens=4, method="invariant-reorder").documents_read
+    for suffix, read, read_text in (
+        ("+invariant-reorder", list(expected), list(read_raw)),
+        ("+mspoe", None, None),
+    ):
+        body = {"model": engine.name + suffix, "messages": messages, "max_tokens": 4, "temperature": 0}
         choice = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=60).json()["choices"][0]
         assert choice.get("documents_read") == read
+        # Streamed, the chunk that closes the answer carries it, for chat and for text completions.
+        text_body = {"model": body["model"], "prompt": text, "max_tokens": 4, "temperature": 0}
+        for path, request, wanted in (
+            ("chat/completions", body, read),
+            ("completions", text_body, read_text),
+        ):
+            events = _stream_events(f"{base_url}/v1/{path}", {**request, "stream": True})
+            closing = [e["choices"][0] for e in events if e["choices"][0]["finish_reason"] is not None]
+            assert len(closing) == 1 and closing[0].get("documents_read") == wanted
+            assert sum("documents_read" in e["choices"][0] for e in events) == (wanted is not None)
+
+
+def _stream_events(url, body):
+    response = httpx.post(url, json=body, timeout=60)
+    response.raise_for_status()
+    return [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")]
 
 
 def test_streaming_equals_non_streaming(client, engine):
