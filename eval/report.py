@@ -69,10 +69,14 @@ def summarize(
         "examples_per_position": {p: len(common[p]) for p in positions},
         "methods": {},
     }
+    if not positions:
+        return summary
+    base_worst = None
+    if summary["baseline"]:
+        base_scores = {p: [scores[(baseline, p)][i] for i in common[p]] for p in positions}
+        base_worst = position_summary(base_scores)["worst_position"]
     for method in methods:
         per_position = {p: [scores[(method, p)][i] for i in common[p]] for p in positions}
-        if not positions:
-            continue
         stats = position_summary(per_position)
         entry: dict[str, Any] = {**stats, "ci": {}, "p_vs_baseline": {}}
         for p in positions:
@@ -87,6 +91,16 @@ def summarize(
         if summary["baseline"] and method != baseline and flat:
             base = [sum(scores[(baseline, p)][i] for p in positions) / len(positions) for i in everywhere]
             entry["p_average_vs_baseline"] = paired_test(flat, base)
+        if base_worst is not None and method != baseline:
+            # The worst positions compared as a target states them ("the worst position beats the
+            # unmodified model's worst"): each example at this method's worst position against the
+            # same example at the baseline's, which may be another position.
+            mine = stats["worst_position"]
+            shared = [i for i in common[mine] if i in set(common[base_worst])]
+            entry["p_worst_vs_baseline"] = paired_test(
+                [scores[(method, mine)][i] for i in shared],
+                [scores[(baseline, base_worst)][i] for i in shared],
+            )
         summary["methods"][method] = entry
     return summary
 
@@ -157,7 +171,7 @@ def markdown_table(summary: dict[str, Any]) -> str:
 
     header = ["method", *(f"pos {p}" for p in positions), "average", "worst", "gap"]
     if summary["baseline"]:
-        header.append(f"p avg vs {summary['baseline']}")
+        header += [f"p avg vs {summary['baseline']}", f"p worst vs {summary['baseline']}"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for method, entry in summary["methods"].items():
         cells = [method]
@@ -167,8 +181,9 @@ def markdown_table(summary: dict[str, Any]) -> str:
             cells.append(f"{fmt(entry['accuracy'][p])}{mark} [{fmt(low)}, {fmt(high)}]")
         cells += [fmt(entry["average"]), fmt(entry["worst"]), fmt(entry["gap"])]
         if summary["baseline"]:
-            p_value = entry.get("p_average_vs_baseline")
-            cells.append("-" if p_value is None else f"{p_value:.3g}")
+            for key in ("p_average_vs_baseline", "p_worst_vs_baseline"):
+                p_value = entry.get(key)
+                cells.append("-" if p_value is None else f"{p_value:.3g}")
         lines.append("| " + " | ".join(cells) + " |")
     counts = sorted(set(summary["examples_per_position"].values()))
     unit = "%" if percent else "nats"
@@ -178,7 +193,10 @@ def markdown_table(summary: dict[str, Any]) -> str:
         "gap = best minus worst position"
     )
     if summary["baseline"]:
-        note += f"; * = differs from {summary['baseline']} at that position (paired test, p < 0.05)"
+        note += (
+            f"; * = differs from {summary['baseline']} at that position (paired test, p < 0.05); p worst: "
+            f"each method's worst position against {summary['baseline']}'s worst, paired by example"
+        )
     return "\n".join(lines) + f"\n\n{note}.\n"
 
 

@@ -57,11 +57,31 @@ def test_summary_has_per_position_accuracy_average_worst_gap_and_paired_tests(tm
     assert "p_vs_baseline" in none and not none["p_vs_baseline"]
 
 
+def test_the_worst_positions_are_compared_as_a_target_states_them(tmp_path):
+    # A method at 60 % everywhere (its worst position is then the first: ties go to the earliest),
+    # its correct answers on other examples at position 4, against none's worst (position 4). The
+    # test pairs each example at the two worst positions: 8 wins and no loss.
+    flat = {("flat", 0): scores_of(0.6), ("flat", 4): scores_of(0.6)[::-1], ("flat", 9): scores_of(0.6)}
+    write_results(tmp_path, {**SCORES, **flat})
+    summary = write_report(tmp_path)["metrics"]["choice_correct"]["methods"]
+    assert summary["flat"]["worst_position"] == 0 and summary["none"]["worst_position"] == 4
+    assert summary["flat"]["p_worst_vs_baseline"] == pytest.approx(2 / 2**8)
+    # Not the comparisons at one position: 0 wins, 4 losses at 0; 12 wins, 4 losses at 4.
+    assert summary["flat"]["p_vs_baseline"][0] == pytest.approx(2 / 2**4)
+    assert summary["flat"]["p_vs_baseline"][4] == pytest.approx(2 * (1 + 16 + 120 + 560 + 1820) / 2**16)
+    assert "p_worst_vs_baseline" not in summary["none"]
+    row = next(
+        line for line in (tmp_path / "table.md").read_text().splitlines() if line.startswith("| flat |")
+    )
+    assert row.endswith("| 0.00781 |")
+
+
 def test_markdown_table_and_plot_are_written(tmp_path):
     write_results(tmp_path, SCORES)
     write_report(tmp_path)
     table = (tmp_path / "table.md").read_text()
-    assert "| method | pos 0 | pos 4 | pos 9 | average | worst | gap | p avg vs none |" in table
+    header = "| method | pos 0 | pos 4 | pos 9 | average | worst | gap | p avg vs none | p worst vs none |"
+    assert header in table
     assert "| none | 80.0 [" in table and "| mspoe | 50.0* [" in table
     assert "20 examples per position" in table and "gold answer log-likelihood" in table
     png = (tmp_path / "accuracy_by_position.png").read_bytes()
