@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from rag_mspoe.rope.hooks import returned_cache
+from rag_mspoe.rope.hooks import cache_argument, returned_cache
 
 DEFAULT_MAX_BYTES = 1 << 30  # ~60 prompts of 1,300 tokens for the 0.5B in bf16, ~25 for the 1.5B
 
@@ -37,16 +37,21 @@ class DocumentPrefixCache:
         self._caches.clear()
         self._bytes = 0
 
-    def copy_of(self, prefix: Sequence[int]) -> Any:
+    def copy_of(self, prefix: Sequence[int], shared: int = 0) -> Any:
         """A fresh copy of the cache after `prefix`, computed by the model as it is now (the caller
-        makes sure no method is applied)."""
+        makes sure no method is applied). shared: the length of a start that other prefixes begin
+        with too (the template before a prompt's documents); it is cached on its own, and a new
+        prefix runs only its rows after it."""
         key = tuple(prefix)
         if key in self._caches:
             self._caches.move_to_end(key)
         else:
-            ids = torch.tensor([list(prefix)], device=self.model.device)
+            start = self.copy_of(prefix[:shared]) if 0 < shared < len(key) else None
+            rows = key[shared:] if start is not None else key
+            ids = torch.tensor([list(rows)], device=self.model.device)
             with torch.inference_mode():
-                out = self.model(ids, use_cache=True, logits_to_keep=1)
+                arguments = cache_argument(start) if start is not None else {}
+                out = self.model(ids, use_cache=True, logits_to_keep=1, **arguments)
             cache = returned_cache(out)
             size = _bytes(cache)
             self.computed += 1

@@ -18,10 +18,10 @@ one that answers, at the risk of dropping it when the ranking misses (a reranker
 README gives both on real questions). The choice is still made from scores the order cannot
 change, so the prompt stays invariant.
 
-Cost: one short pass per document (the template, the document and the question), about one
-prefill of the whole prompt in all; each document's rows are cached by their tokens
-(`rag_mspoe.document_prefix`), so scoring the same document with the same template again (a
-sweep's other gold positions) runs only the rows after it.
+Cost: one short pass per document (the document and the question, after the template's rows,
+computed once), about one prefill of the whole prompt in all; each document's rows are cached by
+their tokens (`rag_mspoe.document_prefix`), so scoring the same document with the same template
+again (a sweep's other gold positions) runs only the rows after it.
 """
 
 from __future__ import annotations
@@ -117,14 +117,16 @@ class InvariantReorder(DocumentReordering):
 
     def _score_alone(self, engine: Any, single: list[dict[str, Any]], raw: bool) -> float:
         ids, spans = engine.document_spans_of(self, single[0]["content"] if raw else single, raw=raw)
-        end = spans[-1][1]
+        # Every document's prompt starts with the same template (the tokens before `start`): its rows
+        # are computed once and each document's run from a copy of them.
+        start, end = spans[-1]
         with rescaled(engine.model, None):
             if self.score == "attention":
                 layers = self.ranking_layers(int(engine.model.config.num_hidden_layers))
-                cache = engine.document_prefixes.copy_of(ids[:end])
+                cache = engine.document_prefixes.copy_of(ids[:end], shared=start)
                 return float(document_attention(engine.model, cache, ids, spans, layers).mean())
             # The cache stops one token short: the document's last row predicts the first token after it.
-            cache = engine.document_prefixes.copy_of(ids[: end - 1]) if end > 1 else None
+            cache = engine.document_prefixes.copy_of(ids[: end - 1], shared=start) if end > 1 else None
             return log_likelihood_after(engine.model, cache, ids, end)
 
     def order(self, scores: list[float], texts: list[str]) -> list[int]:

@@ -1,0 +1,50 @@
+"""The unmodified model's KV caches of prompt starts (`DocumentPrefixCache`): a start that several
+prefixes share is computed once, and a prefix run on a copy of it holds the cache the whole prefix
+gives when run in one go."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import ARCH_NAMES, tiny_model
+
+from rag_mspoe.document_prefix import DocumentPrefixCache
+
+
+def counting_rows(model):
+    """Wrap the model's forward to count the token rows it runs."""
+    rows: list[int] = []
+    forward = model.forward
+
+    def counted(input_ids=None, **kwargs):
+        rows.append(int(input_ids.shape[1]))
+        return forward(input_ids=input_ids, **kwargs)
+
+    model.forward = counted
+    return rows
+
+
+def layer_tensors(cache):
+    return [tensor for layer in cache.layers for tensor in (layer.keys, layer.values)]
+
+
+@pytest.mark.parametrize("arch", ARCH_NAMES)
+def test_a_shared_start_is_run_once_and_changes_no_cache(arch):
+    model = tiny_model(arch)
+    template = list(range(3, 11))
+    prefixes = [[*template, *range(20 + 7 * k, 26 + 7 * k)] for k in range(3)]
+    shared_cache, whole_cache = DocumentPrefixCache(model), DocumentPrefixCache(model)
+    rows = counting_rows(model)
+    shared = [shared_cache.copy_of(prefix, shared=len(template)) for prefix in prefixes]
+    assert rows == [len(template), 6, 6, 6]  # the template once, then each prefix's own rows
+    assert shared_cache.computed == 4
+    for prefix, cache in zip(prefixes, shared, strict=True):
+        whole = whole_cache.copy_of(prefix)
+        for mine, theirs in zip(layer_tensors(cache), layer_tensors(whole), strict=True):
+            assert mine.shape == theirs.shape
+            torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-4)
+    # Asked again, nothing runs; a prefix no longer than the shared start is run as it is.
+    rows.clear()
+    shared_cache.copy_of(prefixes[1], shared=len(template))
+    shared_cache.copy_of(template[:5], shared=len(template))
+    assert rows == [5]
