@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import torch
@@ -20,6 +20,7 @@ import torch
 from rag_mspoe.rope.hooks import cache_argument, returned_cache
 
 DEFAULT_MAX_BYTES = 1 << 30  # ~60 prompts of 1,300 tokens for the 0.5B in bf16, ~25 for the 1.5B
+MAX_VALUES = 100_000  # numbers are small: a sweep's worth of document scores
 
 
 class DocumentPrefixCache:
@@ -30,12 +31,26 @@ class DocumentPrefixCache:
         self.max_bytes = max_bytes
         self._caches: OrderedDict[tuple[int, ...], tuple[Any, int]] = OrderedDict()
         self._bytes = 0
+        self._values: OrderedDict[Hashable, float] = OrderedDict()
         self.computed = 0  # prefixes run through the model, for tests and benchmarks
 
     def clear(self) -> None:
-        """Forget every cache (their memory goes back)."""
+        """Forget every cache (their memory goes back) and every value."""
         self._caches.clear()
         self._bytes = 0
+        self._values.clear()
+
+    def value(self, key: Hashable, compute: Callable[[], float]) -> float:
+        """A number the unmodified model gives for `key` (the tokens it reads and what is read off
+        them), computed once: a document scored alone again (a sweep's other gold positions, a
+        second label of the same method) costs nothing."""
+        if key in self._values:
+            self._values.move_to_end(key)
+            return self._values[key]
+        self._values[key] = compute()
+        if len(self._values) > MAX_VALUES:
+            self._values.popitem(last=False)
+        return self._values[key]
 
     def copy_of(self, prefix: Sequence[int], shared: int = 0) -> Any:
         """A fresh copy of the cache after `prefix`, computed by the model as it is now (the caller

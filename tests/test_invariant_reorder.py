@@ -116,6 +116,25 @@ def test_the_documents_are_sorted_by_the_questions_attention_to_each_alone(engin
     assert engine.rewritten([_qa((3, 2, 1, 0))], method=method, raw=True)[1][0] == _qa(ranked)
 
 
+def test_a_document_scored_again_runs_no_model_pass(engine, monkeypatch):
+    # A sweep scores each document once per gold position and label: the same single-document
+    # prompt, so its score is kept (exactly the number the pass gave) and the pass not run again.
+    engine.document_prefixes.clear()
+    passes = []
+    forward = engine.model.forward
+    monkeypatch.setattr(engine.model, "forward", lambda *a, **k: passes.append(1) or forward(*a, **k))
+    first = InvariantReorder().scores(engine, _qa((0, 1, 2, 3)))
+    ran = len(passes)
+    assert ran >= len(DOCUMENTS)
+    assert InvariantReorder(keep=2).scores(engine, _qa((2, 0, 3, 1))) == [first[i] for i in (2, 0, 3, 1)]
+    assert len(passes) == ran
+    # Other scores of the same prompts (the question's attention) are other numbers: they run.
+    InvariantReorder(score="attention").scores(engine, _qa((0, 1, 2, 3)))
+    assert len(passes) > ran
+    engine.document_prefixes.clear()
+    assert InvariantReorder().scores(engine, _qa((0, 1, 2, 3))) == first
+
+
 def test_equal_scores_are_ordered_by_the_documents_text_not_their_place():
     method = InvariantReorder()
     texts = ["b", "a", "c"]

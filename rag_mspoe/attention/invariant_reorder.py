@@ -20,8 +20,8 @@ change, so the prompt stays invariant.
 
 Cost: one short pass per document (the document and the question, after the template's rows,
 computed once), about one prefill of the whole prompt in all; each document's rows are cached by
-their tokens (`rag_mspoe.document_prefix`), so scoring the same document with the same template
-again (a sweep's other gold positions) runs only the rows after it.
+their tokens (`rag_mspoe.document_prefix`), and so is each score: scoring the same document with
+the same template again (a sweep's other gold positions, another `keep` or `best`) runs nothing.
 """
 
 from __future__ import annotations
@@ -117,12 +117,20 @@ class InvariantReorder(DocumentReordering):
 
     def _score_alone(self, engine: Any, single: list[dict[str, Any]], raw: bool) -> float:
         ids, spans = engine.document_spans_of(self, single[0]["content"] if raw else single, raw=raw)
+        layers = (
+            self.ranking_layers(int(engine.model.config.num_hidden_layers))
+            if self.score == "attention"
+            else []
+        )
+        key = ("invariant-reorder", self.score, tuple(layers), tuple(ids))
+        return engine.document_prefixes.value(key, lambda: self._computed_score(engine, ids, spans, layers))
+
+    def _computed_score(self, engine: Any, ids: list[int], spans: list[Any], layers: list[int]) -> float:
         # Every document's prompt starts with the same template (the tokens before `start`): its rows
         # are computed once and each document's run from a copy of them.
         start, end = spans[-1]
         with rescaled(engine.model, None):
             if self.score == "attention":
-                layers = self.ranking_layers(int(engine.model.config.num_hidden_layers))
                 cache = engine.document_prefixes.copy_of(ids[:end], shared=start)
                 return float(document_attention(engine.model, cache, ids, spans, layers).mean())
             # The cache stops one token short: the document's last row predicts the first token after it.
