@@ -19,7 +19,7 @@ import hashlib
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -84,6 +84,11 @@ class Evaluation:
     def plan(self, folder: Path, done: set[Key]) -> list[Any]:
         """The units of work whose records are not in `done`."""
         raise NotImplementedError
+
+    def shared_work(self, unit: Any) -> Hashable | None:
+        """What `unit` shares with other units that a worker keeps in its caches (None: nothing);
+        with Ray, a worker is given the units that share its earlier ones."""
+        return None
 
     def prepare(self) -> None:
         """Work before the model loads, run only when units are pending (fail early, build an index)."""
@@ -188,7 +193,15 @@ def run_evaluation(
                 evaluation.prepare()
                 if ray_address is not None:
                     stream, facts = score_on_ray(
-                        evaluation, units, ray_address, ray_workers, threads, device, dtype, quantize
+                        evaluation,
+                        units,
+                        ray_address,
+                        ray_workers,
+                        threads,
+                        device,
+                        dtype,
+                        quantize,
+                        shared_work=evaluation.shared_work,
                     )
                 else:
                     stream, facts = _score_here(

@@ -2,7 +2,9 @@
 
 Workers only score; the driver writes every record, so results.jsonl has one writer and the
 once-only guarantee of a local run holds. Each worker is kept two units busy, so it never
-waits for the driver between units. A `WorkerPool` keeps its replicas across calls; anything
+waits for the driver between units, and given the units that share work with its earlier ones
+(the other labels of a sweep's examples: their documents' caches and scores are in that worker's
+memory). A `WorkerPool` keeps its replicas across calls; anything
 with a `config.model` and a `scorer(model, tokenizer)` can run on it, not only an `Evaluation`
 (calibration scores its candidates this way).
 """
@@ -10,7 +12,8 @@ with a `config.model` and a `scorer(model, tokenizer)` can run on it, not only a
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
 from rag_mspoe.eval.runs.heap import releasing
@@ -18,6 +21,7 @@ from rag_mspoe.eval.runs.units import UnitScoring
 
 RAY_INSTALL = "pip install 'rag-mspoe[ray]'"
 _IN_FLIGHT_PER_WORKER = 2
+_RECENT_KEYS = 4  # units whose work a worker's caches are taken to hold (they keep the latest)
 
 
 def _import_ray() -> Any:
@@ -110,17 +114,22 @@ class WorkerPool:
             self.close()
             raise
 
-    def map(self, units: Sequence[Any]) -> Iterator[list[dict[str, Any]]]:
-        """The records of each unit, in the order the units complete."""
+    def map(
+        self, units: Sequence[Any], shared_work: Callable[[Any], Hashable | None] | None = None
+    ) -> Iterator[list[dict[str, Any]]]:
+        """The records of each unit, in the order the units complete. shared_work: what a unit
+        shares with others that a worker keeps in its caches (a sweep's batch: its examples); a
+        worker is then given the units that share its earlier ones (`Dispatcher`)."""
         ray = self._ray
-        queue = list(units)[::-1]
-        running: dict[Any, Any] = {}  # object ref -> replica scoring it
+        dispatcher = Dispatcher(units, len(self._replicas), shared_work)
+        running: dict[Any, int] = {}  # object ref -> index of the replica scoring it
 
-        def submit(replica: Any) -> None:
-            if queue:
-                running[replica.score.remote(queue.pop())] = replica
+        def submit(replica: int) -> None:
+            unit = dispatcher.take(replica)
+            if unit is not None:
+                running[self._replicas[replica].score.remote(unit)] = replica
 
-        for replica in self._replicas:
+        for replica in range(len(self._replicas)):
             for _ in range(_IN_FLIGHT_PER_WORKER):
                 submit(replica)
         lost = (
@@ -154,6 +163,42 @@ class WorkerPool:
         self.close()
 
 
+class Dispatcher:
+    """Which unit each of `workers` workers scores next, the units in plan order.
+
+    shared_work(unit): what a unit shares with others that a worker keeps in its caches, or None.
+    A worker takes the first unit that shares work with one it had lately (its caches hold that
+    work), else the first that no other worker had lately (a fresh start, so the plan's order
+    holds), else the first. Without shared work, the units go in plan order.
+    """
+
+    def __init__(
+        self, units: Sequence[Any], workers: int, shared_work: Callable[[Any], Hashable | None] | None = None
+    ) -> None:
+        self._units = list(units)
+        self._keys = [shared_work(unit) if shared_work else None for unit in self._units]
+        self._recent: list[deque[Hashable]] = [deque(maxlen=_RECENT_KEYS) for _ in range(workers)]
+
+    def take(self, worker: int) -> Any | None:
+        """The next unit for `worker` (None when none is left)."""
+        if not self._units:
+            return None
+        mine = self._recent[worker]
+        others = {key for k, held in enumerate(self._recent) if k != worker for key in held}
+        chosen = 0
+        for wanted in (lambda key: key in mine, lambda key: key not in others):
+            found = next((k for k, key in enumerate(self._keys) if key is not None and wanted(key)), None)
+            if found is not None:
+                chosen = found
+                break
+        key = self._keys.pop(chosen)
+        if key is not None:
+            if key in mine:
+                mine.remove(key)
+            mine.append(key)
+        return self._units.pop(chosen)
+
+
 def score_on_ray(
     evaluation: UnitScoring,
     units: Sequence[Any],
@@ -163,13 +208,16 @@ def score_on_ray(
     device: str | None = "auto",
     dtype: str | None = None,
     quantize: str | None = None,
+    shared_work: Callable[[Any], Hashable | None] | None = None,
 ) -> tuple[Iterator[list[dict[str, Any]]], dict[str, Any]]:
     """Start `workers` replicas (no more than units) and return (records of each unit as it
     completes, model facts); the replicas stop when the stream ends or is closed."""
     pool = WorkerPool(evaluation, address, min(workers, len(units)), threads, device, dtype, quantize)
-    return _stream_once(pool, units), pool.facts
+    return _stream_once(pool, units, shared_work), pool.facts
 
 
-def _stream_once(pool: WorkerPool, units: Sequence[Any]) -> Iterator[list[dict[str, Any]]]:
+def _stream_once(
+    pool: WorkerPool, units: Sequence[Any], shared_work: Callable[[Any], Hashable | None] | None
+) -> Iterator[list[dict[str, Any]]]:
     with pool:
-        yield from pool.map(units)
+        yield from pool.map(units, shared_work)

@@ -145,6 +145,11 @@ class Batch:
     method: str
     items: tuple[tuple[int, int], ...]
 
+    @property
+    def examples(self) -> frozenset[int]:
+        """The indices of the examples it scores."""
+        return frozenset(index for _, index in self.items)
+
 
 def plan_batches(
     num_examples: int, methods: Sequence[str], positions: Sequence[int], batch_size: int

@@ -187,6 +187,11 @@ class Sweep(Evaluation):
                 pending.append(Batch(batch.method, items))
         return pending
 
+    def shared_work(self, unit: Batch) -> frozenset[int]:
+        # A batch's examples: every label reads their documents, whose caches (the unmodified
+        # model's rows, a reordering's scores) stay in the worker that read them first.
+        return unit.examples
+
     def scorer(self, model: Any, tokenizer: Any) -> Scorer:
         results = None if self.folder is None else self.folder / RESULTS_FILE
         engines = EngineSet(model, tokenizer)
