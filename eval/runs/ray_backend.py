@@ -2,11 +2,11 @@
 
 Workers only score; the driver writes every record, so results.jsonl has one writer and the
 once-only guarantee of a local run holds. Each worker is kept two units busy, so it never
-waits for the driver between units, and given the units that share work with its earlier ones
-(the other labels of a sweep's examples: their documents' caches and scores are in that worker's
-memory). A `WorkerPool` keeps its replicas across calls; anything
-with a `config.model` and a `scorer(model, tokenizer)` can run on it, not only an `Evaluation`
-(calibration scores its candidates this way).
+waits for the driver between units, and is given the units that share work with its earlier
+ones (the other labels of a sweep's examples: their documents' caches and scores are in that
+worker's memory). A `WorkerPool` keeps its replicas across calls; anything with a `config.model`
+and a `scorer(model, tokenizer)` can run on it, not only an `Evaluation` (calibration scores its
+candidates this way).
 """
 
 from __future__ import annotations
