@@ -96,7 +96,8 @@ def summarize(
             # unmodified model's worst"): each example at this method's worst position against the
             # same example at the baseline's, which may be another position.
             mine = stats["worst_position"]
-            shared = [i for i in common[mine] if i in set(common[base_worst])]
+            theirs = set(common[base_worst])
+            shared = [i for i in common[mine] if i in theirs]
             entry["p_worst_vs_baseline"] = paired_test(
                 [scores[(method, mine)][i] for i in shared],
                 [scores[(baseline, base_worst)][i] for i in shared],
