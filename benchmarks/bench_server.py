@@ -3,6 +3,8 @@ against the same requests sent one after another.
 
     python benchmarks/bench_server.py --requests 12 --concurrency 4 --max-tokens 24
     python benchmarks/bench_server.py --requests 12 --concurrency 4 --max-tokens 24 --max-batch-size 4
+    python benchmarks/bench_server.py --requests 12 --concurrency 4 --max-tokens 24 --max-batch-size 4 \
+        --stream
 
 Starts `rag-mspoe serve` (embedded model) on a free loopback port, waits for it, measures, stops it.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import time
 
@@ -24,11 +27,20 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def one(client: httpx.AsyncClient, url: str, body: dict) -> tuple[float, str]:
-    """(latency, answer) of one request."""
+    """(latency, answer) of one request; streamed, the latency runs to the stream's end."""
     start = time.perf_counter()
-    response = await client.post(url, json=body, timeout=600)
-    response.raise_for_status()
-    return time.perf_counter() - start, response.json()["choices"][0]["message"]["content"]
+    if not body.get("stream"):
+        response = await client.post(url, json=body, timeout=600)
+        response.raise_for_status()
+        return time.perf_counter() - start, response.json()["choices"][0]["message"]["content"]
+    pieces = []
+    async with client.stream("POST", url, json=body, timeout=600) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if line.startswith("data: {"):
+                choices = json.loads(line[6:]).get("choices") or [{}]
+                pieces.append(choices[0].get("delta", {}).get("content") or "")
+    return time.perf_counter() - start, "".join(pieces)
 
 
 async def burst(url: str, bodies: list[dict], concurrency: int) -> tuple[float, list[float], list[str]]:
@@ -61,6 +73,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--method", default="mspoe")
     parser.add_argument("--max-batch-size", type=int, default=1, help="the server's cross-request batching")
+    parser.add_argument("--stream", action="store_true", help="streamed requests (latency to the last chunk)")
     args = parser.parse_args()
 
     options = ("--method", args.method, "--max-batch-size", str(args.max_batch_size))
@@ -72,12 +85,14 @@ def main() -> None:
                 "messages": [{"role": "user", "content": f"Name {i + 2} animals that live in the sea."}],
                 "max_tokens": args.max_tokens,
                 "temperature": 0,
+                "stream": args.stream,
             }
             for i in range(args.requests)
         ]
         asyncio.run(burst(url, bodies[:1], 1))  # warm up
         print(
-            f"{args.requests} chat requests, max_tokens {args.max_tokens}, method {args.method}, "
+            f"{args.requests} {'streamed ' if args.stream else ''}chat requests, "
+            f"max_tokens {args.max_tokens}, method {args.method}, "
             f"max batch size {args.max_batch_size}"
         )
         sequential = asyncio.run(burst(url, bodies, 1))

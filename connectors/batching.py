@@ -1,11 +1,17 @@
 """Cross-request batching for the server: greedy requests that wait together share one forward.
 
 Requests with equal settings (method, max tokens, stop strings, ...) that are waiting at the same
-time run as one left-padded batch through `Engine.generate_batch`; a request that arrives while
-a batch runs joins the next one. Sampled requests (temperature > 0) run alone, since a batch
-would draw other random numbers than a request alone. A batch holding a request that fails (a
-prompt over the context window, say) is rerun one request at a time, so each gets its own
-answer or error.
+time run as one left-padded batch; a request that arrives while a batch runs joins the next one.
+Sampled requests (temperature > 0) run alone, since a batch would draw other random numbers than
+a request alone.
+
+Non-streamed requests run through `Engine.generate_batch`; a batch holding a request that fails
+(a prompt over the context window, say) is rerun one request at a time, so each gets its own
+answer or error. Streamed requests run through `Engine.run_streams`, with streamed requests
+only: each stream gets its pieces as they are generated and closes as soon as its own answer
+ends; a reader who leaves drops out of the batch at the next token. Their prompts are checked
+before they join (a prompt too long fails alone, before its stream starts), so what can still
+fail a streamed batch is the model itself, and that error goes to each of its streams.
 
 In bf16 a padded batch can pick another token than the same prompt alone after a few dozen
 tokens (rounding differs with the padding); that is why batching is off unless asked for.
@@ -18,8 +24,11 @@ import threading
 from typing import Any
 
 from rag_mspoe.engine import Engine, GenerationResult
+from rag_mspoe.engine_generation import StreamRequest
+from rag_mspoe.text_stream import AsyncTextStream, StreamOutlet
 
 Item = tuple[Any, "asyncio.Future[GenerationResult]", threading.Event | None]  # prompt, answer, cancel
+StreamItem = tuple[StreamRequest, StreamOutlet]
 
 
 class RequestBatcher:
@@ -35,7 +44,8 @@ class RequestBatcher:
         self.max_wait_s = max_wait_s
         self.batches = 0  # batches of two or more requests run so far
         self.batched_requests = 0  # requests answered in those batches
-        self._waiting: dict[str, tuple[dict[str, Any], list[Item]]] = {}
+        # Waiting requests by their settings; streamed and non-streamed ones apart.
+        self._waiting: dict[tuple[bool, str], tuple[dict[str, Any], list[Any]]] = {}
         self._worker: asyncio.Task[None] | None = None
 
     async def generate(
@@ -46,14 +56,32 @@ class RequestBatcher:
         Setting `cancel` gives up on a request that runs alone; cancelling the awaiting task takes
         a request out of a batch that has not started (one that has runs to its end, for the others).
         """
-        if self.max_batch_size == 1 or options.get("temperature", 0.0) > 0:
+        if not self._batched(options):
             return await self.engine.agenerate(prompt, cancel=cancel, **options)
         future: asyncio.Future[GenerationResult] = asyncio.get_running_loop().create_future()
-        key = repr(sorted(options.items()))  # configs are dataclasses, lists included: not hashable
-        self._waiting.setdefault(key, (options, []))[1].append((prompt, future, cancel))
+        self._enqueue(False, options, (prompt, future, cancel))
+        return await future
+
+    def stream(self, prompt: Any, options: dict[str, Any]) -> AsyncTextStream:
+        """A streamed answer to one request, batched with other streamed requests when allowed.
+
+        A bad prompt raises here, before the stream starts (as `Engine.astream`); must be called
+        inside a running event loop."""
+        if not self._batched(options):
+            return self.engine.astream(prompt, **options)
+        request = self.engine.prepare_stream(prompt, **options)
+        return AsyncTextStream(
+            lambda put, cancel: self._enqueue(True, options, (request, StreamOutlet(put, cancel)))
+        )
+
+    def _batched(self, options: dict[str, Any]) -> bool:
+        return self.max_batch_size > 1 and not options.get("temperature", 0.0) > 0
+
+    def _enqueue(self, streamed: bool, options: dict[str, Any], item: Item | StreamItem) -> None:
+        key = streamed, repr(sorted(options.items()))  # configs are dataclasses, lists included: not hashable
+        self._waiting.setdefault(key, (options, []))[1].append(item)
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._drain())
-        return await future
 
     def stats(self) -> dict[str, int]:
         return {
@@ -71,9 +99,21 @@ class RequestBatcher:
                 self._waiting[key] = (options, rest)
             else:
                 del self._waiting[key]
+            if key[0]:
+                streams = [item for item in batch if not item[1].cancel.is_set()]  # reader still there
+                if streams:
+                    await self._run_streams(streams)
+                continue
             live = [item for item in batch if not item[1].done()]  # not cancelled
             if live:
                 await self._run(options, live)
+
+    async def _run_streams(self, items: list[StreamItem]) -> None:
+        requests, outlets = [request for request, _ in items], [outlet for _, outlet in items]
+        await asyncio.to_thread(self.engine.run_streams, requests, outlets)  # delivers its own errors
+        if len(items) > 1:
+            self.batches += 1
+            self.batched_requests += len(items)
 
     async def _run(self, options: dict[str, Any], items: list[Item]) -> None:
         if len(items) == 1:

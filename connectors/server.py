@@ -165,8 +165,9 @@ def create_app(
     request_timeout_s: the deadline of one generation, waiting for the model included (None:
     none); past it a request gets a 503. A client that disconnects has its generation stopped
     at the next token, or never started if it was still waiting.
-    max_batch_size: greedy non-streaming requests run together in batches of up to this many
-    (1: one at a time); batch_wait_ms: how long the first waits for others to join it."""
+    max_batch_size: greedy requests with equal settings run together in batches of up to this
+    many, streamed ones with streamed ones (1: one at a time; requests with tools run alone);
+    batch_wait_ms: how long the first waits for others to join it."""
     routes = ModelRoutes(engine, extra_methods)
     batcher = RequestBatcher(engine, max_batch_size, batch_wait_ms / 1000)
     app = FastAPI(title="rag-mspoe", version="1")
@@ -309,7 +310,7 @@ def create_app(
 
     def open_stream(prompt: Any, options: dict[str, Any], prompt_field: str) -> Any:
         with client_errors(prompt_field):
-            return engine.astream(prompt, **options)
+            return batcher.stream(prompt, options)
 
     def sse(events: Callable[[], AsyncIterator[dict[str, Any]]]) -> StreamingResponse:
         async def body() -> AsyncIterator[str]:

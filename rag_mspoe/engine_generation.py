@@ -29,7 +29,7 @@ from rag_mspoe.engine_types import (
 from rag_mspoe.grammar import Grammar, GrammarProcessor, grammar_tokenizer
 from rag_mspoe.method_config import method_name
 from rag_mspoe.stopping import GenerationWatch, TextTracker
-from rag_mspoe.text_stream import AsyncTextStream, End, TextStream
+from rag_mspoe.text_stream import AsyncTextStream, End, StreamOutlet, TextStream
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,16 @@ class _Prepared:
     def key(self) -> tuple[tuple[int, ...], tuple[Any, ...]]:
         """What a greedy answer depends on: equal keys, equal answers."""
         return tuple(self.ids), tuple(self.spans or ())
+
+
+@dataclass(frozen=True)
+class StreamRequest:
+    """A prompt checked for streaming (`prepare_stream`): what `run_streams` answers."""
+
+    prompt: Prompt
+    prepared: _Prepared
+    config: GenerationSettings
+    method: Any  # resolved from config.method; may rewrite the prompt when it runs
 
 
 class GeneratingEngine(EngineBase):
@@ -85,12 +95,58 @@ class GeneratingEngine(EngineBase):
 
     def stream(self, prompt: Prompt, **settings: Any) -> TextStream:
         """Iterate over text pieces as they are generated; `.result` holds the counts at the end."""
+        request = self.prepare_stream(prompt, **settings)  # a bad prompt fails here, before streaming
+        return TextStream(lambda put, cancel: self._start_streams([request], [StreamOutlet(put, cancel)]))
+
+    def prepare_stream(self, prompt: Prompt, **settings: Any) -> StreamRequest:
+        """Check a prompt for streaming (too long, no document spans, ... raise here) and settle
+        its settings; `run_streams` then answers it, alone or batched with others."""
         config = GenerationSettings.of(settings)
-        asked = self._resolve_method(config.method)
-        prepared = self._prepare(prompt, config, asked)  # a bad prompt fails here, before streaming
-        return TextStream(
-            lambda put, cancel: self._start_worker(prompt, prepared, config, asked, put, cancel)
-        )
+        method = self._resolve_method(config.method)
+        return StreamRequest(prompt, self._prepare(prompt, config, method), config, method)
+
+    def run_streams(self, requests: Sequence[StreamRequest], outlets: Sequence[StreamOutlet]) -> None:
+        """Answer requests of equal settings in one left-padded batch, each streamed to its outlet.
+
+        Blocks until the batch ends. Each outlet gets its text pieces, then `End(result)` as soon
+        as its own answer ends, or the exception that ended the batch. An outlet whose cancel event
+        is set drops out of the batch at the next token; the others go on."""
+        if not requests or len(requests) != len(outlets):
+            raise ValueError("run_streams takes one outlet per request, and at least one request.")
+        first = requests[0]
+        if any(r.config != first.config or r.method != first.method for r in requests):
+            raise ValueError("run_streams batches requests of equal settings only; run the others apart.")
+        ended: set[int] = set()
+        try:
+            # A method that rewrites the prompt runs the model to do it: here, off the caller's
+            # thread (an event loop, for astream).
+            prompts = [request.prompt for request in requests]
+            method, rewritten = self._rewritten(first.method, prompts, first.config.raw)
+            ready = [
+                request.prepared if new is request.prompt else self._prepare(new, first.config, method)
+                for request, new in zip(requests, rewritten, strict=True)
+            ]
+
+            def end(row: int, result: GenerationResult) -> None:
+                ended.add(row)
+                outlets[row].put(End(_with_read_order(result, prompts[row], rewritten[row])))
+
+            self._run(ready, first.config, method, outlets=outlets, on_row_end=end, shown=first.method)
+            for row, outlet in enumerate(outlets):
+                if row not in ended:  # dropped by its cancel event: a reader still waiting learns why
+                    outlet.put(GenerationCancelled("Cancelled by the stream's reader."))
+        except BaseException as exc:  # handed to each consumer still reading, who re-raises it
+            for row, outlet in enumerate(outlets):
+                if row not in ended:
+                    outlet.put(exc)
+
+    def _start_streams(self, requests: list[StreamRequest], outlets: list[StreamOutlet]) -> None:
+        threading.Thread(
+            target=self.run_streams,
+            args=(requests, outlets),
+            name=f"rag-mspoe-stream-{self.name}",
+            daemon=True,
+        ).start()
 
     async def agenerate(
         self, prompt: Prompt, *, cancel: threading.Event | None = None, **settings: Any
@@ -104,11 +160,9 @@ class GeneratingEngine(EngineBase):
 
     def astream(self, prompt: Prompt, **settings: Any) -> AsyncTextStream:
         """`async for piece in engine.astream(...)`; must be called inside a running event loop."""
-        config = GenerationSettings.of(settings)
-        asked = self._resolve_method(config.method)
-        prepared = self._prepare(prompt, config, asked)  # a bad prompt fails here, before streaming
+        request = self.prepare_stream(prompt, **settings)  # a bad prompt fails here, before streaming
         return AsyncTextStream(
-            lambda put, cancel: self._start_worker(prompt, prepared, config, asked, put, cancel)
+            lambda put, cancel: self._start_streams([request], [StreamOutlet(put, cancel)])
         )
 
     def _prepare(self, prompt: Prompt, config: GenerationSettings, method: Any) -> _Prepared:
@@ -136,51 +190,55 @@ class GeneratingEngine(EngineBase):
         kept = None if spans is None else spans_after_cut(spans, head, tail_start)
         return _Prepared(ids[:head] + ids[tail_start:], truncation, kept)
 
-    def _start_worker(
-        self,
-        prompt: Prompt,
-        prepared: _Prepared,
-        config: GenerationSettings,
-        asked: Any,
-        put: Callable[[object], None],
-        cancel: threading.Event,
-    ) -> None:
-        def work() -> None:
-            try:
-                # A method that rewrites the prompt runs the model to do it: here, off the caller's
-                # thread (an event loop, for astream).
-                method, (rewritten,) = self._rewritten(asked, [prompt], config.raw)
-                ready = prepared if rewritten is prompt else self._prepare(rewritten, config, method)
-                (result,) = self._run([ready], config, method, on_text=put, cancel=cancel, shown=asked)
-                put(End(_with_read_order(result, prompt, rewritten)))
-            except BaseException as exc:  # handed to the consumer, who re-raises it
-                put(exc)
-
-        threading.Thread(target=work, name=f"rag-mspoe-stream-{self.name}", daemon=True).start()
-
     def _run(
         self,
         prepared: list[_Prepared],
         config: GenerationSettings,
         method: Any,
-        on_text: Callable[[str], None] | None = None,
         cancel: threading.Event | None = None,
         shown: Any = None,
+        outlets: Sequence[StreamOutlet] = (),
+        on_row_end: Callable[[int, GenerationResult], None] | None = None,
     ) -> list[GenerationResult]:
         """Generate for prepared prompts under `method`; results name `shown` (the method the
-        caller asked for, when it rewrote the prompts) or `method`."""
+        caller asked for, when it rewrote the prompts) or `method`.
+
+        With outlets (one per row), each row's text is streamed to its outlet's `put`, its cancel
+        event drops the row alone, and `on_row_end(row, result)` gets each row's result as soon as
+        the row ends (a row dropped by its cancel event gets none)."""
         deadline = None if config.timeout is None else time.monotonic() + config.timeout
         # Built before taking the model: compiling a grammar needs no model, and must not hold up others.
         constraints = (
             [] if config.grammar is None else [self._grammar_processor(config.grammar, len(prepared))]
         )
-        if not self._wait_for_model(deadline, cancel):
+        row_cancels = [outlet.cancel for outlet in outlets]
+        if not self._wait_for_model(deadline, cancel, row_cancels):
             raise GenerationTimeout(
                 f"Waited {config.timeout} s for the model, busy with other requests; raise timeout or retry."
             )
+        trackers = [TextTracker(self.tokenizer, config.stop, self._eos_ids) for _ in prepared]
+        results: dict[int, GenerationResult] = {}
+
+        def finish(row: int) -> None:
+            tracker = trackers[row]
+            tracker.flush()
+            if outlets:
+                rest = tracker.take_rest()
+                if rest:
+                    outlets[row].put(rest)
+            results[row] = self._result(prepared[row], tracker, shown if shown is not None else method)
+            if on_row_end is not None:
+                on_row_end(row, results[row])
+
         try:
-            trackers = [TextTracker(self.tokenizer, config.stop, self._eos_ids) for _ in prepared]
-            watch = GenerationWatch(trackers, on_text=on_text, cancel=cancel, deadline=deadline)
+            watch = GenerationWatch(
+                trackers,
+                on_text=[outlet.put for outlet in outlets],
+                row_cancels=row_cancels,
+                on_row_end=finish,
+                cancel=cancel,
+                deadline=deadline,
+            )
             spans = [item.spans for item in prepared]
             with self._method_applied(method, spans), self._seeded(config.seed), torch.inference_mode():
                 self.model.generate(
@@ -201,35 +259,44 @@ class GeneratingEngine(EngineBase):
                 f"Generation passed timeout={config.timeout} s after {trackers[0].n_tokens} tokens; "
                 "raise timeout or lower max_new_tokens."
             )
-        results = []
-        for item, tracker in zip(prepared, trackers, strict=True):
-            tracker.flush()
-            if on_text is not None:
-                rest = tracker.take_rest()
-                if rest:
-                    on_text(rest)
-            results.append(
-                GenerationResult(
-                    text=tracker.text,
-                    prompt_tokens=len(item.ids),
-                    completion_tokens=tracker.n_tokens,
-                    finish_reason="stop" if tracker.done else "length",
-                    method=method_name(shown if shown is not None else method),
-                    truncation=item.truncation,
-                )
-            )
-        return results
+        for row in range(len(prepared)):
+            if row not in results and not watch.row_cancelled(row):
+                finish(row)
+        return [results[row] for row in sorted(results)]
 
-    def _wait_for_model(self, deadline: float | None, cancel: threading.Event | None) -> bool:
-        """Take the model's lock; False once the deadline passes. A cancelled caller stops waiting
-        (within 50 ms) and never starts its prefill."""
-        while True:
+    @staticmethod
+    def _result(item: _Prepared, tracker: TextTracker, method: Any) -> GenerationResult:
+        return GenerationResult(
+            text=tracker.text,
+            prompt_tokens=len(item.ids),
+            completion_tokens=tracker.n_tokens,
+            finish_reason="stop" if tracker.done else "length",
+            method=method_name(method),
+            truncation=item.truncation,
+        )
+
+    def _wait_for_model(
+        self,
+        deadline: float | None,
+        cancel: threading.Event | None,
+        row_cancels: Sequence[threading.Event] = (),
+    ) -> bool:
+        """Take the model's lock; False once the deadline passes. A cancelled caller (`cancel`, or
+        every one of `row_cancels`) stops waiting (within 50 ms) and never starts its prefill."""
+
+        def cancelled() -> bool:
             if cancel is not None and cancel.is_set():
+                return True
+            return bool(row_cancels) and all(event.is_set() for event in row_cancels)
+
+        polled = cancel is not None or bool(row_cancels)
+        while True:
+            if cancelled():
                 raise GenerationCancelled("Cancelled while waiting for the model.")
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            wait = min((t for t in (left, 0.05 if cancel is not None else None) if t is not None), default=-1)
+            wait = min((t for t in (left, 0.05 if polled else None) if t is not None), default=-1)
             if self._lock.acquire(timeout=wait):
-                if cancel is not None and cancel.is_set():
+                if cancelled():
                     self._lock.release()
                     raise GenerationCancelled("Cancelled while waiting for the model.")
                 return True

@@ -118,34 +118,56 @@ def unfinished_tail(text: str, markers: Sequence[str]) -> int:
 class GenerationWatch(StoppingCriteria):
     """Feeds each new token to its row's tracker and tells `generate` which rows are finished.
 
-    on_text receives row 0's streamable text as it appears. Setting `cancel` or passing the
-    deadline (time.monotonic() seconds) ends every row at the next step.
+    on_text: per row, a callable that receives the row's streamable text as it appears (None: the
+    row is not streamed). row_cancels: per row, an event that ends that row alone once set (its
+    reader has gone). on_row_end(row) is called once for each row that ends before the batch does
+    (by EOS or a stop string), so its stream can close without waiting for the longest answer.
+    Setting `cancel` or passing the deadline (time.monotonic() seconds) ends every row at the
+    next step.
     """
 
     def __init__(
         self,
         trackers: Sequence[TextTracker],
         *,
-        on_text: Callable[[str], None] | None = None,
+        on_text: Sequence[Callable[[str], None] | None] = (),
+        row_cancels: Sequence[threading.Event | None] = (),
+        on_row_end: Callable[[int], None] | None = None,
         cancel: threading.Event | None = None,
         deadline: float | None = None,
     ):
         self.trackers = list(trackers)
-        self._on_text = on_text
+        rows = len(self.trackers)
+        self._on_text = list(on_text) or [None] * rows
+        self._row_cancels = list(row_cancels) or [None] * rows
+        if len(self._on_text) != rows or len(self._row_cancels) != rows:
+            raise ValueError(f"on_text and row_cancels need one entry per row ({rows}).")
+        self._on_row_end = on_row_end
         self._cancel = cancel
         self._deadline = deadline
         self.timed_out = False
+        self.ended: set[int] = set()  # rows handed to on_row_end
+
+    def row_cancelled(self, row: int) -> bool:
+        event = self._row_cancels[row]
+        return event is not None and event.is_set()
 
     def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
         for tracker, token_id in zip(self.trackers, input_ids[:, -1].tolist(), strict=True):
             tracker.push(token_id)
-        if self._on_text is not None:
-            piece = self.trackers[0].take_streamable()
-            if piece:
-                self._on_text(piece)
+        for row, (tracker, on_text) in enumerate(zip(self.trackers, self._on_text, strict=True)):
+            if on_text is not None and not self.row_cancelled(row):
+                piece = tracker.take_streamable()
+                if piece:
+                    on_text(piece)
         if self._deadline is not None and time.monotonic() > self._deadline:
             self.timed_out = True
-        finished = [tracker.done for tracker in self.trackers]
+        finished = [tracker.done or self.row_cancelled(row) for row, tracker in enumerate(self.trackers)]
         if self.timed_out or (self._cancel is not None and self._cancel.is_set()):
-            finished = [True] * len(finished)
+            return torch.ones(len(finished), dtype=torch.bool, device=input_ids.device)  # type: ignore[return-value]
+        if self._on_row_end is not None and not all(finished):  # the last rows end with the batch
+            for row, tracker in enumerate(self.trackers):
+                if tracker.done and row not in self.ended and not self.row_cancelled(row):
+                    self.ended.add(row)
+                    self._on_row_end(row)
         return torch.tensor(finished, dtype=torch.bool, device=input_ids.device)  # type: ignore[return-value]

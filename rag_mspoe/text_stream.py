@@ -7,11 +7,21 @@ import asyncio
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 
 from rag_mspoe.engine_types import GenerationResult
 
 # How a stream's owner starts the worker: it gets the stream's `put` and its cancel event.
 Start = Callable[[Callable[[object], None], threading.Event], None]
+
+
+@dataclass(frozen=True)
+class StreamOutlet:
+    """Where one stream's worker delivers: `put` takes text pieces, then `End` or an exception;
+    `cancel` is set once the reader has gone."""
+
+    put: Callable[[object], None]
+    cancel: threading.Event
 
 
 class End:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import threading
 
 import httpx
 import pytest
@@ -13,7 +15,8 @@ from eval_run_helpers import tiny_chat_model  # noqa: E402
 from server_helpers import running  # noqa: E402
 
 from rag_mspoe.connectors.server import create_app  # noqa: E402
-from rag_mspoe.engine import Engine  # noqa: E402
+from rag_mspoe.engine import Engine, GenerationCancelled  # noqa: E402
+from rag_mspoe.text_stream import End, StreamOutlet  # noqa: E402
 
 QUESTIONS = ["What is 2 plus 3?", "Name a red fruit.", "Hello there, who are you?", "Count to three."]
 
@@ -89,3 +92,115 @@ def test_batching_is_off_by_default(engine):
         replies = ask_together(url, [body(engine, q) for q in QUESTIONS[:2]])
         assert [r.status_code for r in replies] == [200, 200]
         assert batching(url)["batches"] == 0
+
+
+def stream_together(url: str, bodies: list[dict]) -> list[tuple[int, list[dict]]]:
+    """Status and events of streamed requests sent at once."""
+
+    async def one(client: httpx.AsyncClient, request: dict) -> tuple[int, list[dict]]:
+        response = await client.post("/v1/chat/completions", json={**request, "stream": True})
+        lines = response.text.splitlines()
+        return response.status_code, [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+
+    async def send() -> list[tuple[int, list[dict]]]:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            return list(await asyncio.gather(*(one(client, b) for b in bodies)))
+
+    return asyncio.run(send())
+
+
+def streamed_text(events: list[dict]) -> str:
+    return "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices"))
+
+
+def test_streamed_requests_waiting_together_run_as_one_batch_with_the_answers_of_each_alone(engine):
+    with running(create_app(engine, max_batch_size=4, batch_wait_ms=300)) as url:
+        bodies = [body(engine, q, stream_options={"include_usage": True}) for q in QUESTIONS]
+        replies = stream_together(url, bodies)
+        assert [status for status, _ in replies] == [200] * 4
+        assert [streamed_text(events) for _, events in replies] == [alone(engine, q) for q in QUESTIONS]
+        for (_, events), question in zip(replies, QUESTIONS, strict=True):
+            closing = [
+                e["choices"][0] for e in events if e.get("choices") and e["choices"][0]["finish_reason"]
+            ]
+            assert len(closing) == 1 and closing[0]["finish_reason"] == "length"
+            assert events[-1]["usage"]["prompt_tokens"] == engine.count_tokens(question)
+        assert batching(url) == {"max_batch_size": 4, "batches": 1, "batched_requests": 4}
+
+
+def test_a_streamed_prompt_too_long_fails_alone_before_its_stream_starts(engine):
+    too_long = "word " * 400
+    with running(create_app(engine, max_batch_size=4, batch_wait_ms=300)) as url:
+        replies = stream_together(
+            url, [body(engine, QUESTIONS[0]), body(engine, too_long), body(engine, QUESTIONS[1])]
+        )
+        assert [status for status, _ in replies] == [200, 400, 200]
+        assert streamed_text(replies[0][1]) == alone(engine, QUESTIONS[0])
+        assert streamed_text(replies[2][1]) == alone(engine, QUESTIONS[1])
+        assert batching(url)["batches"] == 1
+
+
+class Recorder:
+    """An outlet's `put` that logs what arrives, in arrival order across outlets."""
+
+    def __init__(self, log: list, row: int) -> None:
+        self.log, self.row = log, row
+
+    def __call__(self, item: object) -> None:
+        self.log.append((self.row, item))
+
+
+def run_streams(engine: Engine, prompts: list[str], cancels: list[threading.Event], **settings) -> list:
+    log: list = []
+    requests = [engine.prepare_stream(p, **settings) for p in prompts]
+    outlets = [StreamOutlet(Recorder(log, row), cancel) for row, cancel in enumerate(cancels)]
+    engine.run_streams(requests, outlets)
+    return log
+
+
+def stop_only_in(early: str, other: str) -> str:
+    """A stop string that cuts `early` after its first characters and never occurs in `other`."""
+    for start in range(1, 6):
+        for size in (1, 2, 3):
+            candidate = early[start : start + size]
+            if candidate.strip() and candidate not in other and candidate not in early[:start]:
+                return candidate
+    pytest.skip("no stop string tells these two answers apart")
+
+
+def test_a_stream_whose_answer_ends_closes_before_the_batch_ends(engine):
+    early, late = QUESTIONS[0], QUESTIONS[2]
+    stop = stop_only_in(alone(engine, early, 24), alone(engine, late, 24))
+    log = run_streams(
+        engine, [early, late], [threading.Event(), threading.Event()], max_new_tokens=24, stop=[stop]
+    )
+    ends = [index for index, (_, item) in enumerate(log) if isinstance(item, End)]
+    assert [log[i][0] for i in ends] == [0, 1]  # the early row's End comes first ...
+    assert any(row == 1 and isinstance(item, str) for row, item in log[ends[0] :])  # ... mid-stream
+    for row, prompt in enumerate((early, late)):
+        text = "".join(item for r, item in log if r == row and isinstance(item, str))
+        result = next(item.result for r, item in log if r == row and isinstance(item, End))
+        assert text == result.text == engine.generate(prompt, max_new_tokens=24, stop=[stop]).text
+    assert log[ends[0]][1].result.finish_reason == "stop" and log[ends[1]][1].result.finish_reason == "length"
+
+
+def test_a_reader_who_leaves_drops_out_of_the_batch_and_the_others_go_on(engine):
+    gone = threading.Event()
+    gone.set()
+    log = run_streams(engine, QUESTIONS[:2], [threading.Event(), gone], max_new_tokens=8)
+    assert "".join(item for row, item in log if row == 0 and isinstance(item, str)) == alone(
+        engine, QUESTIONS[0]
+    )
+    assert [type(item) for row, item in log if row == 1] == [GenerationCancelled]
+    everyone_gone = run_streams(engine, QUESTIONS[:2], [gone, gone], max_new_tokens=8)
+    assert [type(item) for _, item in everyone_gone] == [GenerationCancelled] * 2
+
+
+def test_run_streams_batches_equal_settings_only(engine):
+    requests = [
+        engine.prepare_stream(QUESTIONS[0], max_new_tokens=4),
+        engine.prepare_stream(QUESTIONS[1], max_new_tokens=5),
+    ]
+    outlets = [StreamOutlet(lambda item: None, threading.Event()) for _ in requests]
+    with pytest.raises(ValueError, match="equal settings"):
+        engine.run_streams(requests, outlets)

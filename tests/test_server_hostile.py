@@ -210,8 +210,10 @@ def answered_quickly(url: str, engine: Engine) -> bool:
     return response.status_code == 200 and time.monotonic() - start < 2
 
 
-def test_a_stream_whose_client_disconnects_stops_between_tokens(engine):
-    with running(create_app(engine, max_tokens_limit=LONG)) as url, forward_lengths(engine.model) as lengths:
+@pytest.mark.parametrize("max_batch_size", [1, 4])
+def test_a_stream_whose_client_disconnects_stops_between_tokens(engine, max_batch_size):
+    app = create_app(engine, max_tokens_limit=LONG, max_batch_size=max_batch_size)
+    with running(app) as url, forward_lengths(engine.model) as lengths:
         body = chat(engine, max_tokens=LONG, stream=True)
         with httpx.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
             for n, _ in enumerate(response.iter_lines()):
@@ -241,11 +243,13 @@ def test_a_tool_calling_request_whose_client_gave_up_is_cancelled(engine):
         assert answered_quickly(url, engine)
 
 
+@pytest.mark.parametrize("max_batch_size", [1, 4])
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_queued_request_whose_client_left_never_starts_its_prefill(engine, stream):
+def test_a_queued_request_whose_client_left_never_starts_its_prefill(engine, stream, max_batch_size):
     queued_text = "word " * 300
     queued_tokens = engine.count_tokens(queued_text)
-    with running(create_app(engine, max_tokens_limit=LONG)) as url, forward_lengths(engine.model) as lengths:
+    app = create_app(engine, max_tokens_limit=LONG, max_batch_size=max_batch_size)
+    with running(app) as url, forward_lengths(engine.model) as lengths:
         busy = chat(engine, "keep the model busy", max_tokens=LONG, stream=True)
         with httpx.stream("POST", f"{url}/v1/chat/completions", json=busy) as first:
             lines = first.iter_lines()
@@ -262,8 +266,9 @@ def test_a_queued_request_whose_client_left_never_starts_its_prefill(engine, str
         assert queued_tokens in lengths  # the probe does see such a prefill when it runs
 
 
-def test_generation_past_the_request_deadline_is_a_503_or_an_error_event(engine):
-    app = create_app(engine, max_tokens_limit=LONG, request_timeout_s=0.5)
+@pytest.mark.parametrize("max_batch_size", [1, 4])
+def test_generation_past_the_request_deadline_is_a_503_or_an_error_event(engine, max_batch_size):
+    app = create_app(engine, max_tokens_limit=LONG, request_timeout_s=0.5, max_batch_size=max_batch_size)
     with running(app) as url, forward_lengths(engine.model) as lengths:
         start = time.monotonic()
         response = httpx.post(f"{url}/v1/chat/completions", json=chat(engine, max_tokens=LONG), timeout=30)
