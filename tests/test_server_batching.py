@@ -204,3 +204,33 @@ def test_run_streams_batches_equal_settings_only(engine):
     outlets = [StreamOutlet(lambda item: None, threading.Event()) for _ in requests]
     with pytest.raises(ValueError, match="equal settings"):
         engine.run_streams(requests, outlets)
+
+
+@pytest.mark.parametrize("method", ["invariant-reorder", "pine", "attention-calibration"])
+def test_streamed_batches_of_methods_that_read_documents_answer_each_prompt_as_alone(engine, method):
+    from rag_mspoe.pipelines.packing import render_qa_prompt
+
+    documents = [
+        ("France", "Paris is the capital of France."),
+        ("Alps", "Mont Blanc is the highest mountain in the Alps."),
+        ("Rivers", "The Loire is the longest river in France."),
+    ]
+    prompts = [
+        render_qa_prompt("What is the capital of France?", documents)[0],
+        render_qa_prompt("What is the longest river in France?", documents[::-1])[0],
+    ]
+    bodies = [
+        {**body(engine, prompt), "model": f"{engine.name}+{method}", "max_tokens": 6} for prompt in prompts
+    ]
+    with running(create_app(engine, max_batch_size=4, batch_wait_ms=300)) as url:
+        replies = stream_together(url, bodies)
+        assert batching(url)["batches"] == 1
+    for (status, events), prompt in zip(replies, prompts, strict=True):
+        messages = [{"role": "user", "content": prompt}]
+        expected = engine.generate(messages, max_new_tokens=6, method=method)
+        closing = [e["choices"][0] for e in events if e.get("choices") and e["choices"][0]["finish_reason"]]
+        assert status == 200 and streamed_text(events) == expected.text
+        assert closing[0].get("documents_read") == (
+            None if expected.documents_read is None else list(expected.documents_read)
+        )
+        assert (expected.documents_read is not None) == (method == "invariant-reorder")
