@@ -110,7 +110,12 @@ class RequestBatcher:
 
     async def _run_streams(self, items: list[StreamItem]) -> None:
         requests, outlets = [request for request, _ in items], [outlet for _, outlet in items]
-        await asyncio.to_thread(self.engine.run_streams, requests, outlets)  # delivers its own errors
+        try:
+            await asyncio.to_thread(self.engine.run_streams, requests, outlets)  # delivers its errors
+        except Exception as exc:  # refused before it started: each stream learns why, the queue goes on
+            for outlet in outlets:
+                outlet.put(exc)
+            return
         if len(items) > 1:
             self.batches += 1
             self.batched_requests += len(items)

@@ -234,3 +234,38 @@ def test_streamed_batches_of_methods_that_read_documents_answer_each_prompt_as_a
             None if expected.documents_read is None else list(expected.documents_read)
         )
         assert (expected.documents_read is not None) == (method == "invariant-reorder")
+
+
+def test_a_streamed_batch_refused_before_it_starts_fails_its_streams_and_the_queue_goes_on(
+    engine, monkeypatch
+):
+    from rag_mspoe.connectors.batching import RequestBatcher
+
+    real = engine.run_streams
+    calls = []
+
+    def refuse_first(requests, outlets):
+        calls.append(len(requests))
+        if len(calls) == 1:
+            raise RuntimeError("refused")
+        real(requests, outlets)
+
+    monkeypatch.setattr(engine, "run_streams", refuse_first)
+    options = {"max_new_tokens": 4, "temperature": 0.0}
+
+    async def read(batcher, question):
+        try:
+            return "".join([piece async for piece in batcher.stream(question, options)])
+        except RuntimeError as exc:
+            return exc
+
+    async def scenario():
+        batcher = RequestBatcher(engine, max_batch_size=4, max_wait_s=0.2)
+        # A queue that died with the refused batch would leave these waiting: fail, do not hang.
+        first = await asyncio.wait_for(asyncio.gather(*(read(batcher, q) for q in QUESTIONS[:2])), 60)
+        later = await asyncio.wait_for(read(batcher, QUESTIONS[2]), 60)
+        return first, later
+
+    first, later = asyncio.run(scenario())
+    assert [str(e) for e in first] == ["refused", "refused"] and calls[0] == 2
+    assert later == alone(engine, QUESTIONS[2], 4)
