@@ -86,6 +86,20 @@ def register(subparsers: Any) -> None:
         help="seconds a request body may take to arrive (408 past it)",
     )
     parser.add_argument(
+        "--header-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a request's headers may take to arrive, from the connection or the request's first "
+        "byte (408 and the connection closed past it)",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=None,
+        help="open connections (or requests in progress) past which new requests get a 503 at once "
+        "(default: no limit)",
+    )
+    parser.add_argument(
         "--request-timeout",
         type=float,
         default=600.0,
@@ -139,7 +153,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from rag_mspoe.connectors.half_close import HalfCloseProtocol
+        from rag_mspoe.connectors.header_deadline import protocol_with
         from rag_mspoe.connectors.server import create_app
     except ImportError as exc:
         raise RuntimeError(
@@ -147,6 +161,11 @@ def _serve(args: argparse.Namespace) -> int:
         ) from exc
     from rag_mspoe.engine import Engine
 
+    # Bad limits fail before the model loads.
+    if not args.header_timeout > 0:
+        raise ValueError(f"--header-timeout must be a positive number of seconds, got {args.header_timeout}.")
+    if args.max_connections is not None and args.max_connections < 1:
+        raise ValueError(f"--max-connections must be at least 1, got {args.max_connections}.")
     engine = Engine.load(args.model, method=args.method, **engine_options(args))
     app = create_app(
         engine,
@@ -162,5 +181,12 @@ def _serve(args: argparse.Namespace) -> int:
         batch_wait_ms=args.batch_wait_ms,
     )
     print(f"Serving {engine.name} ({method_name(engine.method)}) on http://{args.host}:{args.port}/v1")
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", http=HalfCloseProtocol)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        http=protocol_with(args.header_timeout),
+        limit_concurrency=args.max_connections,
+    )
     return 0

@@ -17,14 +17,21 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running(app: Any) -> Iterator[str]:
+def running(app: Any, header_timeout_s: float = 30.0, max_connections: int | None = None) -> Iterator[str]:
     """The app served by uvicorn in a thread (with the protocol `rag-mspoe serve` uses); yields its URL."""
     import uvicorn
 
     port = free_port()
-    from rag_mspoe.connectors.half_close import HalfCloseProtocol
+    from rag_mspoe.connectors.header_deadline import protocol_with
 
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", http=HalfCloseProtocol)
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        http=protocol_with(header_timeout_s),
+        limit_concurrency=max_connections,
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

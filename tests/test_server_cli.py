@@ -86,3 +86,22 @@ def test_a_method_spec_with_an_empty_part_is_refused_even_beside_a_saved_config(
         code, err = run_cli(capsys, "serve", "--method", spec)
         assert code == 1 and "Traceback" not in err
         assert f"Method spec {spec!r} has an empty part" in err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    "option, value, words",
+    [
+        ("--header-timeout", "0", ["--header-timeout", "positive"]),
+        ("--max-connections", "0", ["--max-connections"]),
+    ],
+)
+def test_bad_connection_limits_are_refused_before_the_model_loads(capsys, monkeypatch, option, value, words):
+    from rag_mspoe.engine import Engine
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(Engine, "load", no_loading)
+    code, err = run_cli(capsys, "serve", option, value)
+    last = err.strip().splitlines()[-1]
+    assert code == 1 and "Traceback" not in err and all(word in last for word in words), err

@@ -413,3 +413,66 @@ def test_a_client_that_closes_completely_still_has_its_generation_stopped(engine
         sock.close()
         assert settles(lengths) and len(lengths) < LONG / 2
         assert answered_quickly(url, engine)
+
+
+def closed_by_server(sock: socket.socket, within: float) -> bool:
+    """Whether the server closes the connection within `within` seconds (what it sent before is read)."""
+    sock.settimeout(within)
+    try:
+        while sock.recv(65536):
+            pass
+    except TimeoutError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("sent", [b"", b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"])
+def test_a_connection_whose_headers_never_finish_gets_a_408_and_is_closed(engine, sent):
+    with running(create_app(engine), header_timeout_s=0.5) as url, connect(url) as sock:
+        start = time.monotonic()
+        sock.sendall(sent)
+        if sent:
+            status, _, body = read_response(sock)
+            assert status == 408 and b"headers took too long" in body
+        assert closed_by_server(sock, within=3) and time.monotonic() - start < 3
+        assert answered_quickly(url, engine)
+
+
+def test_headers_trickled_within_the_deadline_and_a_long_answer_are_not_cut(engine):
+    request = request_bytes("/v1/chat/completions", json.dumps(chat(engine, max_tokens=150)).encode())
+    app = create_app(engine, max_tokens_limit=LONG)
+    with running(app, header_timeout_s=1.0) as url, connect(url) as sock, forward_lengths(engine.model):
+        for start in range(0, len(request), 40):  # slow, but whole within the deadline
+            sock.sendall(request[start : start + 40])
+            time.sleep(0.02)
+        began = time.monotonic()
+        status, _, body = read_response(sock)  # 150 paced tokens: longer than the header deadline
+        assert status == 200 and time.monotonic() - began > 1.0
+        assert json.loads(body)["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_kept_alive_connection_whose_next_headers_trickle_too_slowly_gets_a_408(engine):
+    request = request_bytes("/v1/chat/completions", json.dumps(chat(engine)).encode())
+    with running(create_app(engine), header_timeout_s=0.5) as url, connect(url) as sock:
+        sock.sendall(request)
+        assert read_response(sock)[0] == 200
+        for byte in request[:30]:  # a byte every 0.1 s: the old keep-alive clock would never fire
+            sock.sendall(bytes([byte]))
+            time.sleep(0.1)
+            if select.select([sock], [], [], 0)[0]:
+                break
+        status, _, _ = read_response(sock)
+        assert status == 408 and closed_by_server(sock, within=3)
+
+
+def test_connections_past_the_limit_get_a_503_until_others_close(engine):
+    with running(create_app(engine), max_connections=3) as url:
+        idle = [connect(url) for _ in range(3)]
+        time.sleep(0.2)
+        with connect(url) as sock:
+            sock.sendall(request_bytes("/v1/chat/completions", json.dumps(chat(engine)).encode()))
+            assert read_response(sock)[0] == 503
+        for sock in idle:
+            sock.close()
+        time.sleep(0.2)
+        assert answered_quickly(url, engine)
