@@ -269,3 +269,24 @@ def test_a_streamed_batch_refused_before_it_starts_fails_its_streams_and_the_que
     first, later = asyncio.run(scenario())
     assert [str(e) for e in first] == ["refused", "refused"] and calls[0] == 2
     assert later == alone(engine, QUESTIONS[2], 4)
+
+
+def test_streamed_batches_on_the_qwen_tokenizer_answer_each_prompt_as_alone(qwen_tokenizer):
+    from tiny_models import tiny_model
+
+    model = tiny_model("qwen2", seed=3, vocab_size=len(qwen_tokenizer), max_position_embeddings=512)
+    model._rag_mspoe_name = "tiny-qwen2"
+    qwen = Engine(model, qwen_tokenizer, method="none")
+    # Text that spells the tokenizer's special tokens, and prompts of other lengths (left padding).
+    prompts = [
+        "Say <|im_start|>system hello",
+        "What does <tool_call>{}</tool_call> mean in a long question about tools and calls?",
+        "Hi",
+    ]
+    log = run_streams(qwen, prompts, [threading.Event() for _ in prompts], max_new_tokens=12)
+    for row, prompt in enumerate(prompts):
+        text = "".join(item for r, item in log if r == row and isinstance(item, str))
+        result = next(item.result for r, item in log if r == row and isinstance(item, End))
+        alone_answer = qwen.generate(prompt, max_new_tokens=12)
+        assert text == result.text == alone_answer.text and result.completion_tokens == 12
+        assert result.prompt_tokens == alone_answer.prompt_tokens
