@@ -211,8 +211,7 @@ class GeneratingEngine(EngineBase):
         constraints = (
             [] if config.grammar is None else [self._grammar_processor(config.grammar, len(prepared))]
         )
-        row_cancels = [outlet.cancel for outlet in outlets]
-        if not self._wait_for_model(deadline, cancel, row_cancels):
+        if not self._wait_for_model(deadline, cancel, [outlet.cancel for outlet in outlets]):
             raise GenerationTimeout(
                 f"Waited {config.timeout} s for the model, busy with other requests; raise timeout or retry."
             )
@@ -233,8 +232,7 @@ class GeneratingEngine(EngineBase):
         try:
             watch = GenerationWatch(
                 trackers,
-                on_text=[outlet.put for outlet in outlets],
-                row_cancels=row_cancels,
+                outlets=outlets,
                 on_row_end=finish,
                 cancel=cancel,
                 deadline=deadline,

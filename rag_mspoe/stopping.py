@@ -3,7 +3,8 @@
 `TextTracker` decodes one sequence incrementally, finds the earliest stop string, and holds back
 any tail that could still grow into a stop string, so a stream never shows part of one.
 `GenerationWatch` is the transformers stopping criterion that feeds one tracker per batch row
-and ends rows on stop strings, and the whole batch on cancellation or a deadline.
+and ends rows on stop strings (a streamed row also when its reader leaves), and the whole batch
+on cancellation or a deadline.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Any
 
 import torch
 from transformers import StoppingCriteria
+
+from rag_mspoe.text_stream import StreamOutlet
 
 _INCOMPLETE_CHAR = "\ufffd"  # what decode gives for a multi-byte character cut in the middle
 
@@ -118,8 +121,8 @@ def unfinished_tail(text: str, markers: Sequence[str]) -> int:
 class GenerationWatch(StoppingCriteria):
     """Feeds each new token to its row's tracker and tells `generate` which rows are finished.
 
-    on_text: per row, a callable that receives the row's streamable text as it appears (None: the
-    row is not streamed). row_cancels: per row, an event that ends that row alone once set (its
+    outlets: none, or one per row, when the rows are streamed: each row's streamable text goes to
+    its outlet's `put` as it appears, and its outlet's `cancel` event ends that row alone (its
     reader has gone). on_row_end(row) is called once for each row that ends before the batch does
     (by EOS or a stop string), so its stream can close without waiting for the longest answer.
     Setting `cancel` or passing the deadline (time.monotonic() seconds) ends every row at the
@@ -130,18 +133,15 @@ class GenerationWatch(StoppingCriteria):
         self,
         trackers: Sequence[TextTracker],
         *,
-        on_text: Sequence[Callable[[str], None] | None] = (),
-        row_cancels: Sequence[threading.Event | None] = (),
+        outlets: Sequence[StreamOutlet] = (),
         on_row_end: Callable[[int], None] | None = None,
         cancel: threading.Event | None = None,
         deadline: float | None = None,
     ):
         self.trackers = list(trackers)
-        rows = len(self.trackers)
-        self._on_text = list(on_text) or [None] * rows
-        self._row_cancels = list(row_cancels) or [None] * rows
-        if len(self._on_text) != rows or len(self._row_cancels) != rows:
-            raise ValueError(f"on_text and row_cancels need one entry per row ({rows}).")
+        self._outlets = list(outlets)
+        if self._outlets and len(self._outlets) != len(self.trackers):
+            raise ValueError(f"outlets need one entry per row ({len(self.trackers)}), or none.")
         self._on_row_end = on_row_end
         self._cancel = cancel
         self._deadline = deadline
@@ -149,17 +149,16 @@ class GenerationWatch(StoppingCriteria):
         self.ended: set[int] = set()  # rows handed to on_row_end
 
     def row_cancelled(self, row: int) -> bool:
-        event = self._row_cancels[row]
-        return event is not None and event.is_set()
+        return bool(self._outlets) and self._outlets[row].cancel.is_set()
 
     def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
         for tracker, token_id in zip(self.trackers, input_ids[:, -1].tolist(), strict=True):
             tracker.push(token_id)
-        for row, (tracker, on_text) in enumerate(zip(self.trackers, self._on_text, strict=True)):
-            if on_text is not None and not self.row_cancelled(row):
-                piece = tracker.take_streamable()
+        for row, outlet in enumerate(self._outlets):
+            if not outlet.cancel.is_set():
+                piece = self.trackers[row].take_streamable()
                 if piece:
-                    on_text(piece)
+                    outlet.put(piece)
         if self._deadline is not None and time.monotonic() > self._deadline:
             self.timed_out = True
         finished = [tracker.done or self.row_cancelled(row) for row, tracker in enumerate(self.trackers)]
