@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import threading
 import time
@@ -78,3 +79,8 @@ def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
             raise ConnectionError("connection closed inside the body")
         body += received
     return int(status_line.split()[1]), headers, body[:length]
+
+
+def sse_events(text: str) -> list[dict[str, Any]]:
+    """The JSON events of a server-sent event stream's body (the closing `[DONE]` left out)."""
+    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]

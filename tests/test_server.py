@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 
 import httpx
 import pytest
@@ -11,7 +10,7 @@ import pytest
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
-from server_helpers import running  # noqa: E402
+from server_helpers import running, sse_events  # noqa: E402
 
 from rag_mspoe.connectors.server import create_app  # noqa: E402
 from rag_mspoe.engine import Engine  # noqa: E402
@@ -116,7 +115,7 @@ def test_a_reordering_method_says_which_given_document_each_one_read_was(base_ur
 def _stream_events(url, body):
     response = httpx.post(url, json=body, timeout=60)
     response.raise_for_status()
-    return [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")]
+    return sse_events(response.text)
 
 
 def test_streaming_equals_non_streaming(client, engine):

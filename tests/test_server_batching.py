@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 
 import httpx
@@ -12,7 +11,7 @@ import pytest
 pytest.importorskip("fastapi")
 
 from eval_run_helpers import tiny_chat_model  # noqa: E402
-from server_helpers import running  # noqa: E402
+from server_helpers import running, sse_events  # noqa: E402
 
 from rag_mspoe.connectors.server import create_app  # noqa: E402
 from rag_mspoe.engine import Engine, GenerationCancelled  # noqa: E402
@@ -99,8 +98,7 @@ def stream_together(url: str, bodies: list[dict]) -> list[tuple[int, list[dict]]
 
     async def one(client: httpx.AsyncClient, request: dict) -> tuple[int, list[dict]]:
         response = await client.post("/v1/chat/completions", json={**request, "stream": True})
-        lines = response.text.splitlines()
-        return response.status_code, [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+        return response.status_code, sse_events(response.text)
 
     async def send() -> list[tuple[int, list[dict]]]:
         async with httpx.AsyncClient(base_url=url, timeout=120) as client:

@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("fastapi")
 
 from eval_run_helpers import tiny_chat_model  # noqa: E402
-from server_helpers import connect, read_response, request_bytes, running  # noqa: E402
+from server_helpers import connect, read_response, request_bytes, running, sse_events  # noqa: E402
 
 from rag_mspoe.connectors.server import create_app  # noqa: E402
 from rag_mspoe.engine import Engine  # noqa: E402
@@ -276,8 +276,7 @@ def test_generation_past_the_request_deadline_is_a_503_or_an_error_event(engine,
         error = response.json()["error"]
         assert error["code"] == "timeout" and "0.5 s" in error["message"]
         streamed = httpx.post(f"{url}/v1/chat/completions", json=chat(engine, max_tokens=LONG, stream=True))
-        events = [line for line in streamed.text.splitlines() if line.startswith("data: {")]
-        assert json.loads(events[-1][6:])["error"]["code"] == "timeout"
+        assert sse_events(streamed.text)[-1]["error"]["code"] == "timeout"
         assert settles(lengths) and len(lengths) < LONG
 
 
