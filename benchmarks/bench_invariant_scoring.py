@@ -16,29 +16,19 @@ import argparse
 import json
 import time
 
-from rag_mspoe import load_model
+from search_prompts import MIDDLE, add_options, engine_and_prompts
+
 from rag_mspoe.attention.invariant_reorder import InvariantReorder
 from rag_mspoe.document_prefix import DocumentPrefixCache
-from rag_mspoe.engine import Engine
-from rag_mspoe.eval.data.loaders import load_qa
-from rag_mspoe.eval.data.records import with_gold_at
-from rag_mspoe.eval.sweep.batch_scorer import prompt_of
-
-DATA = "docs/results/nq10-split/search-10.jsonl.gz"
-GOLD = 4
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
-    parser.add_argument("--data", default=DATA, help="QA examples with 10 documents each")
-    parser.add_argument("--prompts", type=int, default=30)
-    parser.add_argument("--threads", type=int, default=2)
+    add_options(parser, prompts=30, threads=2)
     args = parser.parse_args()
-    model, tokenizer = load_model(args.model, threads=args.threads)
-    engine = Engine(model, tokenizer, method="none")
+    engine, prompts = engine_and_prompts(args)
     method = InvariantReorder()
     shared_start = DocumentPrefixCache.copy_of
 
@@ -50,7 +40,6 @@ def main() -> None:
     gold_first = dict.fromkeys(paths, 0)
     same_top = 0
     moved: list[float] = []
-    prompts = [prompt_of(with_gold_at(ex, GOLD)) for ex in load_qa(args.data)[: args.prompts]]
     for index, prompt in enumerate(prompts):
         scores = {}
         # The paths alternate which goes first, so neither always meets a warmer machine.
@@ -64,7 +53,7 @@ def main() -> None:
         tops = {name: max(range(len(s)), key=s.__getitem__) for name, s in scores.items()}
         same_top += len(set(tops.values())) == 1
         for name, top in tops.items():
-            gold_first[name] += top == GOLD
+            gold_first[name] += top == MIDDLE
         first, second = scores.values()
         moved += [abs(a - b) for a, b in zip(first, second, strict=True)]
         print(f"prompt {index + 1}/{len(prompts)}: {json.dumps(seconds)}", flush=True)

@@ -19,13 +19,8 @@ import argparse
 import json
 import time
 
-from rag_mspoe import load_model
-from rag_mspoe.engine import Engine
-from rag_mspoe.eval.data.loaders import load_qa
-from rag_mspoe.eval.data.records import with_gold_at
-from rag_mspoe.eval.sweep.batch_scorer import prompt_of
+from search_prompts import add_options, engine_and_prompts
 
-DATA = "docs/results/nq10-split/search-10.jsonl.gz"
 METHODS = ("none", "calibrated-reorder", "invariant-reorder", "invariant-reorder:1")
 
 
@@ -33,15 +28,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
-    parser.add_argument("--data", default=DATA, help="QA examples with 10 documents each")
-    parser.add_argument("--prompts", type=int, default=4)
+    add_options(parser, prompts=4, threads=1)
     parser.add_argument("--new-tokens", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
-    model, tokenizer = load_model(args.model, threads=args.threads)
-    engine = Engine(model, tokenizer, method="none")
-    prompts = [prompt_of(with_gold_at(ex, 4)) for ex in load_qa(args.data)[: args.prompts]]
+    engine, prompts = engine_and_prompts(args)
     engine.generate(prompts[0], method="calibrated-reorder", max_new_tokens=2)  # bias estimate, warm-up
     seconds = dict.fromkeys(METHODS, 0.0)
     for index, prompt in enumerate(prompts):
