@@ -5,6 +5,8 @@ against the same requests sent one after another.
     python benchmarks/bench_server.py --requests 12 --concurrency 4 --max-tokens 24 --max-batch-size 4
     python benchmarks/bench_server.py --requests 12 --concurrency 4 --max-tokens 24 --max-batch-size 4 \
         --stream
+    python benchmarks/bench_server.py --model qwen2.5-coder-0.5b-instruct --real-questions \
+        --requests 8 --concurrency 4 --max-tokens 32 --max-batch-size 4 --stream
 
 Starts `rag-mspoe serve` (embedded model) on a free loopback port, waits for it, measures, stops it.
 """
@@ -18,6 +20,7 @@ import statistics
 import time
 
 import httpx
+from search_prompts import SEARCH_QUESTIONS, search_prompts
 from server_process import serve
 
 
@@ -74,20 +77,35 @@ def main() -> None:
     parser.add_argument("--method", default="mspoe")
     parser.add_argument("--max-batch-size", type=int, default=1, help="the server's cross-request batching")
     parser.add_argument("--stream", action="store_true", help="streamed requests (latency to the last chunk)")
+    parser.add_argument("--model", default=None, help="the model to serve (default: the embedded one)")
+    parser.add_argument(
+        "--real-questions",
+        action="store_true",
+        help="ask 10-document NQ-open search questions (gold in the middle) instead of short ones",
+    )
     args = parser.parse_args()
 
     options = ("--method", args.method, "--max-batch-size", str(args.max_batch_size))
+    if args.model is not None:
+        options += ("--model", args.model)
+    if args.real_questions:
+        conversations = search_prompts(SEARCH_QUESTIONS, args.requests)
+    else:
+        conversations = [
+            [{"role": "user", "content": f"Name {i + 2} animals that live in the sea."}]
+            for i in range(args.requests)
+        ]
     with serve(*options) as server:
         url = f"{server.base_url}/v1/chat/completions"
         bodies = [
             {
                 "model": server.model,
-                "messages": [{"role": "user", "content": f"Name {i + 2} animals that live in the sea."}],
+                "messages": messages,
                 "max_tokens": args.max_tokens,
                 "temperature": 0,
                 "stream": args.stream,
             }
-            for i in range(args.requests)
+            for messages in conversations
         ]
         asyncio.run(burst(url, bodies[:1], 1))  # warm up
         print(

@@ -28,5 +28,9 @@ def engine_and_prompts(args: argparse.Namespace, gold: int = MIDDLE) -> tuple[En
     """The model named by `args` on an engine of the unmodified model, and `args.prompts` prompts
     with the gold document at `gold`."""
     model, tokenizer = load_model(args.model, threads=args.threads)
-    prompts = [prompt_of(with_gold_at(ex, gold)) for ex in load_qa(args.data)[: args.prompts]]
-    return Engine(model, tokenizer, method="none"), prompts
+    return Engine(model, tokenizer, method="none"), search_prompts(args.data, args.prompts, gold)
+
+
+def search_prompts(data: str, count: int, gold: int = MIDDLE) -> list[Any]:
+    """The first `count` examples of `data` as chat messages, with the gold document at `gold`."""
+    return [prompt_of(with_gold_at(ex, gold)) for ex in load_qa(data)[:count]]
