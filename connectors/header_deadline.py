@@ -11,7 +11,6 @@ byte; past it the client gets a 408 and the connection closes. The body has its 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from rag_mspoe.connectors.half_close import HalfCloseProtocol
 
@@ -63,11 +62,3 @@ class HeaderDeadlineProtocol(HalfCloseProtocol):
             return
         self.transport.write(_TIMED_OUT)
         self.transport.close()
-
-
-def protocol_with(header_timeout_s: float) -> type[HeaderDeadlineProtocol]:
-    """The protocol class to give uvicorn (`http=`) for this header deadline."""
-    if not header_timeout_s > 0:
-        raise ValueError(f"header_timeout_s must be positive, got {header_timeout_s}.")
-    attributes: dict[str, Any] = {"header_timeout_s": header_timeout_s}
-    return type("HeaderDeadlineProtocol", (HeaderDeadlineProtocol,), attributes)

@@ -100,6 +100,13 @@ def register(subparsers: Any) -> None:
         "(default: no limit)",
     )
     parser.add_argument(
+        "--max-connections-per-client",
+        type=int,
+        default=None,
+        help="open connections one client address may hold; its next ones get a 429 and are closed "
+        "(default: no limit; leave it off behind a reverse proxy: every client has the proxy's address)",
+    )
+    parser.add_argument(
         "--request-timeout",
         type=float,
         default=600.0,
@@ -153,7 +160,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from rag_mspoe.connectors.header_deadline import protocol_with
+        from rag_mspoe.connectors.client_limit import protocol_with
         from rag_mspoe.connectors.server import create_app
     except ImportError as exc:
         raise RuntimeError(
@@ -166,6 +173,10 @@ def _serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--header-timeout must be a positive number of seconds, got {args.header_timeout}.")
     if args.max_connections is not None and args.max_connections < 1:
         raise ValueError(f"--max-connections must be at least 1, got {args.max_connections}.")
+    if args.max_connections_per_client is not None and args.max_connections_per_client < 1:
+        raise ValueError(
+            f"--max-connections-per-client must be at least 1, got {args.max_connections_per_client}."
+        )
     engine = Engine.load(args.model, method=args.method, **engine_options(args))
     app = create_app(
         engine,
@@ -186,7 +197,7 @@ def _serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         log_level="warning",
-        http=protocol_with(args.header_timeout),
+        http=protocol_with(args.header_timeout, args.max_connections_per_client),
         limit_concurrency=args.max_connections,
     )
     return 0

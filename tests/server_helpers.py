@@ -18,19 +18,24 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running(app: Any, header_timeout_s: float = 30.0, max_connections: int | None = None) -> Iterator[str]:
+def running(
+    app: Any,
+    header_timeout_s: float = 30.0,
+    max_connections: int | None = None,
+    max_connections_per_client: int | None = None,
+) -> Iterator[str]:
     """The app served by uvicorn in a thread (with the protocol `rag-mspoe serve` uses); yields its URL."""
     import uvicorn
 
     port = free_port()
-    from rag_mspoe.connectors.header_deadline import protocol_with
+    from rag_mspoe.connectors.client_limit import protocol_with
 
     config = uvicorn.Config(
         app,
         host="127.0.0.1",
         port=port,
         log_level="warning",
-        http=protocol_with(header_timeout_s),
+        http=protocol_with(header_timeout_s, max_connections_per_client),
         limit_concurrency=max_connections,
     )
     server = uvicorn.Server(config)
@@ -51,6 +56,12 @@ def connect(url: str) -> socket.socket:
     """A raw TCP connection to the server at `url`, for what HTTP clients will not send."""
     host, port = url.removeprefix("http://").split(":")
     return socket.create_connection((host, int(port)), timeout=10)
+
+
+def connect_from(address: str, url: str) -> socket.socket:
+    """`connect`, from another local address (any of 127.0.0.0/8 on Linux): another client."""
+    host, port = url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=10, source_address=(address, 0))
 
 
 def request_bytes(path: str, body: bytes, headers: dict[str, str] | None = None) -> bytes:

@@ -93,6 +93,7 @@ def test_a_method_spec_with_an_empty_part_is_refused_even_beside_a_saved_config(
     [
         ("--header-timeout", "0", ["--header-timeout", "positive"]),
         ("--max-connections", "0", ["--max-connections"]),
+        ("--max-connections-per-client", "0", ["--max-connections-per-client"]),
     ],
 )
 def test_bad_connection_limits_are_refused_before_the_model_loads(capsys, monkeypatch, option, value, words):

@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("fastapi")
 
 from eval_run_helpers import tiny_chat_model  # noqa: E402
-from server_helpers import connect, read_response, request_bytes, running, sse_events  # noqa: E402
+from server_helpers import connect, connect_from, read_response, request_bytes, running, sse_events  # noqa: E402
 
 from rag_mspoe.connectors.server import create_app  # noqa: E402
 from rag_mspoe.engine import Engine  # noqa: E402
@@ -462,6 +462,31 @@ def test_a_kept_alive_connection_whose_next_headers_trickle_too_slowly_gets_a_40
                 break
         status, _, _ = read_response(sock)
         assert status == 408 and closed_by_server(sock, within=3)
+
+
+def test_one_address_past_its_connection_limit_gets_a_429_while_other_addresses_are_served(engine):
+    with running(create_app(engine), max_connections_per_client=2) as url:
+        idle = [connect(url) for _ in range(2)]
+        time.sleep(0.2)
+        with connect(url) as sock:  # a third from 127.0.0.1: refused before it sends anything
+            status, headers, body = read_response(sock)
+            assert status == 429 and b"Too many open connections" in body
+            assert closed_by_server(sock, within=3)
+        with connect_from("127.0.0.2", url) as sock:  # another address is served
+            sock.sendall(request_bytes("/v1/chat/completions", json.dumps(chat(engine)).encode()))
+            assert read_response(sock)[0] == 200
+        idle[0].close()
+        time.sleep(0.2)
+        assert answered_quickly(url, engine)  # a slot of 127.0.0.1 came free
+        idle[1].close()
+
+
+@pytest.mark.parametrize("limit", [0, -1, 1.5, True])
+def test_a_bad_per_client_limit_is_refused_by_name(limit):
+    from rag_mspoe.connectors.client_limit import protocol_with
+
+    with pytest.raises(ValueError, match="max_connections_per_client"):
+        protocol_with(30.0, limit)
 
 
 def test_connections_past_the_limit_get_a_503_until_others_close(engine):
