@@ -13,13 +13,12 @@ import asyncio
 from collections import Counter
 from typing import Any
 
-from rag_mspoe.connectors.header_deadline import HeaderDeadlineProtocol
+from rag_mspoe.connectors.header_deadline import HeaderDeadlineProtocol, closing_response
 
-_MESSAGE = b"Too many open connections from your address; close some, or reuse one with keep-alive."
-_REFUSED = (
-    b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
-    + b"retry-after: 1\r\ncontent-length: %d\r\n\r\n" % len(_MESSAGE)
-    + _MESSAGE
+_REFUSED = closing_response(
+    b"429 Too Many Requests",
+    b"Too many open connections from your address; close some, or reuse one with keep-alive.",
+    headers=b"retry-after: 1\r\n",
 )
 
 

@@ -14,12 +14,21 @@ import asyncio
 
 from rag_mspoe.connectors.half_close import HalfCloseProtocol
 
-_MESSAGE = b"The request headers took too long to arrive."
-_TIMED_OUT = (
-    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
-    + b"content-length: %d\r\n\r\n" % len(_MESSAGE)
-    + _MESSAGE
-)
+
+def closing_response(status: bytes, message: bytes, headers: bytes = b"") -> bytes:
+    """A whole plain-text HTTP/1.1 answer that closes the connection, as raw bytes: for the
+    protocol to write where no request reached the app."""
+    return (
+        b"HTTP/1.1 "
+        + status
+        + b"\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
+        + headers
+        + b"content-length: %d\r\n\r\n" % len(message)
+        + message
+    )
+
+
+_TIMED_OUT = closing_response(b"408 Request Timeout", b"The request headers took too long to arrive.")
 
 
 class HeaderDeadlineProtocol(HalfCloseProtocol):
