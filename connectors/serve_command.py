@@ -31,7 +31,7 @@ def _method_option(text: str) -> tuple[str, MethodConfig]:
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "serve", help="serve the rescaled model over an OpenAI-compatible HTTP API"
+        "serve", help="serve the model and its method over an OpenAI-compatible HTTP API"
     )
     parser.add_argument(
         "--method",

@@ -1,4 +1,4 @@
-"""An OpenAI-compatible HTTP server for the rescaled model: chat and text completions, streaming or not.
+"""An OpenAI-compatible HTTP server for the model and its method: chat and text completions, streaming or not.
 
     rag-mspoe serve --method mspoe            # http://127.0.0.1:8000/v1, model "smollm2-135m-instruct"
     app = create_app(Engine.load())           # or mount the FastAPI app yourself

@@ -164,7 +164,7 @@ class Harness(Evaluation):
     """Units: (method, task) pairs; each gives one record per (task or group, metric, filter)."""
 
     kind = "harness"
-    command_help = "lm-evaluation-harness tasks (its zoo or local YAML) on the rescaled model, per method"
+    command_help = "lm-evaluation-harness tasks (its zoo or local YAML) on the model, per method"
     command_description = (
         "Run lm-evaluation-harness tasks under each method into OUT (results.jsonl, manifest.json, "
         "table.md, summary.json); rerun to resume. Needs the harness extra."

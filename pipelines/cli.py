@@ -90,7 +90,7 @@ def _register_search(subparsers: Any) -> None:
 
 def _register_ask(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "ask", help="answer a question from an index with the rescaled model, citing its documents"
+        "ask", help="answer a question from an index with the model and its method, citing its documents"
     )
     parser.add_argument("question")
     _index_option(parser)

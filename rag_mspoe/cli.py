@@ -96,7 +96,7 @@ def model_load_options(args: argparse.Namespace) -> dict[str, Any]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rag-mspoe",
-        description="Local RAG with a model whose RoPE is rescaled against 'lost in the middle'.",
+        description="Local RAG with a model that carries a method against 'lost in the middle'.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
