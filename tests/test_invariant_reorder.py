@@ -12,6 +12,7 @@ from eval_run_helpers import tiny_chat_model
 
 from rag_mspoe import rescaled
 from rag_mspoe.attention import AttentionCalibration, InvariantReorder, document_spans
+from rag_mspoe.attention.invariant_reorder import JUDGE_NUMBERED, NO, YES, standardised
 from rag_mspoe.attention.reorder import documents_read, moved_slot, prompt_with_documents
 from rag_mspoe.document_prompts import MissingDocumentSpans, document_message, render_with_spans
 from rag_mspoe.engine import Engine
@@ -60,7 +61,7 @@ def test_a_prompt_with_some_documents_keeps_them_numbered_and_separated():
         prompt_with_documents(text, [4])
 
 
-@pytest.mark.parametrize("score", ["question", "attention"])
+@pytest.mark.parametrize("score", ["question", "attention", "judge", "question+judge"])
 def test_every_order_of_the_documents_gives_the_same_prompt_and_answer(engine, score):
     method = InvariantReorder(score=score)
     orders = list(itertools.permutations(range(4)))[::5]  # 5 of the 24 orders, the first one included
@@ -92,6 +93,46 @@ def test_the_documents_are_sorted_by_how_well_each_alone_predicts_the_question(e
     ranked = sorted(range(4), key=lambda k: -scores[k])
     (message,) = engine.rewritten([_qa((2, 3, 0, 1))], method=method)[1][0]
     assert message["content"] == _qa(ranked)
+
+
+def _judged_by_a_full_forward(engine, index, raw=False):
+    """log p(yes) - log p(no) for the first token of the reply to the document's own prompt with the
+    judge's question after it, from one full forward of that prompt."""
+    text = render_qa_prompt(QUESTION, [DOCUMENTS[index]])[0] + "\n\n" + JUDGE_NUMBERED
+    if raw:
+        ids = engine.tokenizer(text + "\nAnswer:")["input_ids"]
+    else:
+        ids = engine.tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+    with torch.no_grad():
+        logprobs = torch.log_softmax(engine.model(torch.tensor([ids])).logits[0, -1].float(), dim=-1)
+    firsts = [{engine.tokenizer.encode(w, add_special_tokens=False)[0] for w in words} for words in (YES, NO)]
+    yes, no = sorted(firsts[0] - firsts[1]), sorted(firsts[1] - firsts[0])
+    return float(torch.logsumexp(logprobs[yes], 0) - torch.logsumexp(logprobs[no], 0))
+
+
+def test_the_documents_are_sorted_by_the_models_judgement_of_each_alone(engine):
+    judged = [_judged_by_a_full_forward(engine, index) for index in range(len(DOCUMENTS))]
+    method = InvariantReorder(score="judge")
+    assert method.scores(engine, _qa((0, 1, 2, 3))) == pytest.approx(judged, abs=1e-3)
+    assert method.scores(engine, _qa((2, 0, 3, 1))) == pytest.approx(
+        [judged[i] for i in (2, 0, 3, 1)], abs=1e-3
+    )
+    ranked = sorted(range(4), key=lambda k: -judged[k])
+    assert engine.rewritten([_qa((3, 1, 2, 0))], method=method)[1][0][0]["content"] == _qa(ranked)
+    raw = [_judged_by_a_full_forward(engine, index, raw=True) for index in range(len(DOCUMENTS))]
+    assert method.scores(engine, _qa((0, 1, 2, 3)), raw=True) == pytest.approx(raw, abs=1e-3)
+
+
+def test_question_and_judgement_are_standardised_and_summed(engine):
+    likelihood = InvariantReorder().scores(engine, _qa((0, 1, 2, 3)))
+    judged = InvariantReorder(score="judge").scores(engine, _qa((0, 1, 2, 3)))
+    both = InvariantReorder(score="question+judge").scores(engine, _qa((0, 1, 2, 3)))
+    a, b = torch.tensor(likelihood, dtype=torch.float64), torch.tensor(judged, dtype=torch.float64)
+    expected = (a - a.mean()) / a.std(unbiased=False) + (b - b.mean()) / b.std(unbiased=False)
+    assert both == pytest.approx(expected.tolist(), abs=1e-4)
+    assert standardised([2.0, 2.0]) == [0.0, 0.0]  # equal scores: no spread to divide by
 
 
 def test_the_documents_are_sorted_by_the_questions_attention_to_each_alone(engine):
@@ -128,9 +169,13 @@ def test_a_document_scored_again_runs_no_model_pass(engine, monkeypatch):
     assert ran >= len(DOCUMENTS)
     assert InvariantReorder(keep=2).scores(engine, _qa((2, 0, 3, 1))) == [first[i] for i in (2, 0, 3, 1)]
     assert len(passes) == ran
+    # The judgement reads the same rows through each document: only the rows after it run.
+    computed = engine.document_prefixes.computed
+    InvariantReorder(score="judge").scores(engine, _qa((0, 1, 2, 3)))
+    assert engine.document_prefixes.computed == computed and len(passes) == ran + len(DOCUMENTS)
     # Other scores of the same prompts (the question's attention) are other numbers: they run.
     InvariantReorder(score="attention").scores(engine, _qa((0, 1, 2, 3)))
-    assert len(passes) > ran
+    assert len(passes) > ran + len(DOCUMENTS)
     engine.document_prefixes.clear()
     assert InvariantReorder().scores(engine, _qa((0, 1, 2, 3))) == first
 
@@ -245,7 +290,7 @@ def test_bad_settings_and_uses_are_refused_with_the_way_out():
     for spec in ("invariant-reorder:0", "invariant-reorder:two"):
         with pytest.raises(ValueError, match="write e.g. 'invariant-reorder:3'"):
             parse_method(spec)
-    with pytest.raises(ValueError, match="score must be 'question' or 'attention'"):
+    with pytest.raises(ValueError, match="score must be one of 'question', 'attention', 'judge'"):
         InvariantReorder(score="retriever")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="give them with score='attention'"):
         InvariantReorder(layers=[1, 2])

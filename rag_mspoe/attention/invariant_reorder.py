@@ -4,12 +4,15 @@ the documents came in.
 
 A document is scored on the prompt that holds it and no other document. By default the score is
 how well it predicts what follows it, the question: the log-likelihood of the tokens after the
-document (zero-shot reranking by question likelihood, as in UPR, Sachan et al., 2022); or the
-attention the question rows give it, averaged over heads and a band of layers. That prompt is the
-same whatever the document's place was (its 'Document [i]' number is rewritten to 1), so the
-score depends on the document, the question and the template only, and so does the sorted
-prompt: under this method every order of the same documents gives the same prompt, the same
-answer and the same scores, exactly. PINE (`rag_mspoe.attention.pine`) gets invariance by
+document (zero-shot reranking by question likelihood, as in UPR, Sachan et al., 2022). Or the
+model is asked, after that prompt, whether the document answers the question, and the score is
+how much more likely its reply starts with yes than with no ("judge"); or both, each standardised
+over the prompt's documents and summed ("question+judge"); or the attention the question rows give
+the document, averaged over heads and a band of layers. That prompt is the same whatever the
+document's place was (its 'Document [i]' number is rewritten to 1), so the score depends on the
+document, the question and the template only, and so does the sorted prompt: under this method
+every order of the same documents gives the same prompt, the same answer and the same scores,
+exactly. PINE (`rag_mspoe.attention.pine`) gets invariance by
 changing attention in every layer, which small models read poorly; here the model reads an
 ordinary prompt, in the order its ranking chose.
 
@@ -19,9 +22,10 @@ README gives both on real questions). The choice is still made from scores the o
 change, so the prompt stays invariant.
 
 Cost: one short pass per document (the document and the question, after the template's rows,
-computed once), about one prefill of the whole prompt in all; each document's rows are cached by
-their tokens (`rag_mspoe.document_prefix`), and so is each score: scoring the same document with
-the same template again (a sweep's other gold positions, another `keep` or `best`) runs nothing.
+computed once), about one prefill of the whole prompt in all; the judgement runs only the rows
+after the document again (the yes-or-no question). Each document's rows are cached by their
+tokens (`rag_mspoe.document_prefix`), and so is each score: scoring the same document with the
+same template again (a sweep's other gold positions, another `keep` or `best`) runs nothing.
 """
 
 from __future__ import annotations
@@ -44,8 +48,12 @@ from rag_mspoe.rope.rescaling import rescaled
 
 Best = Literal["first", "last"]
 BEST_PLACES: tuple[Best, ...] = ("first", "last")
-Score = Literal["question", "attention"]
-SCORES: tuple[Score, ...] = ("question", "attention")
+Score = Literal["question", "attention", "judge", "question+judge"]
+SCORES: tuple[Score, ...] = ("question", "attention", "judge", "question+judge")
+# Asked after the prompt that holds one document; the reply's first token is read.
+JUDGE_NUMBERED = "Does Document [1] answer the question? Answer yes or no."
+JUDGE_UNNUMBERED = "Does the document above answer the question? Answer yes or no."
+YES, NO = ("Yes", "yes", " Yes", " yes"), ("No", "no", " No", " no")
 
 
 @dataclass
@@ -53,12 +61,14 @@ class InvariantReorder(DocumentReordering):
     """Rank each document read alone, then answer from the documents sorted by rank.
 
     score: "question" ranks by the log-likelihood of the text after the document (the question)
-    given the document; "attention" by the attention the question rows give the document in
-    `layers` (None: the third quarter of the layers, the band that ranked best on the model
-    measured). On the 0.5B's search questions the question's likelihood put the gold first more
-    often (see the README). best: "first" puts the top-ranked document first and the others after
-    it by rank; "last" puts it last, nearest the question (for a model that reads the end of its
-    context best). keep: read only this many of the best-ranked documents (None: all of them).
+    given the document; "judge" by the model's answer to whether the document answers the
+    question (log p(yes) - log p(no) for its reply); "question+judge" by both, each standardised
+    over the prompt's documents, summed; "attention" by the attention the question rows give the
+    document in `layers` (None: the third quarter of the layers, the band that ranked best on the
+    model measured). See the README for how often each put the gold first on real questions.
+    best: "first" puts the top-ranked document first and the others after it by rank; "last" puts
+    it last, nearest the question (for a model that reads the end of its context best). keep: read
+    only this many of the best-ranked documents (None: all of them).
     """
 
     kind: ClassVar[str] = "invariant-reorder"
@@ -71,7 +81,7 @@ class InvariantReorder(DocumentReordering):
 
     def __post_init__(self) -> None:
         if self.score not in SCORES:
-            raise ValueError(f"score must be 'question' or 'attention', got {self.score!r}")
+            raise ValueError(f"score must be one of {', '.join(map(repr, SCORES))}, got {self.score!r}")
         check_layers(self.layers)
         if self.layers is not None and self.score != "attention":
             raise ValueError("layers choose the attention that scores; give them with score='attention'.")
@@ -108,33 +118,43 @@ class InvariantReorder(DocumentReordering):
         return rewritten[0]["content"] if raw else rewritten
 
     def scores(self, engine: Any, prompt: Prompt, *, raw: bool = False) -> list[float]:
-        """Each document's score in a prompt of its own: the log-likelihood of what follows it, or
-        the attention the question gives it."""
-        return [
-            self._score_alone(engine, prompt_with_documents(prompt, [k]), raw)
-            for k in range(len(document_texts(prompt)))
-        ]
+        """Each document's score in a prompt of its own: the log-likelihood of what follows it, the
+        model's yes-or-no judgement of it, both standardised and summed, or the attention the
+        question gives it."""
+        singles = [prompt_with_documents(prompt, [k]) for k in range(len(document_texts(prompt)))]
+        if self.score != "question+judge":
+            return [self._score_alone(engine, single, raw, self.score) for single in singles]
+        likelihood = [self._score_alone(engine, single, raw, "question") for single in singles]
+        judgement = [self._score_alone(engine, single, raw, "judge") for single in singles]
+        return [a + b for a, b in zip(standardised(likelihood), standardised(judgement), strict=True)]
 
-    def _score_alone(self, engine: Any, single: list[dict[str, Any]], raw: bool) -> float:
+    def _score_alone(self, engine: Any, single: list[dict[str, Any]], raw: bool, score: Score) -> float:
+        if score == "judge":
+            single = with_judge_question(single, raw)
         ids, spans = engine.document_spans_of(self, single[0]["content"] if raw else single, raw=raw)
         layers = (
-            self.ranking_layers(int(engine.model.config.num_hidden_layers))
-            if self.score == "attention"
-            else []
+            self.ranking_layers(int(engine.model.config.num_hidden_layers)) if score == "attention" else []
         )
-        key = ("invariant-reorder", self.score, tuple(layers), tuple(ids))
-        return engine.document_prefixes.value(key, lambda: self._computed_score(engine, ids, spans, layers))
+        key = ("invariant-reorder", score, tuple(layers), tuple(ids))
+        return engine.document_prefixes.value(
+            key, lambda: self._computed_score(engine, ids, spans, layers, score)
+        )
 
-    def _computed_score(self, engine: Any, ids: list[int], spans: list[Any], layers: list[int]) -> float:
+    def _computed_score(
+        self, engine: Any, ids: list[int], spans: list[Any], layers: list[int], score: Score
+    ) -> float:
         # Every document's prompt starts with the same template (the tokens before `start`): its rows
         # are computed once and each document's run from a copy of them.
         start, end = spans[-1]
         with rescaled(engine.model, None):
-            if self.score == "attention":
+            if score == "attention":
                 cache = engine.document_prefixes.copy_of(ids[:end], shared=start)
                 return float(document_attention(engine.model, cache, ids, spans, layers).mean())
-            # The cache stops one token short: the document's last row predicts the first token after it.
+            # The cache stops one token short: the document's last row predicts the first token after
+            # it. The judgement's prompt has the same rows up to there, so it shares this cache.
             cache = engine.document_prefixes.copy_of(ids[: end - 1], shared=start) if end > 1 else None
+            if score == "judge":
+                return yes_over_no(engine, next_token_logprobs(engine.model, cache, ids, end))
             return log_likelihood_after(engine.model, cache, ids, end)
 
     def order(self, scores: list[float], texts: list[str]) -> list[int]:
@@ -143,6 +163,45 @@ class InvariantReorder(DocumentReordering):
         where they were."""
         ranked = sorted(range(len(scores)), key=lambda k: (-scores[k], texts[k]))[: self.keep]
         return ranked if self.best == "first" else ranked[::-1]
+
+
+def with_judge_question(single: list[dict[str, Any]], raw: bool) -> list[dict[str, Any]]:
+    """The one-document prompt with the yes-or-no question after its last user message (a raw
+    prompt: after its text, with an answer cue, since no assistant turn follows)."""
+    # Prompts this package packs number their documents: ask about it by that name.
+    numbered = any("Document [1]" in str(message["content"]) for message in single)
+    question = JUDGE_NUMBERED if numbered else JUDGE_UNNUMBERED
+    last = max((i for i, message in enumerate(single) if message["role"] == "user"), default=len(single) - 1)
+    asked = [dict(message) for message in single]
+    asked[last]["content"] += f"\n\n{question}" + ("\nAnswer:" if raw else "")
+    return asked
+
+
+def yes_over_no(engine: Any, logprobs: torch.Tensor) -> float:
+    """How much more likely the reply starts with yes than with no: log p(yes) - log p(no), each
+    summed over the first tokens of its spellings (a first token both share counts for neither)."""
+    firsts = [{engine.encode(word)[0] for word in words} for words in (YES, NO)]
+    yes, no = (torch.tensor(sorted(own - other)) for own, other in (firsts, firsts[::-1]))
+    return float(torch.logsumexp(logprobs[yes], 0) - torch.logsumexp(logprobs[no], 0))
+
+
+def next_token_logprobs(model: Any, cache: Any, ids: list[int], end: int) -> torch.Tensor:
+    """log p(next token) after all of `ids`; `cache` holds the model's rows of `ids[: end - 1]` (a
+    copy it may use up), or is None to read `ids` from the start."""
+    start = end - 1 if cache is not None else 0
+    with torch.inference_mode():
+        rows = torch.tensor([list(ids[start:])], device=model.device)
+        arguments = cache_argument(cache) if cache is not None else {}
+        logits = model(rows, logits_to_keep=1, **arguments).logits[0, -1].float()
+    return torch.log_softmax(logits, dim=-1)
+
+
+def standardised(values: list[float]) -> list[float]:
+    """The values less their mean, over their standard deviation (all zeros when they are equal),
+    so that scores on different scales can be summed."""
+    mean = sum(values) / len(values)
+    spread = (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
+    return [(v - mean) / spread if spread > 0 else 0.0 for v in values]
 
 
 def log_likelihood_after(model: Any, cache: Any, ids: list[int], end: int) -> float:
