@@ -9,6 +9,7 @@ import itertools
 import pytest
 import torch
 from eval_run_helpers import tiny_chat_model
+from tiny_models import tiny_model
 
 from rag_mspoe import rescaled
 from rag_mspoe.attention import AttentionCalibration, InvariantReorder, document_spans
@@ -112,7 +113,17 @@ def _judged_by_a_full_forward(engine, index, raw=False):
     return float(torch.logsumexp(logprobs[yes], 0) - torch.logsumexp(logprobs[no], 0))
 
 
-def test_the_documents_are_sorted_by_the_models_judgement_of_each_alone(engine):
+@pytest.fixture(scope="module")
+def qwen_engine(qwen_tokenizer):
+    # The Qwen tokenizer's template writes a system turn and has special tokens of its own.
+    model = tiny_model("qwen2", seed=3, vocab_size=len(qwen_tokenizer), max_position_embeddings=1024)
+    model._rag_mspoe_name = "tiny-qwen2"
+    return Engine(model, qwen_tokenizer, method="none")
+
+
+@pytest.mark.parametrize("which", ["engine", "qwen_engine"])
+def test_the_documents_are_sorted_by_the_models_judgement_of_each_alone(request, which):
+    engine = request.getfixturevalue(which)
     judged = [_judged_by_a_full_forward(engine, index) for index in range(len(DOCUMENTS))]
     method = InvariantReorder(score="judge")
     assert method.scores(engine, _qa((0, 1, 2, 3))) == pytest.approx(judged, abs=1e-3)
