@@ -136,6 +136,13 @@ def test_the_documents_are_sorted_by_the_models_judgement_of_each_alone(request,
     assert method.scores(engine, _qa((0, 1, 2, 3)), raw=True) == pytest.approx(raw, abs=1e-3)
 
 
+def test_a_tokenizer_that_spells_yes_and_no_alike_is_refused_by_name(engine, monkeypatch):
+    engine.document_prefixes.clear()
+    monkeypatch.setattr(engine, "encode", lambda text: [7, 8])  # every word starts with token 7
+    with pytest.raises(ValueError, match="rank by score='question'"):
+        InvariantReorder(score="judge").scores(engine, _qa((0, 1, 2, 3)))
+
+
 def test_question_and_judgement_are_standardised_and_summed(engine):
     likelihood = InvariantReorder().scores(engine, _qa((0, 1, 2, 3)))
     judged = InvariantReorder(score="judge").scores(engine, _qa((0, 1, 2, 3)))

@@ -181,8 +181,15 @@ def yes_over_no(engine: Any, logprobs: torch.Tensor) -> float:
     """How much more likely the reply starts with yes than with no: log p(yes) - log p(no), each
     summed over the first tokens of its spellings (a first token both share counts for neither)."""
     firsts = [{engine.encode(word)[0] for word in words} for words in (YES, NO)]
-    yes, no = (torch.tensor(sorted(own - other)) for own, other in (firsts, firsts[::-1]))
-    return float(torch.logsumexp(logprobs[yes], 0) - torch.logsumexp(logprobs[no], 0))
+    yes, no = (sorted(own - other) for own, other in (firsts, firsts[::-1]))
+    if not yes or not no:
+        raise ValueError(
+            "This tokenizer starts 'yes' and 'no' with the same tokens, so the model's judgement "
+            "cannot be read; rank by score='question' instead."
+        )
+    return float(
+        torch.logsumexp(logprobs[torch.tensor(yes)], 0) - torch.logsumexp(logprobs[torch.tensor(no)], 0)
+    )
 
 
 def next_token_logprobs(model: Any, cache: Any, ids: list[int], end: int) -> torch.Tensor:
