@@ -193,14 +193,8 @@ def yes_over_no(engine: Any, logprobs: torch.Tensor) -> float:
 
 
 def next_token_logprobs(model: Any, cache: Any, ids: list[int], end: int) -> torch.Tensor:
-    """log p(next token) after all of `ids`; `cache` holds the model's rows of `ids[: end - 1]` (a
-    copy it may use up), or is None to read `ids` from the start."""
-    start = end - 1 if cache is not None else 0
-    with torch.inference_mode():
-        rows = torch.tensor([list(ids[start:])], device=model.device)
-        arguments = cache_argument(cache) if cache is not None else {}
-        logits = model(rows, logits_to_keep=1, **arguments).logits[0, -1].float()
-    return torch.log_softmax(logits, dim=-1)
+    """log p(next token) after all of `ids`; `cache` as `logits_after_document` takes it."""
+    return torch.log_softmax(logits_after_document(model, cache, ids, end, last_only=True)[-1], dim=-1)
 
 
 def standardised(values: list[float]) -> list[float]:
@@ -212,14 +206,24 @@ def standardised(values: list[float]) -> list[float]:
 
 
 def log_likelihood_after(model: Any, cache: Any, ids: list[int], end: int) -> float:
-    """The sum of log p(token) over `ids[end:]` (0 when nothing follows); `cache` holds the model's
-    rows of `ids[: end - 1]` (a copy it may use up), or is None to read `ids` from the start."""
+    """The sum of log p(token) over `ids[end:]` (0 when nothing follows); `cache` as
+    `logits_after_document` takes it."""
     if end >= len(ids):
         return 0.0
+    logits = logits_after_document(model, cache, ids, end)[:-1]
+    targets = torch.tensor(list(ids[end:]), device=logits.device)
+    return float(torch.log_softmax(logits, dim=-1).gather(1, targets[:, None]).sum())
+
+
+def logits_after_document(
+    model: Any, cache: Any, ids: list[int], end: int, last_only: bool = False
+) -> torch.Tensor:
+    """The model's logits (float) from the document's last token on: row i predicts `ids[end + i]`,
+    the last row what follows `ids`; only that last row with `last_only`. `cache` holds the model's
+    rows of `ids[: end - 1]` (a copy it may use up), or is None to read `ids` from the start."""
     start = end - 1 if cache is not None else 0
     with torch.inference_mode():
         rows = torch.tensor([list(ids[start:])], device=model.device)
         arguments = cache_argument(cache) if cache is not None else {}
-        logits = model(rows, **arguments).logits[0, end - 1 - start : -1].float()
-    targets = torch.tensor(list(ids[end:]), device=logits.device)
-    return float(torch.log_softmax(logits, dim=-1).gather(1, targets[:, None]).sum())
+        logits = model(rows, logits_to_keep=1 if last_only else 0, **arguments).logits[0]
+    return (logits if last_only else logits[end - 1 - start :]).float()
