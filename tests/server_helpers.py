@@ -52,16 +52,12 @@ def running(
         thread.join(timeout=10)
 
 
-def connect(url: str) -> socket.socket:
-    """A raw TCP connection to the server at `url`, for what HTTP clients will not send."""
+def connect(url: str, from_address: str | None = None) -> socket.socket:
+    """A raw TCP connection to the server at `url`, for what HTTP clients will not send; from
+    another local address (any of 127.0.0.0/8 on Linux) to be another client."""
     host, port = url.removeprefix("http://").split(":")
-    return socket.create_connection((host, int(port)), timeout=10)
-
-
-def connect_from(address: str, url: str) -> socket.socket:
-    """`connect`, from another local address (any of 127.0.0.0/8 on Linux): another client."""
-    host, port = url.removeprefix("http://").split(":")
-    return socket.create_connection((host, int(port)), timeout=10, source_address=(address, 0))
+    source = None if from_address is None else (from_address, 0)
+    return socket.create_connection((host, int(port)), timeout=10, source_address=source)
 
 
 def request_bytes(path: str, body: bytes, headers: dict[str, str] | None = None) -> bytes:

@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("fastapi")
 
 from eval_run_helpers import tiny_chat_model  # noqa: E402
-from server_helpers import connect, connect_from, read_response, request_bytes, running, sse_events  # noqa: E402
+from server_helpers import connect, read_response, request_bytes, running, sse_events  # noqa: E402
 
 from rag_mspoe.connectors.server import create_app  # noqa: E402
 from rag_mspoe.engine import Engine  # noqa: E402
@@ -472,7 +472,7 @@ def test_one_address_past_its_connection_limit_gets_a_429_while_other_addresses_
             status, headers, body = read_response(sock)
             assert status == 429 and b"Too many open connections" in body
             assert closed_by_server(sock, within=3)
-        with connect_from("127.0.0.2", url) as sock:  # another address is served
+        with connect(url, from_address="127.0.0.2") as sock:  # another address is served
             sock.sendall(request_bytes("/v1/chat/completions", json.dumps(chat(engine)).encode()))
             assert read_response(sock)[0] == 200
         idle[0].close()
