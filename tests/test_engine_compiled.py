@@ -65,3 +65,22 @@ def test_switching_methods_compiles_each_once(tokenizer):
             engine.generate(PROMPTS[0], max_new_tokens=4)
     finally:
         torch._dynamo.reset()
+
+
+def test_prompt_lengths_compile_twice_at_most(tokenizer):
+    # The static cache is sized to the prompt plus its new tokens (at least the longest before):
+    # the first longer prompt recompiles, torch then treats the length as dynamic, and no prompt
+    # length, shorter or longer, compiles again.
+    model = _model(tokenizer)
+    torch._dynamo.reset()
+    counters.clear()
+    engine = Engine(model, tokenizer, compile=True, compile_backend="eager")
+    try:
+        for words in (5, 40):
+            engine.generate(" ".join(["word"] * words), max_new_tokens=4)
+        assert counters["stats"]["unique_graphs"] == 2
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            for words in (20, 80, 60, 120):
+                engine.generate(" ".join(["word"] * words), max_new_tokens=4)
+    finally:
+        torch._dynamo.reset()
