@@ -11,18 +11,15 @@ import sys
 from rag_mspoe import Engine
 from rag_mspoe.document_prompts import document_message, lines_with_spans
 from rag_mspoe.eval.data.loaders import load_qa
-from rag_mspoe.eval.data.prompts import QA_ANSWER_CUE, QA_INSTRUCTION
+from rag_mspoe.eval.data.prompts import QA_ANSWER_CUE, QA_INSTRUCTION, prompt_message
 from rag_mspoe.eval.data.records import QAExample, with_gold_at
 
 
 def prompt(example: QAExample, numbered: bool) -> list[dict[str, object]]:
-    """The benchmark's prompt, its documents numbered as usual or all called 'Document'."""
-    lines = [
-        f"Document [{number}](Title: {d.title}) {d.text}"
-        if numbered
-        else f"Document (Title: {d.title}) {d.text}"
-        for number, d in enumerate(example.documents, start=1)
-    ]
+    """The sweep's prompt, or the same with every document called just 'Document'."""
+    if numbered:
+        return prompt_message(example)
+    lines = [f"Document (Title: {d.title}) {d.text}" for d in example.documents]
     text, spans = lines_with_spans(f"{QA_INSTRUCTION}\n\n", lines)
     return [document_message(f"{text}\n\nQuestion: {example.question}\n{QA_ANSWER_CUE}", spans)]
 
