@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -69,3 +70,19 @@ def incremental_logits(
             out = model(input_ids=torch.tensor([[token]]), **cache_argument(cache), use_cache=True)
             rows.append(out.logits[0, -1])
     return torch.stack(rows)
+
+
+@contextlib.contextmanager
+def in_dtype(model: Any, dtype: torch.dtype) -> Iterator[Any]:
+    """`model` in `dtype` inside the block and exactly as before after it: a round trip through
+    `model.to` alone would leave its fp32 buffers (RoPE's inverse frequencies) rounded to bf16."""
+    buffers = {name: buffer.clone() for name, buffer in model.named_buffers()}
+    original = model.dtype
+    model.to(dtype)
+    try:
+        yield model
+    finally:
+        model.to(original)
+        for name, buffer in buffers.items():
+            owner, _, leaf = name.rpartition(".")
+            model.get_submodule(owner)._buffers[leaf] = buffer

@@ -77,3 +77,29 @@ def test_bad_spans_are_refused_with_the_rule():
     with pytest.raises(TypeError, match="one list of"):
         DocumentSpans.of([[1, 2, 3]])
     assert DocumentSpans.of([[(0, 5)], []]).rows == (((0, 5),), ())
+
+
+@pytest.mark.parametrize("name", TOKENIZERS)
+def test_reordering_the_documents_before_the_last_reorders_whole_token_blocks(name):
+    # What PINE's order-invariance needs from the tokenizer: each document with the separator
+    # after it (Qwen merges a closing period with the line break) is the same tokens in any
+    # place. The last document meets the question's blank line instead, so it stays last.
+    from rag_mspoe.document_prompts import document_message, lines_with_spans, render_with_spans
+
+    tokenizer = _tokenizer(name)
+    documents = [*DOCUMENTS, ("Ferries", "The ferry leaves at noon")]
+
+    def blocks(order):
+        lines = [f"Document (Title: {documents[i][0]}) {documents[i][1]}" for i in (*order, 3)]
+        text, char_spans = lines_with_spans("Answer from the documents.\n\n", lines)
+        message = document_message(f"{text}\n\nQuestion: When does the ferry leave?", char_spans)
+        ids, spans = render_with_spans(tokenizer, [message])
+        starts = [start for start, _ in spans]
+        ends = [*starts[1:], spans[-1][1]]
+        return ids[: starts[0]], [ids[s:e] for s, e in zip(starts, ends, strict=True)], ids[ends[-1] :]
+
+    before, in_order, after = blocks((0, 1, 2))
+    for order in [(2, 0, 1), (1, 2, 0)]:
+        other_before, reordered, other_after = blocks(order)
+        assert (other_before, other_after) == (before, after)
+        assert reordered == [in_order[i] for i in order] + [in_order[3]]

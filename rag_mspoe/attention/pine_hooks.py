@@ -7,8 +7,8 @@ the first document on (documents, question, generated tokens), per head:
   tokens;
 - documents get new places inside the documents' region, least important first; a query inside
   a document puts its own document last and itself at its offset there;
-- RoPE is relative, so a document placed at `start` is read by rotating the query by
-  (query position - start + the document's natural start) against the cached keys as they are;
+- RoPE is relative, so a document placed at `start` is read with its keys rotated at their
+  offsets inside it and the query rotated by (query position - start);
 - masks: documents read each other in full and themselves causally; the text after the
   documents reads everything before it. Values are untouched.
 Rows are done in chunks, so memory stays O(chunk x keys) per head.
@@ -77,11 +77,14 @@ class PineHooks(DocumentAttentionHooks):
         else:
             output = original(module, query, key, value, attention_mask, **kwargs)[0].clone()
         device = query.device
-        positions = self.positions(keys, device).float()
+        # Scores in fp32 at least; an fp64 model gets fp64 (PINE's sort of the documents by
+        # importance flips on near-ties under rounding, so only fp64 shows its exact invariance).
+        compute = torch.promote_types(query.dtype, torch.float32)
+        positions = self.positions(keys, device).to(compute)
         padding = self.key_padding(batch, keys, device)
         scaling = attention_scaling(module, query, kwargs)
         layer_type = self._layer_type(layer)
-        keys_float, values_float = key.float(), value.float()
+        wide_keys, wide_values = key.to(compute), value.to(compute)
         for b, row in enumerate(self.rows):
             if row is None:
                 continue
@@ -89,10 +92,10 @@ class PineHooks(DocumentAttentionHooks):
                 last = min(first + ROW_CHUNK, queries)
                 attended = self._rows(
                     row,
-                    query[b, :, first:last].float(),
+                    query[b, :, first:last].to(compute),
                     torch.arange(past + first, past + last, device=device),
-                    keys_float[b],
-                    values_float[b],
+                    wide_keys[b],
+                    wide_values[b],
                     positions[b],
                     padding[b],
                     scaling,
@@ -123,7 +126,7 @@ class PineHooks(DocumentAttentionHooks):
         # Separators between documents belong to the document before them.
         spans = list(zip(starts, [*starts[1:], row.end], strict=True))
         begin, end = row.start, row.end
-        lengths = torch.tensor([float(e - s) for s, e in spans], device=device)
+        lengths = torch.tensor([float(e - s) for s, e in spans], device=device, dtype=query.dtype)
         natural_starts = positions[torch.tensor(starts, device=device)]
         region_start = positions[begin]
         region_end = region_start + (end - begin)
@@ -158,15 +161,22 @@ class PineHooks(DocumentAttentionHooks):
         before = (importance[..., None, :] < importance[..., :, None]) | (
             (importance[..., None, :] == importance[..., :, None]) & (order[None, :] < order[:, None])
         )
-        placed_starts = region_start + before.float() @ lengths  # [H, R, K]
+        placed_starts = region_start + before.to(lengths.dtype) @ lengths  # [H, R, K]
 
         # Text before and after the documents keeps its positions; the query may have moved.
         placed_query = self._rotate(raw_query, effective, layer_type)
         pieces = [grouped(placed_query, key[:, :begin].transpose(-1, -2))]
-        shifts = effective[None, :, None] - placed_starts + natural_starts  # [H, R, K]
-        per_document = self._rotate(raw_query[:, :, None], shifts, layer_type)  # [H, R, K, D]
+        # A document's keys are rotated at their offsets inside it and the query by its distance
+        # from where the document is placed: every angle is then the same in any order of the
+        # documents, and so is its rounding (the model's own angles, at natural positions, would
+        # carry a different rounding error into each order).
+        offsets = positions[begin:end] - natural_starts[key_doc[begin:end]]
+        document_keys = self._rotate(raw_keys, offsets, layer_type)
+        distances = effective[None, :, None] - placed_starts  # [H, R, K]
+        per_document = self._rotate(raw_query[:, :, None], distances, layer_type)  # [H, R, K, D]
         for d, (s, e) in enumerate(spans):
-            pieces.append(grouped(per_document[:, :, d], key[:, s:e].transpose(-1, -2)))
+            keys_here = document_keys[:, s - begin : e - begin]
+            pieces.append(grouped(per_document[:, :, d], keys_here.transpose(-1, -2)))
         pieces.append(grouped(placed_query, key[:, end:].transpose(-1, -2)))
         logits = self.arch.soft_cap(self.model.config, torch.cat(pieces, dim=-1) * scaling)
 
@@ -191,7 +201,7 @@ class PineHooks(DocumentAttentionHooks):
         extra = {"layer_type": layer_type} if layer_type is not None else {}
         cos, sin = rotary.forward(like, flat, **extra)
         shape = (*positions.shape, like.shape[-1])
-        return cos.float().reshape(shape), sin.float().reshape(shape)
+        return cos.to(like.dtype).reshape(shape), sin.to(like.dtype).reshape(shape)
 
     def _rotate(self, x: torch.Tensor, positions: torch.Tensor, layer_type: str | None) -> torch.Tensor:
         cos, sin = self._tables(positions, x, layer_type)
