@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -61,6 +64,22 @@ def test_placing_the_important_documents_first_is_order_invariant_too():
         nearest = answer_loglikelihood(model, *prompts[0], ANSWER)
     assert max(scores) - min(scores) < 1e-4, scores
     assert abs(scores[0] - nearest) > 1e-4  # another placement: another answer
+
+
+def test_a_smooth_sort_is_order_invariant_and_becomes_the_hard_sort_as_it_sharpens():
+    model = tiny_model("llama")
+    prefix, documents, suffix = _blocks()
+    orders = [(0, 1, 2, 3), (3, 1, 0, 2), (2, 3, 1, 0)]
+    prompts = [block_prompt(prefix, [documents[i] for i in order], suffix) for order in orders]
+    with rescaled(model, Pine(softness=0.5)):
+        smooth = [answer_loglikelihood(model, ids, spans, ANSWER) for ids, spans in prompts]
+    with rescaled(model, Pine(softness=1e-6)):
+        sharp = answer_loglikelihood(model, *prompts[0], ANSWER)
+    with rescaled(model, Pine()):
+        hard = answer_loglikelihood(model, *prompts[0], ANSWER)
+    assert max(smooth) - min(smooth) < 1e-4, smooth
+    assert abs(smooth[0] - hard) > 1e-4  # the documents stand elsewhere
+    assert abs(sharp - hard) < 1e-5
 
 
 def test_no_documents_is_the_unmodified_model():
@@ -155,6 +174,9 @@ def test_models_with_sliding_windows_are_refused():
 
 def test_spec_names_pine():
     assert parse_method("pine") == Pine()
+    assert parse_method("pine:0.5") == Pine(softness=0.5)
+    with pytest.raises(ValueError, match="softness must be 0"):
+        parse_method("pine:-1")
     with pytest.raises(ValueError, match="does not compose with other methods: it computes the attention"):
         parse_method("pine+mspoe")
 
@@ -192,43 +214,49 @@ def test_permuting_documents_leaves_the_embedded_models_answer_unchanged(embedde
     assert max(scores) - min(scores) < 1e-3, scores
 
 
-@pytest.mark.slow
-def test_in_fp64_the_embedded_model_is_order_invariant_on_a_rendered_benchmark_prompt(embedded):
-    # The benchmark's layout through the real chat template and tokenizer: the tokens at the
-    # documents' edges are the tokenizer's own. The last document stays last: its closing text
-    # meets the question's blank line, not the next document, so it is tokenized differently.
-    import json
-    from pathlib import Path
-
+def _rendered_benchmark_prompts(tokenizer: Any) -> tuple[list[tuple[list[int], list[tuple[int, int]]]], int]:
+    """Three orders of 8 documents in the benchmark's layout, through the real chat template and
+    tokenizer (the tokens at the documents' edges are the tokenizer's own), each with the answer's
+    tokens after it; and the answer's length. The last document stays last: its closing text
+    meets the question's blank line, not the next document, so it is tokenized differently."""
     from rag_mspoe.document_prompts import document_message, lines_with_spans, render_with_spans
 
-    model, tokenizer = embedded
-    passages = [
-        json.loads(line)
-        for line in (Path(__file__).parent / "data" / "nq-open-sample-passages.jsonl")
-        .read_text()
-        .splitlines()
-    ][:8]
+    lines = (Path(__file__).parent / "data" / "nq-open-sample-passages.jsonl").read_text().splitlines()
+    passages = [json.loads(line) for line in lines][:8]
     answer = list(tokenizer("Wilhelm Conrad Röntgen", add_special_tokens=False)["input_ids"])
 
     def prompt(order: tuple[int, ...]) -> tuple[list[int], list[tuple[int, int]]]:
-        lines = [f"Document (Title: {passages[i]['title']}) {passages[i]['text']}" for i in (*order, 7)]
-        text, spans = lines_with_spans("Answer from the search results.\n\n", lines)
+        documents = [f"Document (Title: {passages[i]['title']}) {passages[i]['text']}" for i in (*order, 7)]
+        text, spans = lines_with_spans("Answer from the search results.\n\n", documents)
         question = f"{text}\n\nQuestion: who got the first nobel prize in physics\nAnswer:"
         ids, token_spans = render_with_spans(tokenizer, [document_message(question, spans)])
         return ids + answer, token_spans or []
 
-    prompts = [
-        prompt(order) for order in [(0, 1, 2, 3, 4, 5, 6), (6, 4, 2, 0, 1, 3, 5), (3, 5, 6, 1, 0, 2, 4)]
-    ]
+    orders = [(0, 1, 2, 3, 4, 5, 6), (6, 4, 2, 0, 1, 3, 5), (3, 5, 6, 1, 0, 2, 4)]
+    return [prompt(order) for order in orders], len(answer)
+
+
+@pytest.mark.slow
+def test_in_fp64_the_embedded_model_is_order_invariant_on_a_rendered_benchmark_prompt(embedded):
+    model, tokenizer = embedded
+    prompts, answer = _rendered_benchmark_prompts(tokenizer)
     # fp64 all through: in fp32 the rounding differs between orders and PINE's sort of the
     # documents by importance flips where two are nearly tied (0.003 nats apart here in fp32).
     with in_dtype(model, torch.float64):
-        unmodified = [answer_loglikelihood(model, ids, spans, len(answer)) for ids, spans in prompts]
+        unmodified = [answer_loglikelihood(model, ids, spans, answer) for ids, spans in prompts]
         with rescaled(model, Pine()):
-            scores = [answer_loglikelihood(model, ids, spans, len(answer)) for ids, spans in prompts]
+            scores = [answer_loglikelihood(model, ids, spans, answer) for ids, spans in prompts]
     assert max(unmodified) - min(unmodified) > 1e-2, unmodified
     assert max(scores) - min(scores) < 1e-6, scores  # with the model's own RoPE angles: 3e-6
+
+
+@pytest.mark.slow
+def test_a_smooth_sort_keeps_the_order_invariance_in_fp32(embedded):
+    model, tokenizer = embedded
+    prompts, answer = _rendered_benchmark_prompts(tokenizer)
+    with in_dtype(model, torch.float32), rescaled(model, Pine(softness=1.0)):
+        scores = [answer_loglikelihood(model, ids, spans, answer) for ids, spans in prompts]
+    assert max(scores) - min(scores) < 1e-4, scores  # the hard sort: 0.003
 
 
 def test_continuations_of_one_prefilled_prompt_equal_full_forwards():

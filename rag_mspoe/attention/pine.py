@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from rag_mspoe.attention.pine_hooks import PineHooks
-from rag_mspoe.method_config import MethodConfig, check_layers, chosen_layers
+from rag_mspoe.method_config import MethodConfig, check_finite, check_layers, chosen_layers, number_argument
 
 
 @dataclass
@@ -27,7 +27,12 @@ class Pine(MethodConfig):
     the documents' own rows as the model computes them (causal, natural positions) and only
     re-places the documents for the rows after them (question and answer). important_first=True
     places the most important document farthest from the query (where a model that reads the
-    start of its context best looks), the least important nearest.
+    start of its context best looks), the least important nearest. softness > 0 sorts smoothly
+    (spec `pine:SOFTNESS`): document e stands before d with weight sigmoid((importance of d -
+    importance of e) / softness), so places move continuously with the scores. The paper's hard
+    sort (softness 0) flips where two documents are nearly tied, and rounding, which differs
+    between orders of the documents, decides the flip: in fp32 and bf16 the output then jumps
+    between orders. A tie splits evenly, so no order is needed to break it.
     """
 
     kind: ClassVar[str] = "pine"
@@ -37,15 +42,24 @@ class Pine(MethodConfig):
     )
     hooks: ClassVar[type[PineHooks]] = PineHooks
     presets: ClassVar[dict[str, dict[str, Any]]] = {"pine": {}}
+    argument_name: ClassVar[str] = "pine"  # pine:SOFTNESS
     layers: list[int] | None = None
     bidirectional: bool = True
     important_first: bool = False
+    softness: float = 0.0
 
     def __post_init__(self) -> None:
         check_layers(self.layers)
         for name in ("bidirectional", "important_first"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        check_finite("softness", self.softness)
+        if self.softness < 0:
+            raise ValueError(f"softness must be 0 (the paper's hard sort) or more, got {self.softness}")
+
+    @classmethod
+    def from_argument(cls, part: str, argument: str) -> MethodConfig:
+        return cls(softness=number_argument(part, argument))
 
     def needs_document_spans(self) -> bool:
         return True

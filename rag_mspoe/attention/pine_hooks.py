@@ -39,6 +39,7 @@ class PineHooks(DocumentAttentionHooks):
         self._layers = method.layer_indices(len(self.decoder.layers))
         self.bidirectional: bool = method.bidirectional
         self.important_first: bool = method.important_first
+        self.softness: float = method.softness
         windowed = [
             index
             for index in self._layers
@@ -156,12 +157,7 @@ class PineHooks(DocumentAttentionHooks):
         # one (important_first, for models that read the start of their context best).
         nearness = -importance if self.important_first else importance
         importance = nearness.masked_fill(own_mask[None], float("inf"))
-        order = torch.arange(len(spans), device=device)
-        # before[h, r, d, e]: document e is placed before (farther from the query than) document d.
-        before = (importance[..., None, :] < importance[..., :, None]) | (
-            (importance[..., None, :] == importance[..., :, None]) & (order[None, :] < order[:, None])
-        )
-        placed_starts = region_start + before.to(lengths.dtype) @ lengths  # [H, R, K]
+        placed_starts = region_start + self._before(importance) @ lengths  # [H, R, K]
 
         # Text before and after the documents keeps its positions; the query may have moved.
         placed_query = self._rotate(raw_query, effective, layer_type)
@@ -190,6 +186,17 @@ class PineHooks(DocumentAttentionHooks):
         ) & padding[None]
         weights = torch.softmax(logits.masked_fill(~visible[None], float("-inf")), dim=-1)
         return grouped(weights, value)  # [H, R, D]
+
+    def _before(self, importance: torch.Tensor) -> torch.Tensor:
+        """[H, R, K, K]: how far document e stands before (farther from the query than) document
+        d, 0 to 1, from each document's nearness score (+inf: the query's own document)."""
+        gap = importance[..., :, None] - importance[..., None, :]  # [h, r, d, e]: d's score - e's
+        if self.softness == 0:
+            # The paper's hard sort; an exact tie goes by the documents' order in the prompt.
+            order = torch.arange(importance.shape[-1], device=importance.device)
+            return ((gap > 0) | ((gap == 0) & (order[None, :] < order[:, None]))).to(importance.dtype)
+        own_with_itself = torch.eye(importance.shape[-1], dtype=torch.bool, device=importance.device)
+        return torch.sigmoid(gap / self.softness).masked_fill(own_with_itself, 0.0)  # inf - inf there
 
     def _tables(
         self, positions: torch.Tensor, like: torch.Tensor, layer_type: str | None

@@ -1,7 +1,10 @@
 """PINE's gold answer log-likelihood with the gold first and fifth, with and without the
 documents' numbers, on the first questions of a lost-in-the-middle file.
 
-    python pine_numbering_probe.py float32 ../nq10-split/validation-10.jsonl.gz 3
+    python pine_numbering_probe.py float32 ../nq10-split/validation-10.jsonl.gz 3 [MODEL]
+
+MODEL defaults to qwen2.5-coder-1.5b-instruct. In float64 PINE is exactly order-invariant, so
+the moves without numbers are ~0 and those with numbers are the numbering's alone.
 
 A probe, not part of the package: it calls the engine directly.
 """
@@ -24,8 +27,11 @@ def prompt(example: QAExample, numbered: bool) -> list[dict[str, object]]:
     return [document_message(f"{text}\n\nQuestion: {example.question}\n{QA_ANSWER_CUE}", spans)]
 
 
-def main(dtype: str, path: str, count: int) -> None:
-    engine = Engine.load("qwen2.5-coder-1.5b-instruct", method="pine", dtype=dtype, threads=2)
+def main(dtype: str, path: str, count: int, model: str = "qwen2.5-coder-1.5b-instruct") -> None:
+    wide = dtype == "float64"  # not an engine dtype: load fp32, then widen the weights
+    engine = Engine.load(model, method="pine", dtype="float32" if wide else dtype, threads=2)
+    if wide:
+        engine.model.double()
     for example in load_qa(path)[:count]:
         row = []
         for numbered in (True, False):
@@ -43,4 +49,4 @@ def main(dtype: str, path: str, count: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), *sys.argv[4:5])
