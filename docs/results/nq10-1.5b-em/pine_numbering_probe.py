@@ -1,10 +1,11 @@
 """PINE's gold answer log-likelihood with the gold first and fifth, with and without the
 documents' numbers, on the first questions of a lost-in-the-middle file.
 
-    python pine_numbering_probe.py float32 ../nq10-split/validation-10.jsonl.gz 3 [MODEL]
+    python pine_numbering_probe.py float32 ../nq10-split/validation-10.jsonl.gz 3 [MODEL [METHOD]]
 
-MODEL defaults to qwen2.5-coder-1.5b-instruct. In float64 PINE is exactly order-invariant, so
-the moves without numbers are ~0 and those with numbers are the numbering's alone.
+MODEL defaults to qwen2.5-coder-1.5b-instruct, METHOD to pine (pine:1 for a smooth sort). In
+float64 PINE is exactly order-invariant, so the moves without numbers are ~0 and those with
+numbers are the numbering's alone.
 
 A probe, not part of the package: it calls the engine directly.
 """
@@ -27,9 +28,11 @@ def prompt(example: QAExample, numbered: bool) -> list[dict[str, object]]:
     return [document_message(f"{text}\n\nQuestion: {example.question}\n{QA_ANSWER_CUE}", spans)]
 
 
-def main(dtype: str, path: str, count: int, model: str = "qwen2.5-coder-1.5b-instruct") -> None:
+def main(
+    dtype: str, path: str, count: int, model: str = "qwen2.5-coder-1.5b-instruct", method: str = "pine"
+) -> None:
     wide = dtype == "float64"  # not an engine dtype: load fp32, then widen the weights
-    engine = Engine.load(model, method="pine", dtype="float32" if wide else dtype, threads=2)
+    engine = Engine.load(model, method=method, dtype="float32" if wide else dtype, threads=2)
     if wide:
         engine.model.double()
     for example in load_qa(path)[:count]:
@@ -49,4 +52,4 @@ def main(dtype: str, path: str, count: int, model: str = "qwen2.5-coder-1.5b-ins
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), *sys.argv[4:5])
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), *sys.argv[4:6])
