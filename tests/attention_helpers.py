@@ -24,6 +24,21 @@ def block_prompt(
     return ids + list(suffix), spans
 
 
+def unnumbered_documents_prompt(
+    tokenizer: Any, documents: Sequence[tuple[str, str]], question: str
+) -> tuple[list[int], list[tuple[int, int]]]:
+    """The benchmark's layout with each (title, text) on a line 'Document (Title: ...) ...' (no
+    numbers, so reordering the documents only reorders text), through the real chat template:
+    token ids and each document's token span."""
+    from rag_mspoe.document_prompts import document_message, lines_with_spans, render_with_spans
+
+    lines = [f"Document (Title: {title}) {text}" for title, text in documents]
+    text, char_spans = lines_with_spans("Answer from the search results.\n\n", lines)
+    message = document_message(f"{text}\n\nQuestion: {question}", char_spans)
+    ids, spans = render_with_spans(tokenizer, [message])
+    return ids, spans or []
+
+
 def random_blocks(lengths: Sequence[int], seed: int, vocab: int = 96) -> list[list[int]]:
     generator = torch.Generator().manual_seed(seed)
     return [torch.randint(3, vocab, (n,), generator=generator).tolist() for n in lengths]

@@ -17,6 +17,7 @@ from attention_helpers import (
     left_padded,
     logits,
     random_blocks,
+    unnumbered_documents_prompt,
 )
 from tiny_models import tiny_model
 
@@ -219,18 +220,15 @@ def _rendered_benchmark_prompts(tokenizer: Any) -> tuple[list[tuple[list[int], l
     tokenizer (the tokens at the documents' edges are the tokenizer's own), each with the answer's
     tokens after it; and the answer's length. The last document stays last: its closing text
     meets the question's blank line, not the next document, so it is tokenized differently."""
-    from rag_mspoe.document_prompts import document_message, lines_with_spans, render_with_spans
-
     lines = (Path(__file__).parent / "data" / "nq-open-sample-passages.jsonl").read_text().splitlines()
     passages = [json.loads(line) for line in lines][:8]
     answer = list(tokenizer("Wilhelm Conrad Röntgen", add_special_tokens=False)["input_ids"])
 
     def prompt(order: tuple[int, ...]) -> tuple[list[int], list[tuple[int, int]]]:
-        documents = [f"Document (Title: {passages[i]['title']}) {passages[i]['text']}" for i in (*order, 7)]
-        text, spans = lines_with_spans("Answer from the search results.\n\n", documents)
-        question = f"{text}\n\nQuestion: who got the first nobel prize in physics\nAnswer:"
-        ids, token_spans = render_with_spans(tokenizer, [document_message(question, spans)])
-        return ids + answer, token_spans or []
+        documents = [(passages[i]["title"], passages[i]["text"]) for i in (*order, 7)]
+        question = "who got the first nobel prize in physics\nAnswer:"
+        ids, spans = unnumbered_documents_prompt(tokenizer, documents, question)
+        return ids + answer, spans
 
     orders = [(0, 1, 2, 3, 4, 5, 6), (6, 4, 2, 0, 1, 3, 5), (3, 5, 6, 1, 0, 2, 4)]
     return [prompt(order) for order in orders], len(answer)

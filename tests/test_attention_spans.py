@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from attention_helpers import unnumbered_documents_prompt
 
 from rag_mspoe.attention import DocumentSpans, char_to_token_spans, prompt_with_spans
 from rag_mspoe.chat_template import render
@@ -84,16 +85,12 @@ def test_reordering_the_documents_before_the_last_reorders_whole_token_blocks(na
     # What PINE's order-invariance needs from the tokenizer: each document with the separator
     # after it (Qwen merges a closing period with the line break) is the same tokens in any
     # place. The last document meets the question's blank line instead, so it stays last.
-    from rag_mspoe.document_prompts import document_message, lines_with_spans, render_with_spans
-
     tokenizer = _tokenizer(name)
     documents = [*DOCUMENTS, ("Ferries", "The ferry leaves at noon")]
 
     def blocks(order):
-        lines = [f"Document (Title: {documents[i][0]}) {documents[i][1]}" for i in (*order, 3)]
-        text, char_spans = lines_with_spans("Answer from the documents.\n\n", lines)
-        message = document_message(f"{text}\n\nQuestion: When does the ferry leave?", char_spans)
-        ids, spans = render_with_spans(tokenizer, [message])
+        ordered = [documents[i] for i in (*order, 3)]
+        ids, spans = unnumbered_documents_prompt(tokenizer, ordered, "When does the ferry leave?")
         starts = [start for start, _ in spans]
         ends = [*starts[1:], spans[-1][1]]
         return ids[: starts[0]], [ids[s:e] for s, e in zip(starts, ends, strict=True)], ids[ends[-1] :]
