@@ -92,8 +92,9 @@ def test_no_documents_is_the_unmodified_model():
         assert torch.equal(logits(model, ids, []), before)
 
 
-def test_text_before_the_documents_is_untouched():
-    model = tiny_model("llama")
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_text_before_the_documents_is_untouched(attn):
+    model = tiny_model("llama", attn=attn)
     ids, spans = block_prompt(*_blocks())
     before = logits(model, ids)
     with rescaled(model, Pine()):
@@ -121,8 +122,11 @@ def test_cached_decoding_equals_one_full_forward():
     torch.testing.assert_close(incremental_logits(model, ids, spans, prompt), full, atol=2e-5, rtol=1e-5)
 
 
-def test_a_left_padded_batch_equals_each_prompt_alone():
-    model = tiny_model("llama")
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_a_left_padded_batch_equals_each_prompt_alone(attn):
+    # Padding gives the attention a mask of its own: the rows PINE leaves to the model's kernel
+    # (before the documents) are computed from that mask cut to those rows.
+    model = tiny_model("llama", attn=attn)
     first, first_spans = block_prompt(*_blocks(seed=1))
     prefix, documents, suffix = _blocks(seed=2, documents=3)
     second, second_spans = block_prompt(prefix[:2], documents, suffix)

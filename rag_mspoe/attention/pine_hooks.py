@@ -76,7 +76,7 @@ class PineHooks(DocumentAttentionHooks):
         if every_row:
             output = query.new_empty(batch, queries, heads, dim)
         else:
-            output = original(module, query, key, value, attention_mask, **kwargs)[0].clone()
+            output = self._rows_left_alone(module, query, key, value, attention_mask, original, kwargs)
         device = query.device
         # Scores in fp32 at least; an fp64 model gets fp64 (PINE's sort of the documents by
         # importance flips on near-ties under rounding, so only fp64 shows its exact invariance).
@@ -103,6 +103,41 @@ class PineHooks(DocumentAttentionHooks):
                     layer_type,
                 )
                 output[b, first:last] = attended.transpose(0, 1).to(output.dtype)
+        return output
+
+    def _rows_left_alone(
+        self,
+        module: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: Any,
+        original: Callable[..., Any],
+        kwargs: dict[str, Any],
+    ) -> torch.Tensor:
+        """[B, queries, H, D]: the model's own attention in the rows before every batch row's
+        first recomputed one; later rows are for `_rows` to fill."""
+        batch, heads, queries, dim = query.shape
+        past = key.shape[2] - queries
+        if any(row is None for row in self.rows):
+            kept = queries
+        else:
+            kept = max(max(self._first_row(row) - past for row in self.rows if row is not None), 0)
+        # Causal rows read no key after their own, so those rows alone need computing. A mask
+        # the kernel builds itself (None) is aligned to the first key: only right without a past.
+        sliceable = (attention_mask is None and past == 0) or (
+            isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4
+        )
+        if kept >= queries or not sliceable:
+            whole: torch.Tensor = original(module, query, key, value, attention_mask, **kwargs)[0]
+            return whole.clone()
+        output = query.new_empty(batch, queries, heads, dim)
+        if kept:
+            width = past + kept
+            mask = None if attention_mask is None else attention_mask[:, :, :kept, :width]
+            output[:, :kept] = original(
+                module, query[:, :, :kept], key[:, :, :width], value[:, :, :width], mask, **kwargs
+            )[0]
         return output
 
     def _first_row(self, row: RowDocuments) -> int:
@@ -145,13 +180,7 @@ class PineHooks(DocumentAttentionHooks):
         raw_query = self._unrotate(query, query_positions, layer_type)
         raw_keys = self._unrotate(key[:, begin:end], positions[begin:end], layer_type)
         scores = grouped(raw_query, raw_keys.transpose(-1, -2)) * scaling  # [H, R, doc tokens]
-        importance = torch.stack(
-            [
-                scores[..., s - begin : e - begin].logsumexp(dim=-1) - lengths[d].log()
-                for d, (s, e) in enumerate(spans)
-            ],
-            dim=-1,
-        )  # [H, R, K]
+        importance = by_document(scores, spans, begin).logsumexp(dim=-1) - lengths.log()  # [H, R, K]
         own_mask = torch.nn.functional.one_hot(own_safe, len(spans)).bool() & in_docs[:, None]
         # Placed nearest the query: the most important document (PINE), or the least important
         # one (important_first, for models that read the start of their context best).
@@ -168,11 +197,15 @@ class PineHooks(DocumentAttentionHooks):
         # carry a different rounding error into each order).
         offsets = positions[begin:end] - natural_starts[key_doc[begin:end]]
         document_keys = self._rotate(raw_keys, offsets, layer_type)
-        distances = effective[None, :, None] - placed_starts  # [H, R, K]
-        per_document = self._rotate(raw_query[:, :, None], distances, layer_type)  # [H, R, K, D]
+        # [H, K, R]: document-major, so each document's queries are one contiguous block.
+        distances = effective[None, None, :] - placed_starts.transpose(1, 2)
+        # A smooth sort places documents between whole positions.
+        per_document = self._rotate(
+            raw_query[:, None], distances, layer_type, whole=self.softness == 0
+        )  # [H, K, R, D]
         for d, (s, e) in enumerate(spans):
             keys_here = document_keys[:, s - begin : e - begin]
-            pieces.append(grouped(per_document[:, :, d], keys_here.transpose(-1, -2)))
+            pieces.append(grouped(per_document[:, d], keys_here.transpose(-1, -2)))
         pieces.append(grouped(placed_query, key[:, end:].transpose(-1, -2)))
         logits = self.arch.soft_cap(self.model.config, torch.cat(pieces, dim=-1) * scaling)
 
@@ -199,19 +232,39 @@ class PineHooks(DocumentAttentionHooks):
         return torch.sigmoid(gap / self.softness).masked_fill(own_with_itself, 0.0)  # inf - inf there
 
     def _tables(
+        self, positions: torch.Tensor, like: torch.Tensor, layer_type: str | None, whole: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [..., D] at positions shaped like `like` without its last axis; `whole`:
+        the positions are whole numbers, read from a table made once per prefill and layer type
+        (the same value for a position wherever it is needed, and no trigonometry per query)."""
+        shape = (*positions.shape, like.shape[-1])
+        if not whole or not positions.numel() or positions.min() < 0:
+            cos, sin = self._angles(positions.reshape(1, -1), like, layer_type)
+            return cos.reshape(shape), sin.reshape(shape)
+        size = int(positions.max()) + 1
+        tables = self.per_prefill.setdefault("angles", {})
+        table_key = (layer_type, like.dtype, like.device)
+        if table_key not in tables or tables[table_key][0].shape[0] < size:
+            span = torch.arange(size, device=like.device, dtype=like.dtype)[None]
+            tables[table_key] = self._angles(span, like, layer_type)
+        cos_table, sin_table = tables[table_key]
+        index = positions.long()
+        return cos_table[index].reshape(shape), sin_table[index].reshape(shape)
+
+    def _angles(
         self, positions: torch.Tensor, like: torch.Tensor, layer_type: str | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [..., D] at any positions (shaped like `like` without its last axis)."""
+        """cos and sin [N, D] at positions [1, N], from the model's own rotary module."""
         rotary = self.arch.rotary(self.decoder)
-        flat = positions.reshape(1, -1)
         # `forward`, not the module call: the position hook must only see the model's own positions.
         extra = {"layer_type": layer_type} if layer_type is not None else {}
-        cos, sin = rotary.forward(like, flat, **extra)
-        shape = (*positions.shape, like.shape[-1])
-        return cos.to(like.dtype).reshape(shape), sin.to(like.dtype).reshape(shape)
+        cos, sin = rotary.forward(like, positions, **extra)
+        return cos.to(like.dtype)[0], sin.to(like.dtype)[0]
 
-    def _rotate(self, x: torch.Tensor, positions: torch.Tensor, layer_type: str | None) -> torch.Tensor:
-        cos, sin = self._tables(positions, x, layer_type)
+    def _rotate(
+        self, x: torch.Tensor, positions: torch.Tensor, layer_type: str | None, whole: bool = True
+    ) -> torch.Tensor:
+        cos, sin = self._tables(positions, x, layer_type, whole)
         return x * cos + self.rotate_half(x) * sin
 
     def _unrotate(self, x: torch.Tensor, positions: torch.Tensor, layer_type: str | None) -> torch.Tensor:
@@ -225,6 +278,17 @@ class PineHooks(DocumentAttentionHooks):
         config: Any = self.model.config
         layer_type: str = config.layer_types[layer]
         return layer_type
+
+
+def by_document(scores: torch.Tensor, spans: list[tuple[int, int]], begin: int) -> torch.Tensor:
+    """[..., doc tokens] -> [..., K, longest document]: each document's scores in a row of its
+    own, -inf after its end. One reduction then scores every document, and a document's row holds
+    the same values in the same places wherever it stands (so its rounding does too)."""
+    longest = max(end - start for start, end in spans)
+    rows = scores.new_full((*scores.shape[:-1], len(spans), longest), float("-inf"))
+    for d, (start, end) in enumerate(spans):
+        rows[..., d, : end - start] = scores[..., start - begin : end - begin]
+    return rows
 
 
 def grouped(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
