@@ -89,6 +89,7 @@ class PineHooks(DocumentAttentionHooks):
         for b, row in enumerate(self.rows):
             if row is None:
                 continue
+            document_keys = self._document_keys((layer, b), row, wide_keys[b], positions[b], layer_type)
             for first in range(max(self._first_row(row) - past, 0), queries, ROW_CHUNK):
                 last = min(first + ROW_CHUNK, queries)
                 attended = self._rows(
@@ -97,6 +98,7 @@ class PineHooks(DocumentAttentionHooks):
                     torch.arange(past + first, past + last, device=device),
                     wide_keys[b],
                     wide_values[b],
+                    document_keys,
                     positions[b],
                     padding[b],
                     scaling,
@@ -152,6 +154,7 @@ class PineHooks(DocumentAttentionHooks):
         index: torch.Tensor,  # [R]: each query's index among the keys
         key: torch.Tensor,  # [kv heads, keys, D], rotated at the natural positions
         value: torch.Tensor,  # [kv heads, keys, D]
+        document_keys: tuple[torch.Tensor, torch.Tensor],  # from `_document_keys`
         positions: torch.Tensor,  # [keys]
         padding: torch.Tensor,  # [keys] bool
         scaling: float,
@@ -163,7 +166,6 @@ class PineHooks(DocumentAttentionHooks):
         spans = list(zip(starts, [*starts[1:], row.end], strict=True))
         begin, end = row.start, row.end
         lengths = torch.tensor([float(e - s) for s, e in spans], device=device, dtype=query.dtype)
-        natural_starts = positions[torch.tensor(starts, device=device)]
         region_start = positions[begin]
         region_end = region_start + (end - begin)
 
@@ -178,7 +180,7 @@ class PineHooks(DocumentAttentionHooks):
         effective = torch.where(in_docs, moved, query_positions)  # [R]
 
         raw_query = self._unrotate(query, query_positions, layer_type)
-        raw_keys = self._unrotate(key[:, begin:end], positions[begin:end], layer_type)
+        raw_keys, placed_keys = document_keys
         scores = grouped(raw_query, raw_keys.transpose(-1, -2)) * scaling  # [H, R, doc tokens]
         importance = by_document(scores, spans, begin).logsumexp(dim=-1) - lengths.log()  # [H, R, K]
         own_mask = torch.nn.functional.one_hot(own_safe, len(spans)).bool() & in_docs[:, None]
@@ -191,12 +193,8 @@ class PineHooks(DocumentAttentionHooks):
         # Text before and after the documents keeps its positions; the query may have moved.
         placed_query = self._rotate(raw_query, effective, layer_type)
         pieces = [grouped(placed_query, key[:, :begin].transpose(-1, -2))]
-        # A document's keys are rotated at their offsets inside it and the query by its distance
-        # from where the document is placed: every angle is then the same in any order of the
-        # documents, and so is its rounding (the model's own angles, at natural positions, would
-        # carry a different rounding error into each order).
-        offsets = positions[begin:end] - natural_starts[key_doc[begin:end]]
-        document_keys = self._rotate(raw_keys, offsets, layer_type)
+        # The query is rotated by its distance from where each document is placed (see
+        # `_document_keys`).
         # [H, K, R]: document-major, so each document's queries are one contiguous block.
         distances = effective[None, None, :] - placed_starts.transpose(1, 2)
         # A smooth sort places documents between whole positions.
@@ -204,7 +202,7 @@ class PineHooks(DocumentAttentionHooks):
             raw_query[:, None], distances, layer_type, whole=self.softness == 0
         )  # [H, K, R, D]
         for d, (s, e) in enumerate(spans):
-            keys_here = document_keys[:, s - begin : e - begin]
+            keys_here = placed_keys[:, s - begin : e - begin]
             pieces.append(grouped(per_document[:, d], keys_here.transpose(-1, -2)))
         pieces.append(grouped(placed_query, key[:, end:].transpose(-1, -2)))
         logits = self.arch.soft_cap(self.model.config, torch.cat(pieces, dim=-1) * scaling)
@@ -219,6 +217,36 @@ class PineHooks(DocumentAttentionHooks):
         ) & padding[None]
         weights = torch.softmax(logits.masked_fill(~visible[None], float("-inf")), dim=-1)
         return grouped(weights, value)  # [H, R, D]
+
+    def _document_keys(
+        self,
+        cache_key: tuple[int, int],
+        row: RowDocuments,
+        key: torch.Tensor,  # [kv heads, keys, D], rotated at the natural positions
+        positions: torch.Tensor,  # [keys]
+        layer_type: str | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The documents' keys [kv heads, doc tokens, D] un-rotated (to score the documents), and
+        rotated at their offsets inside their document (to read them where they are placed).
+
+        Every angle is then the same in any order of the documents, and so is its rounding (the
+        model's own angles, at natural positions, would carry a different rounding error into
+        each order). They depend only on the layer and the batch row, so they are made once per
+        prefill (`cache_key`) and serve every chunk of rows and every generated token."""
+        made = self.per_prefill.setdefault("document_keys", {})
+        if cache_key not in made:
+            begin, end = row.start, row.end
+            starts = [start for start, _ in row.spans]
+            lengths = [following - start for start, following in zip(starts, [*starts[1:], end], strict=True)]
+            natural_starts = positions[torch.tensor(starts, device=key.device)]
+            # Separators between documents belong to the document before them.
+            offsets = positions[begin:end] - natural_starts.repeat_interleave(
+                torch.tensor(lengths, device=key.device)
+            )
+            raw_keys = self._unrotate(key[:, begin:end], positions[begin:end], layer_type)
+            made[cache_key] = raw_keys, self._rotate(raw_keys, offsets, layer_type)
+        cached: tuple[torch.Tensor, torch.Tensor] = made[cache_key]
+        return cached
 
     def _before(self, importance: torch.Tensor) -> torch.Tensor:
         """[H, R, K, K]: how far document e stands before (farther from the query than) document
