@@ -161,9 +161,8 @@ class PineHooks(DocumentAttentionHooks):
         layer_type: str | None,
     ) -> torch.Tensor:
         device = query.device
-        starts = [start for start, _ in row.spans]
-        # Separators between documents belong to the document before them.
-        spans = list(zip(starts, [*starts[1:], row.end], strict=True))
+        spans = document_blocks(row)
+        starts = [start for start, _ in spans]
         begin, end = row.start, row.end
         lengths = torch.tensor([float(e - s) for s, e in spans], device=device, dtype=query.dtype)
         region_start = positions[begin]
@@ -194,8 +193,7 @@ class PineHooks(DocumentAttentionHooks):
         placed_query = self._rotate(raw_query, effective, layer_type)
         pieces = [grouped(placed_query, key[:, :begin].transpose(-1, -2))]
         # The query is rotated by its distance from where each document is placed (see
-        # `_document_keys`).
-        # [H, K, R]: document-major, so each document's queries are one contiguous block.
+        # `_document_keys`); [H, K, R], document-major, so each document's queries are one block.
         distances = effective[None, None, :] - placed_starts.transpose(1, 2)
         # A smooth sort places documents between whole positions.
         per_document = self._rotate(
@@ -236,13 +234,10 @@ class PineHooks(DocumentAttentionHooks):
         made = self.per_prefill.setdefault("document_keys", {})
         if cache_key not in made:
             begin, end = row.start, row.end
-            starts = [start for start, _ in row.spans]
-            lengths = [following - start for start, following in zip(starts, [*starts[1:], end], strict=True)]
-            natural_starts = positions[torch.tensor(starts, device=key.device)]
-            # Separators between documents belong to the document before them.
-            offsets = positions[begin:end] - natural_starts.repeat_interleave(
-                torch.tensor(lengths, device=key.device)
-            )
+            blocks = document_blocks(row)
+            natural_starts = positions[torch.tensor([start for start, _ in blocks], device=key.device)]
+            lengths = torch.tensor([block_end - start for start, block_end in blocks], device=key.device)
+            offsets = positions[begin:end] - natural_starts.repeat_interleave(lengths)
             raw_keys = self._unrotate(key[:, begin:end], positions[begin:end], layer_type)
             made[cache_key] = raw_keys, self._rotate(raw_keys, offsets, layer_type)
         cached: tuple[torch.Tensor, torch.Tensor] = made[cache_key]
@@ -306,6 +301,13 @@ class PineHooks(DocumentAttentionHooks):
         config: Any = self.model.config
         layer_type: str = config.layer_types[layer]
         return layer_type
+
+
+def document_blocks(row: RowDocuments) -> list[tuple[int, int]]:
+    """Each document's [start, end) with the separator after it: text between two documents
+    belongs to the one before (the last ends where the documents do)."""
+    starts = [start for start, _ in row.spans]
+    return list(zip(starts, [*starts[1:], row.end], strict=True))
 
 
 def by_document(scores: torch.Tensor, spans: list[tuple[int, int]], begin: int) -> torch.Tensor:
