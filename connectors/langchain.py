@@ -61,6 +61,7 @@ from rag_mspoe.chat_template import DOCUMENT_SPANS
 from rag_mspoe.connectors.settings import EngineFields, aretrying, engine_settings, read_order, retrying
 from rag_mspoe.engine import ENGINE_DEFAULT, GenerationResult
 from rag_mspoe.json_output import check_schema, generate_json
+from rag_mspoe.token_logprobs import openai_chat_logprobs, openai_text_logprobs
 from rag_mspoe.tool_calls import ToolAnswer, astream_with_tools, generate_with_tools, stream_with_tools
 from rag_mspoe.tool_stream import ToolCallDelta
 
@@ -159,7 +160,13 @@ class EngineParams(EngineFields):
         if result.truncation is not None:
             metadata["truncated_tokens"] = result.truncation.removed_tokens
         metadata.update(read_order(result))
+        if result.logprobs is not None:  # streamed, all of them come with the last chunk
+            metadata["logprobs"] = self._logprobs(result)
         return metadata
+
+    def _logprobs(self, result: GenerationResult) -> dict[str, Any] | None:
+        """The answer's token log-probabilities in the shape langchain-openai's chat model gives."""
+        return openai_chat_logprobs(result.logprobs)
 
     def _ls_params(
         self, model_type: Literal["chat", "llm"], stop: list[str] | None, kwargs: Any
@@ -498,6 +505,10 @@ class RagMsPoELLM(EngineParams, BaseLLM):
             yield chunk
         assert stream.result is not None
         yield GenerationChunk(text="", generation_info=self._generation_info(stream.result))
+
+    def _logprobs(self, result: GenerationResult) -> dict[str, Any] | None:
+        """As langchain-openai's completion model gives them (the legacy completions shape)."""
+        return openai_text_logprobs(result.logprobs)
 
     def _generation_info(self, result: GenerationResult) -> dict[str, Any]:
         return {**self._response_metadata(result), "usage": dict(usage_metadata(result))}

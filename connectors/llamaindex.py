@@ -36,6 +36,7 @@ from llama_index.core.base.llms.types import (
     CompletionResponseAsyncGen,
     CompletionResponseGen,
     LLMMetadata,
+    LogProb,
     MessageRole,
     TextBlock,
     ToolCallBlock,
@@ -51,6 +52,7 @@ from rag_mspoe.chat_template import DOCUMENT_SPANS, Prompt
 from rag_mspoe.connectors.settings import EngineFields, aretrying, engine_settings, read_order, retrying
 from rag_mspoe.engine import GenerationResult
 from rag_mspoe.json_output import generate_json
+from rag_mspoe.token_logprobs import TokenLogprob
 from rag_mspoe.tool_calls import ToolAnswer, astream_with_tools, generate_with_tools, stream_with_tools
 from rag_mspoe.tool_stream import ToolCallDelta
 
@@ -369,12 +371,28 @@ class RagMsPoE(EngineFields, FunctionCallingLLM):
         message = ChatMessage(
             role=MessageRole.ASSISTANT, content=text, additional_kwargs={"tool_calls": calls} if calls else {}
         )
-        return ChatResponse(message=message, delta=delta, raw=self._raw(answer))
+        return ChatResponse(message=message, delta=delta, raw=self._raw(answer), logprobs=_logprobs(answer))
 
     def _completion_response(
         self, text: str, delta: str, result: GenerationResult | None
     ) -> CompletionResponse:
-        return CompletionResponse(text=text, delta=delta, raw=self._raw(result))
+        return CompletionResponse(text=text, delta=delta, raw=self._raw(result), logprobs=_logprobs(result))
+
+
+def _logprobs(answer: GenerationResult | ToolAnswer | None) -> list[list[LogProb]] | None:
+    """The answer's tokens as LlamaIndex holds them: per token, the chosen one, then the likeliest
+    others at its step. Streamed, they come with the last response."""
+    result = answer.result if isinstance(answer, ToolAnswer) else answer
+    if result is None or result.logprobs is None:
+        return None
+
+    def one(token: TokenLogprob) -> LogProb:
+        return LogProb(token=token.token, logprob=token.logprob, bytes=list(token.bytes))
+
+    return [
+        [one(token), *(one(other) for other in token.top if other.id != token.id)]
+        for token in result.logprobs
+    ]
 
 
 class _StreamedAnswer:

@@ -6,13 +6,14 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rag_mspoe.chat_template import DOCUMENT_SPANS
 from rag_mspoe.connectors.settings import read_order
 from rag_mspoe.engine import GenerationResult
 from rag_mspoe.grammar import Grammar
 from rag_mspoe.json_output import check_schema
+from rag_mspoe.token_logprobs import MAX_TOP_LOGPROBS, openai_chat_logprobs, openai_text_logprobs
 from rag_mspoe.tool_calls import ToolAnswer
 from rag_mspoe.tool_stream import ToolCallDelta
 
@@ -119,13 +120,28 @@ class _CompletionParams(_Request):
     def requested_tokens(self) -> int | None:
         return self.max_tokens
 
+    def logprob_alternatives(self) -> int | None:
+        """The engine's `logprobs` setting: None, or how many alternatives each token shows."""
+        raise NotImplementedError
+
 
 class ChatCompletionRequest(_CompletionParams):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
 
     def requested_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def logprob_alternatives(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     tools: list[ToolDef] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
@@ -186,6 +202,19 @@ class ChatCompletionRequest(_CompletionParams):
 class CompletionRequest(_CompletionParams):
     prompt: str | list[str]
     echo: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=5)  # the legacy API's limit
+
+    @model_validator(mode="after")
+    def _no_prompt_logprobs(self) -> CompletionRequest:
+        if self.echo and self.logprobs is not None:
+            raise ValueError(
+                "echo with logprobs would need the prompt's log-probabilities, which are not offered; "
+                "send echo or logprobs, not both"
+            )
+        return self
+
+    def logprob_alternatives(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt")
     @classmethod
@@ -223,7 +252,7 @@ def chat_completion(result: GenerationResult, model: str) -> dict[str, Any]:
                 "index": 0,
                 "message": {"role": "assistant", "content": result.text},
                 "finish_reason": result.finish_reason,
-                "logprobs": None,
+                "logprobs": openai_chat_logprobs(result.logprobs),
                 **read_order(result),  # an extra field OpenAI clients ignore
             }
         ],
@@ -263,7 +292,7 @@ def text_completion(result: GenerationResult, model: str, prefix: str = "") -> d
                 "index": 0,
                 "text": prefix + result.text,
                 "finish_reason": result.finish_reason,
-                "logprobs": None,
+                "logprobs": openai_text_logprobs(result.logprobs),
                 **read_order(result),  # an extra field OpenAI clients ignore
             }
         ],
@@ -271,13 +300,15 @@ def text_completion(result: GenerationResult, model: str, prefix: str = "") -> d
     }
 
 
-def chat_chunk(chunk_id: str, model: str, delta: dict[str, Any]) -> dict[str, Any]:
+def chat_chunk(
+    chunk_id: str, model: str, delta: dict[str, Any], logprobs: dict[str, Any] | None = None
+) -> dict[str, Any]:
     return {
         "id": chunk_id,
         "object": "chat.completion.chunk",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}],
+        "choices": [{"index": 0, "delta": delta, "finish_reason": None, "logprobs": logprobs}],
     }
 
 
@@ -291,13 +322,15 @@ def final_chat_chunk(
     return chunk
 
 
-def text_chunk(chunk_id: str, model: str, text: str) -> dict[str, Any]:
+def text_chunk(
+    chunk_id: str, model: str, text: str, logprobs: dict[str, Any] | None = None
+) -> dict[str, Any]:
     return {
         "id": chunk_id,
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "text": text, "finish_reason": None, "logprobs": None}],
+        "choices": [{"index": 0, "text": text, "finish_reason": None, "logprobs": logprobs}],
     }
 
 

@@ -16,6 +16,9 @@ With `tools`, calls come back in the OpenAI shape; streamed, as `delta.tool_call
 id, type and name first, then the arguments' JSON in fragments) ending in finish_reason "tool_calls".
 Every request first passes `request_guard` (Host, Origin, API key, body size and deadline).
 A client that goes away has its generation stopped at the next token, or never started.
+`logprobs` (chat: with `top_logprobs`, up to 20 alternatives; completions: up to 5) gives each
+answer token's log-probability under the model, before temperature, top_p and a response_format's
+grammar; streamed, each chunk carries the tokens that start in its text.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from rag_mspoe.engine import (
 )
 from rag_mspoe.loading import model_display_name
 from rag_mspoe.methods import CALIBRATED, NAMED_METHODS, MethodConfig, method_name, parse_method
+from rag_mspoe.token_logprobs import openai_chat_logprobs, openai_text_logprobs
 from rag_mspoe.tool_calls import astream_with_tools, generate_with_tools
 
 DEFAULT_MAX_TOKENS = 256
@@ -221,6 +225,7 @@ def create_app(
             "raw": raw,
             "timeout": request_timeout_s,
             "method": method,
+            "logprobs": body.logprob_alternatives(),
         }
 
     def too_long(prompt_field: str) -> ApiError:
@@ -362,7 +367,8 @@ def create_app(
         async def events() -> AsyncIterator[dict[str, Any]]:
             yield schema.chat_chunk(chunk_id, body.model, {"role": "assistant", "content": ""})
             async for piece in stream:
-                yield schema.chat_chunk(chunk_id, body.model, {"content": piece})
+                logprobs = openai_chat_logprobs(piece.tokens) if body.logprobs else None
+                yield schema.chat_chunk(chunk_id, body.model, {"content": piece}, logprobs)
             assert stream.result is not None
             yield schema.final_chat_chunk(chunk_id, body.model, stream.result, stream.result.finish_reason)
             if include_usage:
@@ -421,7 +427,8 @@ def create_app(
             if prefix:
                 yield schema.text_chunk(chunk_id, body.model, prefix)
             async for piece in stream:
-                yield schema.text_chunk(chunk_id, body.model, piece)
+                logprobs = openai_text_logprobs(piece.tokens) if body.logprobs is not None else None
+                yield schema.text_chunk(chunk_id, body.model, piece, logprobs)
             assert stream.result is not None
             yield schema.final_text_chunk(chunk_id, body.model, stream.result)
             if include_usage:

@@ -11,9 +11,21 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from rag_mspoe.engine import ENGINE_DEFAULT, Engine, GenerationResult, GenerationTimeout, shared_engine
+from rag_mspoe.token_logprobs import MAX_TOP_LOGPROBS
 
 # Settings a single call may override, by the names the adapters use for their fields.
-PER_CALL_SETTINGS = ("temperature", "max_tokens", "top_p", "seed", "stop", "method", "truncate", "timeout")
+PER_CALL_SETTINGS = (
+    "temperature",
+    "max_tokens",
+    "top_p",
+    "seed",
+    "stop",
+    "method",
+    "truncate",
+    "timeout",
+    "logprobs",
+    "top_logprobs",
+)
 
 T = TypeVar("T")
 
@@ -31,6 +43,13 @@ def engine_settings(adapter: Any, overrides: dict[str, Any]) -> dict[str, Any]:
     if "method" not in overrides:
         value["method"] = adapter.method_config  # resolved once, when the adapter was made
     value["max_new_tokens"] = value.pop("max_tokens")
+    # OpenAI's two fields, as the engine's one: None, or how many alternatives each token shows.
+    if not isinstance(value["logprobs"], bool):
+        raise TypeError(
+            f"logprobs is True or False (top_logprobs says how many alternatives), got {value['logprobs']!r}."
+        )
+    top = value.pop("top_logprobs")
+    value["logprobs"] = (top or 0) if value["logprobs"] else None
     return value
 
 
@@ -100,6 +119,17 @@ class EngineFields(BaseModel):
     )
     timeout: float | None = Field(default=None, gt=0, description="Seconds per attempt, waiting included.")
     max_retries: int = Field(default=0, ge=0, description="Retries of a non-streaming call that timed out.")
+    logprobs: bool = Field(
+        default=False,
+        description="Give each answer token's log-probability (before temperature, top_p and grammar), in "
+        "the OpenAI shape.",
+    )
+    top_logprobs: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_TOP_LOGPROBS,
+        description="With logprobs: the likeliest tokens at each step.",
+    )
 
     _method_config: Any = PrivateAttr(default=ENGINE_DEFAULT)
 

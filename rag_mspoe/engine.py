@@ -43,7 +43,8 @@ from rag_mspoe.engine_types import (
     Truncation,
 )
 from rag_mspoe.method_spec import MethodSpec
-from rag_mspoe.text_stream import AsyncTextStream, TextStream
+from rag_mspoe.text_stream import AsyncTextStream, TextPiece, TextStream
+from rag_mspoe.token_logprobs import TokenLogprob
 
 __all__ = [
     "ENGINE_DEFAULT",
@@ -59,7 +60,9 @@ __all__ = [
     "MethodSpec",
     "Prefill",
     "PromptTooLongError",
+    "TextPiece",
     "TextStream",
+    "TokenLogprob",
     "Truncation",
     "shared_engine",
 ]

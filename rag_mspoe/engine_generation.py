@@ -30,6 +30,7 @@ from rag_mspoe.grammar import Grammar, GrammarProcessor, grammar_tokenizer
 from rag_mspoe.method_config import method_name
 from rag_mspoe.stopping import GenerationWatch, TextTracker
 from rag_mspoe.text_stream import AsyncTextStream, End, StreamOutlet, TextStream
+from rag_mspoe.token_logprobs import LogprobRecorder
 
 
 @dataclass(frozen=True)
@@ -208,9 +209,13 @@ class GeneratingEngine(EngineBase):
         the row ends (a row dropped by its cancel event gets none)."""
         deadline = None if config.timeout is None else time.monotonic() + config.timeout
         # Built before taking the model: compiling a grammar needs no model, and must not hold up others.
-        constraints = (
+        constraints: list[Any] = (
             [] if config.grammar is None else [self._grammar_processor(config.grammar, len(prepared))]
         )
+        # First, so it records the model's own distribution, before any grammar mask.
+        recorder = None if config.logprobs is None else LogprobRecorder(config.logprobs, self._token_bytes())
+        if recorder is not None:
+            constraints.insert(0, recorder)
         if not self._wait_for_model(deadline, cancel, [outlet.cancel for outlet in outlets]):
             raise GenerationTimeout(
                 f"Waited {config.timeout} s for the model, busy with other requests; raise timeout or retry."
@@ -225,7 +230,9 @@ class GeneratingEngine(EngineBase):
                 rest = tracker.take_rest()
                 if rest:
                     outlets[row].put(rest)
-            results[row] = self._result(prepared[row], tracker, shown if shown is not None else method)
+            results[row] = self._result(
+                prepared[row], tracker, shown if shown is not None else method, recorder is not None
+            )
             if on_row_end is not None:
                 on_row_end(row, results[row])
 
@@ -236,6 +243,7 @@ class GeneratingEngine(EngineBase):
                 on_row_end=finish,
                 cancel=cancel,
                 deadline=deadline,
+                recorder=recorder,
             )
             spans = [item.spans for item in prepared]
             with self._method_applied(method, spans), self._seeded(config.seed), torch.inference_mode():
@@ -263,7 +271,7 @@ class GeneratingEngine(EngineBase):
         return [results[row] for row in sorted(results)]
 
     @staticmethod
-    def _result(item: _Prepared, tracker: TextTracker, method: Any) -> GenerationResult:
+    def _result(item: _Prepared, tracker: TextTracker, method: Any, logprobs: bool) -> GenerationResult:
         return GenerationResult(
             text=tracker.text,
             prompt_tokens=len(item.ids),
@@ -271,6 +279,7 @@ class GeneratingEngine(EngineBase):
             finish_reason="stop" if tracker.done else "length",
             method=method_name(method),
             truncation=item.truncation,
+            logprobs=tracker.answer_tokens() if logprobs else None,
         )
 
     def _wait_for_model(
@@ -302,10 +311,21 @@ class GeneratingEngine(EngineBase):
                 return False
 
     def _grammar_processor(self, grammar: Grammar, rows: int) -> GrammarProcessor:
-        vocab_size = int(self.model.get_output_embeddings().weight.shape[0])  # the width of the logits
         with self._tokenizer_lock:
-            tokenizer = grammar_tokenizer(self.tokenizer, vocab_size, self._eos_ids)
+            tokenizer = grammar_tokenizer(self.tokenizer, self._vocab_size(), self._eos_ids)
         return GrammarProcessor(grammar, tokenizer, rows)
+
+    def _token_bytes(self) -> Callable[[int], bytes]:
+        """A token id's bytes: exact from a fast tokenizer (a token may hold part of a character),
+        else what decoding the token alone gives."""
+        if getattr(self.tokenizer, "is_fast", False):
+            with self._tokenizer_lock:
+                vocabulary = grammar_tokenizer(self.tokenizer, self._vocab_size(), self._eos_ids)
+            return lambda token_id: vocabulary.decode_bytes([token_id])
+        return lambda token_id: self.tokenizer.decode([token_id]).encode("utf-8")
+
+    def _vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])  # the width of the logits
 
     def _batch(self, prepared: list[_Prepared]) -> dict[str, torch.Tensor]:
         """Left-padded input ids and attention mask, so every row ends where generation begins."""

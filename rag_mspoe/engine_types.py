@@ -13,6 +13,7 @@ import torch
 
 from rag_mspoe.grammar import Grammar
 from rag_mspoe.method_spec import MethodSpec
+from rag_mspoe.token_logprobs import TokenLogprob, check_top_logprobs
 
 FinishReason = Literal["stop", "length"]
 
@@ -66,6 +67,8 @@ class GenerationResult:
     # its order, the index of that document in the prompt given; cite by it ('Document [1]' of the
     # answer is documents_read[0] of the given documents).
     documents_read: tuple[int, ...] | None = None
+    # With the `logprobs` setting: the tokens that wrote `text`, with their log-probabilities.
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,8 @@ class GenerationSettings:
     timeout: float | None = None  # seconds for the whole call, waiting for the model included
     grammar: Grammar | None = None  # what the answer must match (rag_mspoe.grammar); None: free text
     tools: tuple[Mapping[str, Any], ...] = ()  # OpenAI-style tools shown to the model by the chat template
+    # None: no log-probabilities; k (0-20): each answer token's, and its step's k likeliest tokens.
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -114,6 +119,7 @@ class GenerationSettings:
         if isinstance(self.tools, Mapping) or not all(isinstance(t, Mapping) for t in self.tools or ()):
             raise TypeError(f"tools must be a list of tool dicts, got {self.tools!r}.")
         object.__setattr__(self, "tools", tuple(self.tools or ()))
+        check_top_logprobs(self.logprobs)
 
     @classmethod
     def of(cls, settings: dict[str, Any]) -> GenerationSettings:

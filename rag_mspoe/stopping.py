@@ -9,6 +9,7 @@ on cancellation or a deadline.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -17,7 +18,8 @@ from typing import Any
 import torch
 from transformers import StoppingCriteria
 
-from rag_mspoe.text_stream import StreamOutlet
+from rag_mspoe.text_stream import StreamOutlet, TextPiece
+from rag_mspoe.token_logprobs import LogprobRecorder, TokenLogprob
 
 _INCOMPLETE_CHAR = "\ufffd"  # what decode gives for a multi-byte character cut in the middle
 
@@ -39,6 +41,11 @@ class TextTracker:
         self._stop_at: int | None = None
         self._emitted = 0
         self.ended_by_eos = False
+        # Where each token's text starts in `_text` (a token holding part of a character starts
+        # where the character will), and the tokens' log-probabilities when they are recorded.
+        self._starts: list[int] = []
+        self._entries: list[TokenLogprob] = []
+        self._tokens_handed = 0
 
     @property
     def n_tokens(self) -> int:
@@ -58,10 +65,13 @@ class TextTracker:
         """The final text so far: everything decoded, cut before the first stop string."""
         return self._text if self._stop_at is None else self._text[: self._stop_at]
 
-    def push(self, token_id: int) -> None:
+    def push(self, token_id: int, entry: TokenLogprob | None = None) -> None:
         if self.done:
             return
         self._ids.append(token_id)
+        self._starts.append(len(self._text))
+        if entry is not None:
+            self._entries.append(entry)
         if token_id in self._eos_ids:
             self.ended_by_eos = True
             return
@@ -72,18 +82,35 @@ class TextTracker:
         if not self.done:
             self._append(self._decode_new(final=True))
 
-    def take_streamable(self) -> str:
+    def take_streamable(self) -> TextPiece:
         """Text not handed out before that can no longer change or turn out to be a stop string."""
         limit = len(self.text) if self.done else len(self._text) - unfinished_tail(self._text, self._stop)
-        piece = self.text[self._emitted : limit]
-        self._emitted = max(self._emitted, limit)
-        return piece
+        return self._take(limit)
 
-    def take_rest(self) -> str:
+    def take_rest(self) -> TextPiece:
         """Everything not handed out yet; call once generation has ended (after `flush`)."""
-        piece = self.text[self._emitted :]
-        self._emitted = len(self.text)
-        return piece
+        return self._take(len(self.text))
+
+    def answer_tokens(self) -> tuple[TokenLogprob, ...]:
+        """The recorded tokens that wrote the final text (one that also began a stop string
+        included; the end-of-turn token and tokens after a stop string left out)."""
+        written = sum(1 for start in self._starts if start < len(self.text))
+        return self._with_offsets(0, min(written, len(self._entries)))
+
+    def _take(self, end: int) -> TextPiece:
+        """The text from the last piece handed out to `end`, with the recorded tokens starting in it."""
+        text = self.text[self._emitted : end]
+        first = self._tokens_handed
+        while self._tokens_handed < len(self._entries) and self._starts[self._tokens_handed] < end:
+            self._tokens_handed += 1
+        self._emitted = max(self._emitted, end)
+        return TextPiece(text, self._with_offsets(first, self._tokens_handed))
+
+    def _with_offsets(self, first: int, end: int) -> tuple[TokenLogprob, ...]:
+        return tuple(
+            dataclasses.replace(entry, text_offset=start)
+            for entry, start in zip(self._entries[first:end], self._starts[first:end], strict=True)
+        )
 
     def _decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
@@ -126,7 +153,8 @@ class GenerationWatch(StoppingCriteria):
     reader has gone). on_row_end(row) is called once for each row that ends before the batch does
     (by EOS or a stop string), so its stream can close without waiting for the longest answer.
     Setting `cancel` or passing the deadline (time.monotonic() seconds) ends every row at the
-    next step.
+    next step. With a recorder (the call's first logits processor), each row's tokens get their
+    log-probabilities, in the result and in the streamed pieces.
     """
 
     def __init__(
@@ -137,8 +165,10 @@ class GenerationWatch(StoppingCriteria):
         on_row_end: Callable[[int], None] | None = None,
         cancel: threading.Event | None = None,
         deadline: float | None = None,
+        recorder: LogprobRecorder | None = None,
     ):
         self.trackers = list(trackers)
+        self._recorder = recorder
         self._outlets = list(outlets)
         if self._outlets and len(self._outlets) != len(self.trackers):
             raise ValueError(f"outlets need one entry per row ({len(self.trackers)}), or none.")
@@ -152,8 +182,11 @@ class GenerationWatch(StoppingCriteria):
         return bool(self._outlets) and self._outlets[row].cancel.is_set()
 
     def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
-        for tracker, token_id in zip(self.trackers, input_ids[:, -1].tolist(), strict=True):
-            tracker.push(token_id)
+        for row, (tracker, token_id) in enumerate(zip(self.trackers, input_ids[:, -1].tolist(), strict=True)):
+            entry = None
+            if self._recorder is not None and not tracker.done:  # a finished row gets padding
+                entry = self._recorder.entry(row, token_id)
+            tracker.push(token_id, entry)
         for row, outlet in enumerate(self._outlets):
             if not outlet.cancel.is_set():
                 piece = self.trackers[row].take_streamable()

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
 from rag_mspoe.engine_types import GenerationResult
+from rag_mspoe.token_logprobs import TokenLogprob
 
 # How a stream's owner starts the worker: it gets the stream's `put` and its cancel event.
 Start = Callable[[Callable[[object], None], threading.Event], None]
@@ -22,6 +23,18 @@ class StreamOutlet:
 
     put: Callable[[object], None]
     cancel: threading.Event
+
+
+class TextPiece(str):
+    """A streamed piece of text; `tokens` are the generated tokens that start in it, with their
+    log-probabilities, when the call asked for them (`logprobs=`), else empty."""
+
+    tokens: tuple[TokenLogprob, ...]
+
+    def __new__(cls, text: str, tokens: tuple[TokenLogprob, ...] = ()) -> TextPiece:
+        piece = super().__new__(cls, text)
+        piece.tokens = tokens
+        return piece
 
 
 class End:
@@ -38,14 +51,14 @@ class _Stream:
         self.result: GenerationResult | None = None
         self._cancel = threading.Event()
 
-    def _piece(self, item: object) -> str | None:
+    def _piece(self, item: object) -> TextPiece | None:
         """The text an item carries; None at the end (`result` is then set). Raises what the worker raised."""
         if isinstance(item, End):
             self.result = item.result
             return None
         if isinstance(item, BaseException):
             raise item
-        return str(item)
+        return item if isinstance(item, TextPiece) else TextPiece(str(item))
 
     def close(self) -> None:
         self._cancel.set()
@@ -66,7 +79,7 @@ class TextStream(_Stream):
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         start(self._queue.put, self._cancel)
 
-    def __iter__(self) -> Iterator[str]:
+    def __iter__(self) -> Iterator[TextPiece]:
         try:
             while (piece := self._piece(self._queue.get())) is not None:
                 yield piece
@@ -90,7 +103,7 @@ class AsyncTextStream(_Stream):
 
         start(put, self._cancel)
 
-    async def __aiter__(self) -> AsyncIterator[str]:
+    async def __aiter__(self) -> AsyncIterator[TextPiece]:
         try:
             while (piece := self._piece(await self._queue.get())) is not None:
                 yield piece

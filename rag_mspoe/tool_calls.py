@@ -245,6 +245,11 @@ def _engine_settings(
         raise TypeError(f"Tool calling sets {taken} itself; leave them out.")
     if mode == "none":
         return checked, {**settings, "tools": checked}
+    if settings.get("logprobs") is not None:
+        raise ValueError(
+            "logprobs cannot be combined with tools the model may call (a call's tokens are not the "
+            "answer's text); drop logprobs, or pass tool_choice='none'."
+        )
     # A named tool is called once, as in the OpenAI API; otherwise several calls may follow each other.
     parallel = parallel_tool_calls and tool_choice in ("auto", "required")
     fmt = tool_format.format_for(engine.tokenizer)

@@ -37,3 +37,16 @@ def qwen_tokenizer():
     except (RuntimeError, ValueError, OSError) as exc:
         pytest.skip(f"the embedded Qwen2.5-Coder-0.5B is not installed: {exc}")
     return AutoTokenizer.from_pretrained(folder)
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(embedded):
+    """An engine over a tiny random Llama with the real SmolLM2 tokenizer; large random weights
+    give a peaked, varied distribution, so changes show in the output."""
+    from tiny_models import tiny_model
+
+    from rag_mspoe.engine import Engine
+
+    tokenizer = embedded[1]
+    model = tiny_model("llama", vocab_size=len(tokenizer), max_position_embeddings=256, initializer_range=0.3)
+    return Engine(model, tokenizer, name="tiny-llama")

@@ -17,6 +17,13 @@ from rag_mspoe.engine import Engine  # noqa: E402
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 HI = b'{"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "hi"}]'
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -241,3 +248,80 @@ def test_langchain_chat_openai_against_the_server(base_url, engine):
         max_retries=0,
     )
     assert "paris" in chat.invoke("What is the capital of France?").content.lower()
+
+
+# Token log-probabilities, in the OpenAI shapes.
+
+
+def test_chat_logprobs_match_the_engine_and_spell_the_content(client, engine):
+    choice = client.chat.completions.create(
+        model=engine.name, messages=QUESTION, max_tokens=12, temperature=0, logprobs=True, top_logprobs=2
+    ).choices[0]
+    content = choice.logprobs.content
+    assert "".join(t.token for t in content) == choice.message.content
+    assert all(len(t.top_logprobs) == 2 and t.top_logprobs[0].token == t.token for t in content)
+    assert bytes(b for t in content for b in t.bytes).decode() == choice.message.content
+    direct = engine.generate(QUESTION, max_new_tokens=12, logprobs=2).logprobs
+    assert [t.logprob for t in content] == pytest.approx([t.logprob for t in direct], abs=1e-4)
+
+
+def test_streamed_chat_logprobs_add_up_to_the_whole_answers(client, engine):
+    kwargs = dict(model=engine.name, messages=QUESTION, max_tokens=12, temperature=0, logprobs=True)
+    whole = client.chat.completions.create(**kwargs).choices[0].logprobs.content
+    chunks = [c for c in client.chat.completions.create(stream=True, **kwargs) if c.choices]
+    streamed = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert [(t.token, round(t.logprob, 4)) for t in streamed] == [
+        (t.token, round(t.logprob, 4)) for t in whole
+    ]
+    assert all(not t.top_logprobs for t in streamed)  # none asked for
+
+
+def test_chat_without_logprobs_gets_none(client, engine):
+    choice = client.chat.completions.create(model=engine.name, messages=QUESTION, max_tokens=4).choices[0]
+    assert choice.logprobs is None
+
+
+def test_completion_logprobs_in_the_legacy_shape(client, engine):
+    prompt = "Count: one, two, three,"
+    choice = client.completions.create(
+        model=engine.name, prompt=prompt, max_tokens=10, temperature=0, logprobs=3, stop=["five"]
+    ).choices[0]
+    logprobs = choice.logprobs
+    # The token that began the stop string wrote part of the text: it is there, the text cut in it.
+    assert "".join(logprobs.tokens).startswith(choice.text) and "five" not in choice.text
+    assert logprobs.text_offset[-1] < len(choice.text)
+    assert logprobs.text_offset == sorted(logprobs.text_offset) and logprobs.text_offset[0] == 0
+    assert all(len(top) <= 3 and max(top.values()) <= 0 for top in logprobs.top_logprobs)
+    streamed = [
+        c.choices[0].logprobs
+        for c in client.completions.create(
+            model=engine.name,
+            prompt=prompt,
+            max_tokens=10,
+            temperature=0,
+            logprobs=3,
+            stop=["five"],
+            stream=True,
+        )
+        if c.choices and c.choices[0].logprobs
+    ]
+    assert [t for part in streamed for t in part.tokens] == logprobs.tokens
+    assert [o for part in streamed for o in part.text_offset] == logprobs.text_offset
+
+
+@pytest.mark.parametrize(
+    "path, extra, param",
+    [
+        ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs"),
+        ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ("/v1/chat/completions", {"logprobs": True, "tools": [WEATHER_TOOL]}, "logprobs"),
+        ("/v1/completions", {"logprobs": 6}, "logprobs"),
+        ("/v1/completions", {"logprobs": 1, "echo": True}, "echo"),
+    ],
+)
+def test_requests_that_cannot_have_logprobs_get_a_400_naming_why(base_url, engine, path, extra, param):
+    body = {"model": engine.name, "max_tokens": 4, **extra}
+    body.update({"messages": QUESTION} if "chat" in path else {"prompt": "Hello"})
+    response = httpx.post(f"{base_url}{path}", json=body)
+    assert response.status_code == 400, response.text
+    assert param in response.json()["error"]["message"] + str(response.json()["error"]["param"])
