@@ -53,7 +53,7 @@ from rag_mspoe.engine import (
 from rag_mspoe.loading import model_display_name
 from rag_mspoe.methods import CALIBRATED, NAMED_METHODS, MethodConfig, method_name, parse_method
 from rag_mspoe.token_logprobs import openai_chat_logprobs, openai_text_logprobs
-from rag_mspoe.tool_calls import astream_with_tools, generate_with_tools
+from rag_mspoe.tool_calls import AsyncToolStream, ToolAnswer, plan_tools
 
 DEFAULT_MAX_TOKENS = 256
 T = TypeVar("T")
@@ -170,7 +170,8 @@ def create_app(
     none); past it a request gets a 503. A client that disconnects has its generation stopped
     at the next token, or never started if it was still waiting.
     max_batch_size: greedy requests with equal settings run together in batches of up to this
-    many, streamed ones with streamed ones (1: one at a time; requests with tools run alone);
+    many, streamed ones with streamed ones, those offering tools with those offering the same tools
+    (1: one at a time);
     batch_wait_ms: how long the first waits for others to join it."""
     routes = ModelRoutes(engine, extra_methods)
     batcher = RequestBatcher(engine, max_batch_size, batch_wait_ms / 1000)
@@ -379,20 +380,19 @@ def create_app(
     async def tool_reply(
         request: Request, body: schema.ChatCompletionRequest, options: dict[str, Any]
     ) -> Any:
-        """An answer that may call tools; streamed, its calls come as OpenAI's delta.tool_calls."""
-        arguments = tool_arguments(body, options)
+        """An answer that may call tools; streamed, its calls come as OpenAI's delta.tool_calls.
+        Requests offering the same tools with the same settings batch like any others."""
+        with client_errors("messages", tools=True):
+            plan = plan_tools(engine, body.prompt(), **tool_arguments(body, options))
         if not body.stream:
-            reply = await answer(
-                request,
-                lambda cancel: asyncio.to_thread(
-                    generate_with_tools, engine, body.prompt(), cancel=cancel, **arguments
-                ),
-                "messages",
-                tools=True,
-            )
+
+            async def start(cancel: threading.Event) -> ToolAnswer:
+                return plan.answer(await batcher.generate(plan.prompt, plan.settings, cancel))
+
+            reply = await answer(request, start, "messages", tools=True)
             return schema.tool_call_completion(reply, body.model)
         with client_errors("messages", tools=True):
-            stream = astream_with_tools(engine, body.prompt(), **arguments)
+            stream = AsyncToolStream(batcher.stream(plan.prompt, plan.settings), plan)
         chunk_id = schema.new_id("chatcmpl")
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 

@@ -23,7 +23,8 @@ a response template, else by `tool_format.parse_calls` (`tool_parsing`).
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+import threading
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,7 +122,42 @@ def resolve_choice(
     return "required", named
 
 
-def generate_with_tools(
+@dataclass(frozen=True)
+class ToolPlan:
+    """How one conversation's answer may call tools: the engine settings that show the tools (and,
+    unless tool_choice is "none", hold the calls to the grammar of their schemas), and how the
+    generated text becomes a `ToolAnswer`. Plans for the same tools and settings have equal
+    `settings`, so their prompts can run as one batch (`Engine.generate_batch`, `run_streams`)."""
+
+    engine: Engine
+    prompt: Prompt
+    tools: list[dict[str, Any]]  # checked
+    settings: dict[str, Any]  # the engine's generate() arguments
+
+    def splitter(self) -> CallSplitter | None:
+        """What tells a stream's text from its calls; None when the model may not call tools."""
+        if "grammar" not in self.settings:
+            return None
+        return CallSplitter(tool_names=[tool["function"]["name"] for tool in self.tools])
+
+    def answer(self, result: GenerationResult, splitter: CallSplitter | None = None) -> ToolAnswer:
+        """The generated result as text and calls; a streamed answer's calls keep the ids its
+        splitter gave them."""
+        if "grammar" not in self.settings:
+            return ToolAnswer(result.text, (), result)
+        content, calls = tool_parsing.parse_answer(
+            self.engine.tokenizer, result.text, self.prompt, self.tools
+        )
+        ids = list(splitter.ids if splitter is not None else ())
+        named = ids[: len(calls)] + [new_call_id() for _ in calls[len(ids) :]]
+        return ToolAnswer(
+            content,
+            tuple(ToolCall(call_id, name, args) for call_id, (name, args) in zip(named, calls, strict=True)),
+            result,
+        )
+
+
+def plan_tools(
     engine: Engine,
     prompt: Prompt,
     tools: Sequence[Mapping[str, Any]],
@@ -129,14 +165,43 @@ def generate_with_tools(
     tool_choice: ToolChoice = "auto",
     parallel_tool_calls: bool = True,
     **settings: Any,
+) -> ToolPlan:
+    """Check the tools and the choice, and settle the engine's settings for an answer that may
+    call them (settings are the engine's generate() arguments)."""
+    checked = check_tools(tools)
+    mode, callable_tools = resolve_choice(tool_choice, checked)
+    taken = sorted({"grammar", "tools", "prefix", "raw"} & set(settings))
+    if taken:
+        raise TypeError(f"Tool calling sets {taken} itself; leave them out.")
+    if mode == "none":
+        return ToolPlan(engine, prompt, checked, {**settings, "tools": checked})
+    if settings.get("logprobs") is not None:
+        raise ValueError(
+            "logprobs cannot be combined with tools the model may call (a call's tokens are not the "
+            "answer's text); drop logprobs, or pass tool_choice='none'."
+        )
+    # A named tool is called once, as in the OpenAI API; otherwise several calls may follow each other.
+    parallel = parallel_tool_calls and tool_choice in ("auto", "required")
+    fmt = tool_format.format_for(engine.tokenizer)
+    grammar = tool_grammar.call_grammar(engine.tokenizer, fmt, callable_tools, mode, parallel)  # type: ignore[arg-type]
+    return ToolPlan(engine, prompt, checked, {**settings, "tools": checked, "grammar": grammar})
+
+
+def generate_with_tools(
+    engine: Engine,
+    prompt: Prompt,
+    tools: Sequence[Mapping[str, Any]],
+    *,
+    tool_choice: ToolChoice = "auto",
+    parallel_tool_calls: bool = True,
+    cancel: threading.Event | None = None,
+    **settings: Any,
 ) -> ToolAnswer:
-    """Answer a conversation that offers tools; settings are the engine's generate() arguments
-    (cancel included)."""
-    checked, call = _engine_settings(engine, tools, tool_choice, parallel_tool_calls, settings)
-    result = engine.generate(prompt, **call)
-    if "grammar" not in call:
-        return ToolAnswer(result.text, (), result)
-    return _answer(engine, prompt, checked, result, ())
+    """Answer a conversation that offers tools; settings are the engine's generate() arguments."""
+    plan = plan_tools(
+        engine, prompt, tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls, **settings
+    )
+    return plan.answer(engine.generate(prompt, cancel=cancel, **plan.settings))
 
 
 def stream_with_tools(
@@ -150,10 +215,10 @@ def stream_with_tools(
 ) -> ToolStream:
     """`generate_with_tools`, streamed: text pieces and `ToolCallDelta`s as they are generated,
     then `.answer`, the answer `generate_with_tools` gives, with the streamed calls' ids."""
-    checked, call = _engine_settings(engine, tools, tool_choice, parallel_tool_calls, settings)
-    stream = engine.stream(prompt, **call)
-    splitter = _splitter(checked) if "grammar" in call else None
-    return ToolStream(stream, splitter, lambda result: _finished(engine, prompt, checked, result, splitter))
+    plan = plan_tools(
+        engine, prompt, tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls, **settings
+    )
+    return ToolStream(engine.stream(prompt, **plan.settings), plan)
 
 
 def astream_with_tools(
@@ -166,12 +231,10 @@ def astream_with_tools(
     **settings: Any,
 ) -> AsyncToolStream:
     """`stream_with_tools` for `async for`; must be called inside a running event loop."""
-    checked, call = _engine_settings(engine, tools, tool_choice, parallel_tool_calls, settings)
-    stream = engine.astream(prompt, **call)
-    splitter = _splitter(checked) if "grammar" in call else None
-    return AsyncToolStream(
-        stream, splitter, lambda result: _finished(engine, prompt, checked, result, splitter)
+    plan = plan_tools(
+        engine, prompt, tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls, **settings
     )
+    return AsyncToolStream(engine.astream(prompt, **plan.settings), plan)
 
 
 class ToolStream:
@@ -180,9 +243,9 @@ class ToolStream:
     Leaving the loop early (or `close()`) stops the generation at the next token.
     """
 
-    def __init__(self, stream: TextStream, splitter: CallSplitter | None, finish: _Finish) -> None:
+    def __init__(self, stream: TextStream, plan: ToolPlan) -> None:
         self.answer: ToolAnswer | None = None
-        self._stream, self._splitter, self._finish = stream, splitter, finish
+        self._stream, self._plan, self._splitter = stream, plan, plan.splitter()
 
     def __iter__(self) -> Iterator[str | ToolCallDelta]:
         try:
@@ -193,7 +256,7 @@ class ToolStream:
         if self._splitter is not None:
             yield from self._splitter.finish()
         assert self._stream.result is not None
-        self.answer = self._finish(self._stream.result)
+        self.answer = self._plan.answer(self._stream.result, self._splitter)
 
     def close(self) -> None:
         self._stream.close()
@@ -202,9 +265,9 @@ class ToolStream:
 class AsyncToolStream:
     """The async form of `ToolStream`: `async for event in stream`, then `.answer`."""
 
-    def __init__(self, stream: AsyncTextStream, splitter: CallSplitter | None, finish: _Finish) -> None:
+    def __init__(self, stream: AsyncTextStream, plan: ToolPlan) -> None:
         self.answer: ToolAnswer | None = None
-        self._stream, self._splitter, self._finish = stream, splitter, finish
+        self._stream, self._plan, self._splitter = stream, plan, plan.splitter()
 
     async def __aiter__(self) -> AsyncIterator[str | ToolCallDelta]:
         try:
@@ -216,71 +279,7 @@ class AsyncToolStream:
         for event in self._splitter.finish() if self._splitter else []:
             yield event
         assert self._stream.result is not None
-        self.answer = self._finish(self._stream.result)
+        self.answer = self._plan.answer(self._stream.result, self._splitter)
 
     def close(self) -> None:
         self._stream.close()
-
-
-_Finish = Callable[[GenerationResult], ToolAnswer]
-
-
-def _splitter(tools: Sequence[Mapping[str, Any]]) -> CallSplitter:
-    return CallSplitter(tool_names=[tool["function"]["name"] for tool in tools])
-
-
-def _engine_settings(
-    engine: Engine,
-    tools: Sequence[Mapping[str, Any]],
-    tool_choice: ToolChoice,
-    parallel_tool_calls: bool,
-    settings: dict[str, Any],
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """(the checked tools, the engine's settings: the tools shown, and the grammar of the calls
-    the model may write, in its own format, unless tool_choice is "none")."""
-    checked = check_tools(tools)
-    mode, callable_tools = resolve_choice(tool_choice, checked)
-    taken = sorted({"grammar", "tools", "prefix", "raw"} & set(settings))
-    if taken:
-        raise TypeError(f"Tool calling sets {taken} itself; leave them out.")
-    if mode == "none":
-        return checked, {**settings, "tools": checked}
-    if settings.get("logprobs") is not None:
-        raise ValueError(
-            "logprobs cannot be combined with tools the model may call (a call's tokens are not the "
-            "answer's text); drop logprobs, or pass tool_choice='none'."
-        )
-    # A named tool is called once, as in the OpenAI API; otherwise several calls may follow each other.
-    parallel = parallel_tool_calls and tool_choice in ("auto", "required")
-    fmt = tool_format.format_for(engine.tokenizer)
-    grammar = tool_grammar.call_grammar(engine.tokenizer, fmt, callable_tools, mode, parallel)  # type: ignore[arg-type]
-    return checked, {**settings, "tools": checked, "grammar": grammar}
-
-
-def _finished(
-    engine: Engine,
-    prompt: Prompt,
-    tools: list[dict[str, Any]],
-    result: GenerationResult,
-    splitter: CallSplitter | None,
-) -> ToolAnswer:
-    if splitter is None:
-        return ToolAnswer(result.text, (), result)
-    return _answer(engine, prompt, tools, result, splitter.ids)
-
-
-def _answer(
-    engine: Engine,
-    prompt: Prompt,
-    tools: list[dict[str, Any]],
-    result: GenerationResult,
-    ids: Sequence[str],
-) -> ToolAnswer:
-    """The answer parsed into text and calls; the calls take `ids` in order (new ones past them)."""
-    content, calls = tool_parsing.parse_answer(engine.tokenizer, result.text, prompt, tools)
-    named = list(ids)[: len(calls)] + [new_call_id() for _ in calls[len(ids) :]]
-    return ToolAnswer(
-        content,
-        tuple(ToolCall(call_id, name, args) for call_id, (name, args) in zip(named, calls, strict=True)),
-        result,
-    )

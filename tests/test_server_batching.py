@@ -16,8 +16,20 @@ from server_helpers import running, sse_events  # noqa: E402
 from rag_mspoe.connectors.server import create_app  # noqa: E402
 from rag_mspoe.engine import Engine, GenerationCancelled  # noqa: E402
 from rag_mspoe.text_stream import End, StreamOutlet  # noqa: E402
+from rag_mspoe.tool_calls import generate_with_tools  # noqa: E402
 
 QUESTIONS = ["What is 2 plus 3?", "Name a red fruit.", "Hello there, who are you?", "Count to three."]
+OPERATE = {  # closed choices: a random model's numbers run on past any token budget
+    "type": "function",
+    "function": {
+        "name": "operate",
+        "parameters": {
+            "type": "object",
+            "properties": {"op": {"enum": ["plus", "minus", "times"]}, "unit": {"enum": ["m", "kg", "s"]}},
+            "required": ["op", "unit"],
+        },
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -288,3 +300,49 @@ def test_streamed_batches_on_the_qwen_tokenizer_answer_each_prompt_as_alone(qwen
         alone_answer = qwen.generate(prompt, max_new_tokens=12)
         assert text == result.text == alone_answer.text and result.completion_tokens == 12
         assert result.prompt_tokens == alone_answer.prompt_tokens
+
+
+def tool_body(engine: Engine, question: str, **extra) -> dict:
+    return body(engine, question, tools=[OPERATE], tool_choice="required", max_tokens=48, **extra)
+
+
+def calls_alone(engine: Engine, question: str) -> list[tuple[str, str]]:
+    answer = generate_with_tools(
+        engine, [{"role": "user", "content": question}], [OPERATE], tool_choice="required", max_new_tokens=48
+    )
+    return [(c.openai()["function"]["name"], c.openai()["function"]["arguments"]) for c in answer.tool_calls]
+
+
+def test_tool_requests_offering_the_same_tools_batch_with_the_calls_of_each_alone(engine):
+    with running(create_app(engine, max_batch_size=4, batch_wait_ms=300)) as url:
+        replies = ask_together(
+            url, [*(tool_body(engine, q) for q in QUESTIONS[:3]), body(engine, QUESTIONS[3])]
+        )
+        assert [r.status_code for r in replies] == [200] * 4
+        calls = [
+            [
+                (c["function"]["name"], c["function"]["arguments"])
+                for c in r.json()["choices"][0]["message"]["tool_calls"]
+            ]
+            for r in replies[:3]
+        ]
+        assert calls == [calls_alone(engine, q) for q in QUESTIONS[:3]]
+        assert all(calls) and {r.json()["choices"][0]["finish_reason"] for r in replies[:3]} == {"tool_calls"}
+        assert batching(url) == {"max_batch_size": 4, "batches": 1, "batched_requests": 3}
+
+
+def test_streamed_tool_requests_batch_and_assemble_to_the_calls_of_each_alone(engine):
+    with running(create_app(engine, max_batch_size=4, batch_wait_ms=300)) as url:
+        replies = stream_together(url, [tool_body(engine, q) for q in QUESTIONS[:2]])
+        assert [status for status, _ in replies] == [200] * 2
+        for (_, events), question in zip(replies, QUESTIONS[:2], strict=True):
+            streamed: dict[int, list[str]] = {}
+            for event in events:
+                for call in (event.get("choices") or [{}])[0].get("delta", {}).get("tool_calls") or []:
+                    name, arguments = streamed.setdefault(call["index"], ["", ""])
+                    streamed[call["index"]] = [
+                        call["function"].get("name") or name,
+                        arguments + call["function"]["arguments"],
+                    ]
+            assert [tuple(streamed[i]) for i in sorted(streamed)] == calls_alone(engine, question)
+        assert batching(url) == {"max_batch_size": 4, "batches": 1, "batched_requests": 2}
