@@ -14,6 +14,9 @@ call, its id and name, then its arguments' JSON in fragments (`tool_stream.ToolC
     for event in stream_with_tools(engine, "Weather in Paris?", [weather_tool]):
         ...                                    # str, or ToolCallDelta(index, id, name, arguments)
 
+Both are `plan_tools` (check the tools, settle the engine's settings), a generation, and
+`ToolPlan.answer`; a caller that runs generations itself (the server's batcher) uses those parts.
+
 Calls are written in the model's own format (`tool_format.format_for`: Qwen/Hermes `<tool_call>`
 tags, Llama 3.1 JSON, Mistral `[TOOL_CALLS]`), held to the tools' schemas by the grammar
 (`tool_grammar`), and read back with transformers' response parsing where the tokenizer declares
