@@ -61,7 +61,8 @@ from rag_mspoe.chat_template import DOCUMENT_SPANS
 from rag_mspoe.connectors.settings import EngineFields, aretrying, engine_settings, read_order, retrying
 from rag_mspoe.engine import ENGINE_DEFAULT, GenerationResult
 from rag_mspoe.json_output import check_schema, generate_json
-from rag_mspoe.token_logprobs import openai_chat_logprobs, openai_text_logprobs
+from rag_mspoe.text_stream import TextPiece
+from rag_mspoe.token_logprobs import TokenLogprob, openai_chat_logprobs, openai_text_logprobs
 from rag_mspoe.tool_calls import ToolAnswer, astream_with_tools, generate_with_tools, stream_with_tools
 from rag_mspoe.tool_stream import ToolCallDelta
 
@@ -150,7 +151,11 @@ class EngineParams(EngineFields):
             )
         return engine_settings(self, kwargs if stop is None else {**kwargs, "stop": stop})
 
-    def _response_metadata(self, answer: GenerationResult | ToolAnswer) -> dict[str, Any]:
+    def _response_metadata(
+        self, answer: GenerationResult | ToolAnswer, streamed: bool = False
+    ) -> dict[str, Any]:
+        """What answered and how it ended; the tokens' log-probabilities unless each streamed
+        chunk carried its own."""
         result = answer.result if isinstance(answer, ToolAnswer) else answer
         metadata: dict[str, Any] = {
             "model_name": self.model_name,
@@ -160,13 +165,17 @@ class EngineParams(EngineFields):
         if result.truncation is not None:
             metadata["truncated_tokens"] = result.truncation.removed_tokens
         metadata.update(read_order(result))
-        if result.logprobs is not None:  # streamed, all of them come with the last chunk
-            metadata["logprobs"] = self._logprobs(result)
+        if result.logprobs is not None and not streamed:
+            metadata["logprobs"] = self._logprobs(result.logprobs)
         return metadata
 
-    def _logprobs(self, result: GenerationResult) -> dict[str, Any] | None:
-        """The answer's token log-probabilities in the shape langchain-openai's chat model gives."""
-        return openai_chat_logprobs(result.logprobs)
+    def _logprobs(self, tokens: tuple[TokenLogprob, ...] | None) -> dict[str, Any] | None:
+        """Token log-probabilities in the shape langchain-openai's chat model gives."""
+        return openai_chat_logprobs(tokens)
+
+    @staticmethod
+    def _asks_logprobs(settings: dict[str, Any]) -> bool:
+        return settings["logprobs"] is not None
 
     def _ls_params(
         self, model_type: Literal["chat", "llm"], stop: list[str] | None, kwargs: Any
@@ -253,14 +262,15 @@ class ChatRagMsPoE(EngineParams, BaseChatModel):
             assert tool_stream.answer is not None
             yield self._last_chunk(tool_stream.answer)
             return
-        stream = self.engine.stream(to_chat_messages(messages), **self._settings(stop, kwargs))
+        settings = self._settings(stop, kwargs)
+        stream = self.engine.stream(to_chat_messages(messages), **settings)
         for piece in stream:
-            chunk = ChatGenerationChunk(message=AIMessageChunk(content=piece))
+            chunk = self._piece_chunk(piece, self._asks_logprobs(settings))
             if run_manager:
                 run_manager.on_llm_new_token(piece, chunk=chunk)
             yield chunk
         assert stream.result is not None
-        yield self._last_chunk(ToolAnswer(stream.result.text, (), stream.result))
+        yield self._last_chunk(ToolAnswer(stream.result.text, (), stream.result), streamed=True)
 
     async def _astream(
         self,
@@ -283,14 +293,15 @@ class ChatRagMsPoE(EngineParams, BaseChatModel):
             assert tool_stream.answer is not None
             yield self._last_chunk(tool_stream.answer)
             return
-        stream = self.engine.astream(to_chat_messages(messages), **self._settings(stop, kwargs))
+        settings = self._settings(stop, kwargs)
+        stream = self.engine.astream(to_chat_messages(messages), **settings)
         async for piece in stream:
-            chunk = ChatGenerationChunk(message=AIMessageChunk(content=piece))
+            chunk = self._piece_chunk(piece, self._asks_logprobs(settings))
             if run_manager:
                 await run_manager.on_llm_new_token(piece, chunk=chunk)
             yield chunk
         assert stream.result is not None
-        yield self._last_chunk(ToolAnswer(stream.result.text, (), stream.result))
+        yield self._last_chunk(ToolAnswer(stream.result.text, (), stream.result), streamed=True)
 
     def bind_tools(
         self,
@@ -415,12 +426,18 @@ class ChatRagMsPoE(EngineParams, BaseChatModel):
             ]
         )
 
-    def _last_chunk(self, answer: ToolAnswer) -> ChatGenerationChunk:
+    def _piece_chunk(self, piece: TextPiece, logprobs: bool) -> ChatGenerationChunk:
+        """A streamed piece of text, with its tokens' log-probabilities when asked (LangChain
+        joins them as the chunks add up, as langchain-openai's are)."""
+        metadata = {"logprobs": self._logprobs(piece.tokens)} if logprobs else {}
+        return ChatGenerationChunk(message=AIMessageChunk(content=piece, response_metadata=metadata))
+
+    def _last_chunk(self, answer: ToolAnswer, streamed: bool = False) -> ChatGenerationChunk:
         """An empty chunk closing the stream, carrying the token counts and metadata once."""
         message = AIMessageChunk(
             content="",
             usage_metadata=usage_metadata(answer.result),
-            response_metadata=self._response_metadata(answer),
+            response_metadata=self._response_metadata(answer, streamed),
             chunk_position="last",
         )
         return ChatGenerationChunk(message=message, generation_info={"finish_reason": answer.finish_reason})
@@ -481,14 +498,15 @@ class RagMsPoELLM(EngineParams, BaseLLM):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[GenerationChunk]:
-        stream = self.engine.stream(prompt, raw=not self.use_chat_template, **self._settings(stop, kwargs))
+        settings = self._settings(stop, kwargs)
+        stream = self.engine.stream(prompt, raw=not self.use_chat_template, **settings)
         for piece in stream:
-            chunk = GenerationChunk(text=piece)
+            chunk = self._piece_chunk(piece, self._asks_logprobs(settings))
             if run_manager:
                 run_manager.on_llm_new_token(piece, chunk=chunk)
             yield chunk
         assert stream.result is not None
-        yield GenerationChunk(text="", generation_info=self._generation_info(stream.result))
+        yield GenerationChunk(text="", generation_info=self._generation_info(stream.result, streamed=True))
 
     async def _astream(
         self,
@@ -497,21 +515,27 @@ class RagMsPoELLM(EngineParams, BaseLLM):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[GenerationChunk]:
-        stream = self.engine.astream(prompt, raw=not self.use_chat_template, **self._settings(stop, kwargs))
+        settings = self._settings(stop, kwargs)
+        stream = self.engine.astream(prompt, raw=not self.use_chat_template, **settings)
         async for piece in stream:
-            chunk = GenerationChunk(text=piece)
+            chunk = self._piece_chunk(piece, self._asks_logprobs(settings))
             if run_manager:
                 await run_manager.on_llm_new_token(piece, chunk=chunk)
             yield chunk
         assert stream.result is not None
-        yield GenerationChunk(text="", generation_info=self._generation_info(stream.result))
+        yield GenerationChunk(text="", generation_info=self._generation_info(stream.result, streamed=True))
 
-    def _logprobs(self, result: GenerationResult) -> dict[str, Any] | None:
+    def _logprobs(self, tokens: tuple[TokenLogprob, ...] | None) -> dict[str, Any] | None:
         """As langchain-openai's completion model gives them (the legacy completions shape)."""
-        return openai_text_logprobs(result.logprobs)
+        return openai_text_logprobs(tokens)
 
-    def _generation_info(self, result: GenerationResult) -> dict[str, Any]:
-        return {**self._response_metadata(result), "usage": dict(usage_metadata(result))}
+    def _piece_chunk(self, piece: TextPiece, logprobs: bool) -> GenerationChunk:
+        return GenerationChunk(
+            text=piece, generation_info={"logprobs": self._logprobs(piece.tokens)} if logprobs else None
+        )
+
+    def _generation_info(self, result: GenerationResult, streamed: bool = False) -> dict[str, Any]:
+        return {**self._response_metadata(result, streamed), "usage": dict(usage_metadata(result))}
 
     def _llm_result(self, results: list[GenerationResult]) -> LLMResult:
         prompt_tokens = sum(r.prompt_tokens for r in results)

@@ -33,9 +33,10 @@ def test_langchain_chat_gives_them_in_response_metadata_once_streamed_or_not(tin
     content = chat.invoke([HumanMessage(QUESTION)]).response_metadata["logprobs"]["content"]
     assert [(c["token"], c["logprob"]) for c in content] == [(t.token, t.logprob) for t in expected]
     assert [len(c["top_logprobs"]) for c in content] == [2] * len(expected)
-    merged = None
-    for chunk in chat.stream([HumanMessage(QUESTION)]):
-        merged = chunk if merged is None else merged + chunk
+    chunks = list(chat.stream([HumanMessage(QUESTION)]))
+    for chunk in chunks[:-1]:  # each piece carries the tokens that start in it, as langchain-openai's
+        assert "".join(c["token"] for c in chunk.response_metadata["logprobs"]["content"]) == chunk.content
+    merged = sum(chunks[1:], chunks[0])
     assert merged.response_metadata["logprobs"]["content"] == content
 
 
@@ -57,6 +58,9 @@ def test_langchain_llm_gives_the_legacy_completion_shape(tiny):
     assert info["logprobs"]["tokens"] == [t.token for t in direct]
     assert info["logprobs"]["text_offset"] == [t.text_offset for t in direct]
     assert [len(top) for top in info["logprobs"]["top_logprobs"]] == [1] * len(direct)
+    chunks = list(llm._stream(QUESTION))
+    merged = sum(chunks[1:], chunks[0])
+    assert merged.generation_info["logprobs"] == info["logprobs"]
 
 
 def test_langchain_refuses_logprobs_with_callable_tools(tiny):
