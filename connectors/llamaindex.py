@@ -387,6 +387,7 @@ def _logprobs(answer: GenerationResult | ToolAnswer | None) -> list[list[LogProb
         return None
 
     def one(token: TokenLogprob) -> LogProb:
+        assert token.logprob is not None  # only a prompt's first token has none
         return LogProb(token=token.token, logprob=token.logprob, bytes=list(token.bytes))
 
     return [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from typing import Any, Literal
@@ -13,7 +14,12 @@ from rag_mspoe.connectors.settings import read_order
 from rag_mspoe.engine import GenerationResult
 from rag_mspoe.grammar import Grammar
 from rag_mspoe.json_output import check_schema
-from rag_mspoe.token_logprobs import MAX_TOP_LOGPROBS, openai_chat_logprobs, openai_text_logprobs
+from rag_mspoe.token_logprobs import (
+    MAX_TOP_LOGPROBS,
+    TokenLogprob,
+    openai_chat_logprobs,
+    openai_text_logprobs,
+)
 from rag_mspoe.tool_calls import ToolAnswer
 from rag_mspoe.tool_stream import ToolCallDelta
 
@@ -204,15 +210,6 @@ class CompletionRequest(_CompletionParams):
     echo: bool = False
     logprobs: int | None = Field(default=None, ge=0, le=5)  # the legacy API's limit
 
-    @model_validator(mode="after")
-    def _no_prompt_logprobs(self) -> CompletionRequest:
-        if self.echo and self.logprobs is not None:
-            raise ValueError(
-                "echo with logprobs would need the prompt's log-probabilities, which are not offered; "
-                "send echo or logprobs, not both"
-            )
-        return self
-
     def logprob_alternatives(self) -> int | None:
         return self.logprobs
 
@@ -281,7 +278,22 @@ def tool_stream_delta(event: str | ToolCallDelta) -> dict[str, Any]:
     return {"tool_calls": [call]}
 
 
-def text_completion(result: GenerationResult, model: str, prefix: str = "") -> dict[str, Any]:
+def after_prefix(tokens: tuple[TokenLogprob, ...], prefix: str) -> tuple[TokenLogprob, ...]:
+    """Answer tokens with their offsets in a choice's text that starts with `prefix` (the echo)."""
+    return tuple(dataclasses.replace(t, text_offset=(t.text_offset or 0) + len(prefix)) for t in tokens)
+
+
+def text_completion(
+    result: GenerationResult,
+    model: str,
+    prefix: str = "",
+    prompt_tokens: tuple[TokenLogprob, ...] | None = None,
+) -> dict[str, Any]:
+    """A text completion; with `prefix` (echo) its text starts with the prompt, and its logprobs
+    with the prompt's tokens when they were scored (`Engine.prompt_logprobs`)."""
+    tokens = (
+        None if result.logprobs is None else (*(prompt_tokens or ()), *after_prefix(result.logprobs, prefix))
+    )
     return {
         "id": new_id("cmpl"),
         "object": "text_completion",
@@ -292,7 +304,7 @@ def text_completion(result: GenerationResult, model: str, prefix: str = "") -> d
                 "index": 0,
                 "text": prefix + result.text,
                 "finish_reason": result.finish_reason,
-                "logprobs": openai_text_logprobs(result.logprobs),
+                "logprobs": openai_text_logprobs(tokens),
                 **read_order(result),  # an extra field OpenAI clients ignore
             }
         ],

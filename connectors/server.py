@@ -18,7 +18,8 @@ Every request first passes `request_guard` (Host, Origin, API key, body size and
 A client that goes away has its generation stopped at the next token, or never started.
 `logprobs` (chat: with `top_logprobs`, up to 20 alternatives; completions: up to 5) gives each
 answer token's log-probability under the model, before temperature, top_p and a response_format's
-grammar; streamed, each chunk carries the tokens that start in its text.
+grammar; streamed, each chunk carries the tokens that start in its text. With `echo`, the
+prompt's own tokens are scored too (`Engine.prompt_logprobs`), as lm-evaluation-harness asks.
 """
 
 from __future__ import annotations
@@ -414,20 +415,31 @@ def create_app(
         body = await read_body(request, schema.CompletionRequest)
         options = settings(body, raw=True)
         prefix = body.text() if body.echo else ""
+        # Echo with logprobs scores the prompt's own tokens too: one more forward of the prompt.
+        echoed = None
+        if body.echo and body.logprobs is not None:
+            echoed = await answer(
+                request,
+                lambda _: asyncio.to_thread(
+                    engine.prompt_logprobs, prefix, top=body.logprobs, raw=True, method=options["method"]
+                ),
+                "prompt",
+            )
         if not body.stream:
             result = await answer(
                 request, lambda cancel: batcher.generate(body.text(), options, cancel), "prompt"
             )
-            return schema.text_completion(result, body.model, prefix)
+            return schema.text_completion(result, body.model, prefix, echoed)
         stream = open_stream(body.text(), options, "prompt")
         chunk_id = schema.new_id("cmpl")
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
         async def events() -> AsyncIterator[dict[str, Any]]:
             if prefix:
-                yield schema.text_chunk(chunk_id, body.model, prefix)
+                yield schema.text_chunk(chunk_id, body.model, prefix, openai_text_logprobs(echoed))
             async for piece in stream:
-                logprobs = openai_text_logprobs(piece.tokens) if body.logprobs is not None else None
+                tokens = schema.after_prefix(piece.tokens, prefix)
+                logprobs = openai_text_logprobs(tokens) if body.logprobs is not None else None
                 yield schema.text_chunk(chunk_id, body.model, piece, logprobs)
             assert stream.result is not None
             yield schema.final_text_chunk(chunk_id, body.model, stream.result)

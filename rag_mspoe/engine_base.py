@@ -7,7 +7,7 @@ import contextlib
 import os
 import threading
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, Self
 
 import torch
@@ -18,6 +18,7 @@ from rag_mspoe.chat_template import Prompt, render
 from rag_mspoe.document_prefix import DocumentPrefixCache
 from rag_mspoe.document_prompts import HOW_TO_PASS_SPANS, MissingDocumentSpans, render_with_spans
 from rag_mspoe.engine_types import ENGINE_DEFAULT, CallMethod
+from rag_mspoe.grammar import grammar_tokenizer
 from rag_mspoe.method_config import method_name
 from rag_mspoe.method_spec import MethodSpec, parse_method
 from rag_mspoe.rope.rescaling import current_method, rescaled
@@ -168,6 +169,18 @@ class EngineBase:
                 f"prompt does not say. {HOW_TO_PASS_SPANS}"
             )
         return ids, spans
+
+    def _token_bytes(self) -> Callable[[int], bytes]:
+        """A token id's bytes: exact from a fast tokenizer (a token may hold part of a character),
+        else what decoding the token alone gives."""
+        if getattr(self.tokenizer, "is_fast", False):
+            with self._tokenizer_lock:
+                vocabulary = grammar_tokenizer(self.tokenizer, self._vocab_size(), self._eos_ids)
+            return lambda token_id: vocabulary.decode_bytes([token_id])
+        return lambda token_id: self.tokenizer.decode([token_id]).encode("utf-8")
+
+    def _vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])  # the width of the logits
 
     @property
     def document_prefixes(self) -> DocumentPrefixCache:

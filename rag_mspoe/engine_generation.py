@@ -228,7 +228,7 @@ class GeneratingEngine(EngineBase):
             tracker.flush()
             if outlets:
                 rest = tracker.take_rest()
-                if rest:
+                if rest or rest.tokens:
                     outlets[row].put(rest)
             results[row] = self._result(
                 prepared[row], tracker, shown if shown is not None else method, recorder is not None
@@ -314,18 +314,6 @@ class GeneratingEngine(EngineBase):
         with self._tokenizer_lock:
             tokenizer = grammar_tokenizer(self.tokenizer, self._vocab_size(), self._eos_ids)
         return GrammarProcessor(grammar, tokenizer, rows)
-
-    def _token_bytes(self) -> Callable[[int], bytes]:
-        """A token id's bytes: exact from a fast tokenizer (a token may hold part of a character),
-        else what decoding the token alone gives."""
-        if getattr(self.tokenizer, "is_fast", False):
-            with self._tokenizer_lock:
-                vocabulary = grammar_tokenizer(self.tokenizer, self._vocab_size(), self._eos_ids)
-            return lambda token_id: vocabulary.decode_bytes([token_id])
-        return lambda token_id: self.tokenizer.decode([token_id]).encode("utf-8")
-
-    def _vocab_size(self) -> int:
-        return int(self.model.get_output_embeddings().weight.shape[0])  # the width of the logits
 
     def _batch(self, prepared: list[_Prepared]) -> dict[str, torch.Tensor]:
         """Left-padded input ids and attention mask, so every row ends where generation begins."""

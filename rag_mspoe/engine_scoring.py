@@ -14,6 +14,10 @@ from rag_mspoe.engine_base import EngineBase
 from rag_mspoe.engine_types import ENGINE_DEFAULT, CallMethod, Prefill, PromptTooLongError
 from rag_mspoe.method_config import method_name
 from rag_mspoe.rope.rescaling import frozen_head_order, head_scores
+from rag_mspoe.stopping import TextTracker
+from rag_mspoe.token_logprobs import LogprobRecorder, TokenLogprob, check_top_logprobs
+
+_LOGIT_ROWS = 256
 
 
 def _is_token_ids(prompt: Any) -> bool:
@@ -131,6 +135,47 @@ class ScoringEngine(EngineBase):
                             prefix_scoring.score_from(self.model, request, cache, depth, self._pad_id)
                         )
             return scores
+
+    def prompt_logprobs(
+        self, prompt: Prompt, *, top: int = 0, raw: bool = False, method: CallMethod = ENGINE_DEFAULT
+    ) -> tuple[TokenLogprob, ...]:
+        """Each prompt token with its log-probability given the tokens before it under `method`
+        (None for the first token: nothing predicts it) and the `top` (0-20) likeliest tokens at its
+        position; text offsets in the decoded prompt. What the OpenAI completions API gives for
+        `echo` with `logprobs`."""
+        check_top_logprobs(top)
+        resolved = self._resolve_method(method)
+        if resolved is not None and resolved.rewrites_prompt():
+            raise ValueError(
+                f"{method_name(resolved)} rewrites the prompt before the model reads it, so the prompt "
+                "as given has no log-probabilities under it; score it under another method."
+            )
+        ids, spans = self._render_for(resolved, prompt, raw, "")  # type: ignore[arg-type]
+        if len(ids) > self.context_window:
+            raise PromptTooLongError(
+                f"The prompt is {len(ids)} tokens, more than the context window of {self.name} "
+                f"({self.context_window}); shorten it."
+            )
+        with self._lock, self._method_applied(resolved, [spans]), torch.inference_mode():
+            hidden = self.model.get_decoder()(input_ids=torch.tensor([ids], device=self.model.device))
+            recorder = LogprobRecorder(top, self._token_bytes())
+            tracker = TextTracker(self.tokenizer)
+            tracker.push(ids[0], recorder.unpredicted(ids[0]))
+            # The vocabulary's logits for a few hundred rows at a time: all at once they would
+            # take gigabytes on a long prompt.
+            for start in range(0, len(ids) - 1, _LOGIT_ROWS):
+                rows = hidden.last_hidden_state[0, start : min(start + _LOGIT_ROWS, len(ids) - 1)]
+                recorder.record(self._logits(rows))
+                for row, token_id in enumerate(ids[start + 1 : start + 1 + len(rows)]):
+                    tracker.push(token_id, recorder.entry(row, token_id))
+        tracker.flush()
+        return tracker.answer_tokens()
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head on final hidden states, soft-capped where the model caps its logits."""
+        logits = self.model.get_output_embeddings()(hidden).float()
+        cap = getattr(self.model.config, "final_logit_softcapping", None)
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def prefill(
         self,

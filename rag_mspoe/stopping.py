@@ -88,27 +88,31 @@ class TextTracker:
         return self._take(limit)
 
     def take_rest(self) -> TextPiece:
-        """Everything not handed out yet; call once generation has ended (after `flush`)."""
-        return self._take(len(self.text))
+        """Everything not handed out yet; call once generation has ended (after `flush`). Its
+        tokens include those that wrote no text (the end of turn, the rest of a stop string)."""
+        return self._take(len(self.text), every_token=True)
 
     def answer_tokens(self) -> tuple[TokenLogprob, ...]:
-        """The recorded tokens that wrote the final text (one that also began a stop string
-        included; the end-of-turn token and tokens after a stop string left out)."""
-        written = sum(1 for start in self._starts if start < len(self.text))
-        return self._with_offsets(0, min(written, len(self._entries)))
+        """The recorded tokens, one per token `n_tokens` counts: the one that ended the answer
+        included (the end of turn, the last of a stop string). Tokens past the final text have
+        the text's length as their offset."""
+        return self._with_offsets(0, len(self._entries))
 
-    def _take(self, end: int) -> TextPiece:
-        """The text from the last piece handed out to `end`, with the recorded tokens starting in it."""
+    def _take(self, end: int, every_token: bool = False) -> TextPiece:
+        """The text from the last piece handed out to `end`, with the recorded tokens starting in
+        it (with `every_token`, all those not handed out yet)."""
         text = self.text[self._emitted : end]
         first = self._tokens_handed
-        while self._tokens_handed < len(self._entries) and self._starts[self._tokens_handed] < end:
+        while self._tokens_handed < len(self._entries) and (
+            every_token or self._starts[self._tokens_handed] < end
+        ):
             self._tokens_handed += 1
         self._emitted = max(self._emitted, end)
         return TextPiece(text, self._with_offsets(first, self._tokens_handed))
 
     def _with_offsets(self, first: int, end: int) -> tuple[TokenLogprob, ...]:
         return tuple(
-            dataclasses.replace(entry, text_offset=start)
+            dataclasses.replace(entry, text_offset=min(start, len(self.text)))
             for entry, start in zip(self._entries[first:end], self._starts[first:end], strict=True)
         )
 

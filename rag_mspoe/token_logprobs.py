@@ -23,12 +23,13 @@ class TokenLogprob:
     """One token: its id, text, UTF-8 bytes (a token may hold part of a character; `token` then
     reads 'bytes:\\xe4\\xb8'), its log-probability (nats), and the likeliest tokens at its step
     (most likely first; the chosen one among them when it is one of them). text_offset is where
-    the token starts in the answer's text, in characters; alternatives have none."""
+    the token starts in the answer's text, in characters; alternatives have none. A prompt's
+    first token (`Engine.prompt_logprobs`) has logprob None: nothing predicts it."""
 
     id: int
     token: str
     bytes: bytes
-    logprob: float
+    logprob: float | None
     top: tuple[TokenLogprob, ...] = ()
     text_offset: int | None = None
 
@@ -67,6 +68,11 @@ class LogprobRecorder(LogitsProcessor):
         self._alternatives: list[list[tuple[int, float]]] = []
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self.record(scores)
+        return scores
+
+    def record(self, scores: torch.Tensor) -> None:
+        """Keep the log-probabilities of one step's logits ([rows, vocab])."""
         self._step = torch.log_softmax(scores.float(), dim=-1)
         if self._top:
             values, ids = self._step.topk(self._top, dim=-1)
@@ -74,7 +80,6 @@ class LogprobRecorder(LogitsProcessor):
                 list(zip(row_ids, row_values, strict=True))
                 for row_ids, row_values in zip(ids.tolist(), values.tolist(), strict=True)
             ]
-        return scores
 
     def entry(self, row: int, token_id: int) -> TokenLogprob:
         """The entry of the token just chosen for `row` (its offset is set by the text tracker)."""
@@ -83,7 +88,11 @@ class LogprobRecorder(LogitsProcessor):
         top = tuple(self._token(i, value) for i, value in self._alternatives[row]) if self._top else ()
         return replace(self._token(token_id, float(self._step[row, token_id])), top=top)
 
-    def _token(self, token_id: int, logprob: float) -> TokenLogprob:
+    def unpredicted(self, token_id: int) -> TokenLogprob:
+        """The entry of a prompt's first token, which nothing predicts."""
+        return self._token(token_id, None)
+
+    def _token(self, token_id: int, logprob: float | None) -> TokenLogprob:
         data = self._token_bytes(token_id)
         return TokenLogprob(id=token_id, token=token_text(data), bytes=data, logprob=logprob)
 
@@ -105,7 +114,10 @@ def openai_text_logprobs(tokens: tuple[TokenLogprob, ...] | None) -> dict[str, A
     alternatives as {token: logprob} (null when none were asked for), offsets in the choice's text."""
     if tokens is None:
         return None
-    alternatives = [{other.token: other.logprob for other in token.top} for token in tokens]
+    alternatives = [
+        None if token.logprob is None else {other.token: other.logprob for other in token.top}
+        for token in tokens
+    ]
     return {
         "tokens": [token.token for token in tokens],
         "token_logprobs": [token.logprob for token in tokens],

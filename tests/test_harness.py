@@ -218,3 +218,36 @@ def test_without_the_harness_installed_the_error_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "lm_eval", None)
     with pytest.raises(ImportError, match=re.escape('pip install "rag-mspoe[harness]"')):
         harness_lm(None, None, "mspoe")
+
+
+@pytest.mark.slow
+def test_the_harness_over_the_server_scores_as_the_rescaled_model(fp32, tasks):
+    """lm-evaluation-harness's own `local-completions` model against the OpenAI-compatible server
+    (echo with logprobs): each loglikelihood is the rescaled model's, the method picked by name."""
+    pytest.importorskip("fastapi")
+    from server_helpers import running
+
+    from rag_mspoe.connectors.server import create_app
+
+    model, tokenizer = fp32
+    engine = Engine(model, tokenizer, method="none")
+    arguments = (
+        f"model={engine.name}+pi,tokenizer_backend=huggingface,tokenizer={tokenizer.name_or_path},"
+        "tokenized_requests=False,num_concurrent=1,max_retries=1"
+    )
+    with running(create_app(engine)) as url:
+        output = lm_eval.simple_evaluate(
+            model="local-completions",
+            model_args=f"{arguments},base_url={url}/v1/completions",
+            tasks=[MC_TASK],
+            task_manager=task_manager([MC_TASK], str(tasks)),
+            log_samples=True,
+        )
+    samples = output["samples"][MC_TASK]
+    assert sum(len(sample["arguments"]) for sample in samples) == sum(len(doc["choices"]) for doc in DOCS)
+    pi = engine.method_config("pi")
+    for sample in samples:
+        for (context, continuation), response in zip(sample["arguments"], sample["resps"], strict=True):
+            expected = direct_loglik(model, tokenizer, context, continuation, pi)
+            assert response[0][0] == pytest.approx(expected, abs=1e-3)
+            assert abs(expected - direct_loglik(model, tokenizer, context, continuation, None)) > 1e-3

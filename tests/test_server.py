@@ -254,13 +254,19 @@ def test_langchain_chat_openai_against_the_server(base_url, engine):
 
 
 def test_chat_logprobs_match_the_engine_and_spell_the_content(client, engine):
-    choice = client.chat.completions.create(
+    response = client.chat.completions.create(
         model=engine.name, messages=QUESTION, max_tokens=12, temperature=0, logprobs=True, top_logprobs=2
-    ).choices[0]
+    )
+    choice = response.choices[0]
     content = choice.logprobs.content
-    assert "".join(t.token for t in content) == choice.message.content
+    # Every generated token, the end of turn included (as its text, as other servers give it).
+    assert len(content) == response.usage.completion_tokens
+    assert "".join(t.token for t in content) in (
+        choice.message.content,
+        choice.message.content + "<|im_end|>",
+    )
     assert all(len(t.top_logprobs) == 2 and t.top_logprobs[0].token == t.token for t in content)
-    assert bytes(b for t in content for b in t.bytes).decode() == choice.message.content
+    assert bytes(b for t in content for b in t.bytes).decode().startswith(choice.message.content)
     direct = engine.generate(QUESTION, max_new_tokens=12, logprobs=2).logprobs
     assert [t.logprob for t in content] == pytest.approx([t.logprob for t in direct], abs=1e-4)
 
@@ -316,7 +322,6 @@ def test_completion_logprobs_in_the_legacy_shape(client, engine):
         ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ("/v1/chat/completions", {"logprobs": True, "tools": [WEATHER_TOOL]}, "logprobs"),
         ("/v1/completions", {"logprobs": 6}, "logprobs"),
-        ("/v1/completions", {"logprobs": 1, "echo": True}, "echo"),
     ],
 )
 def test_requests_that_cannot_have_logprobs_get_a_400_naming_why(base_url, engine, path, extra, param):
@@ -325,3 +330,37 @@ def test_requests_that_cannot_have_logprobs_get_a_400_naming_why(base_url, engin
     response = httpx.post(f"{base_url}{path}", json=body)
     assert response.status_code == 400, response.text
     assert param in response.json()["error"]["message"] + str(response.json()["error"]["param"])
+
+
+def test_echo_with_logprobs_scores_the_prompt_as_a_harness_asks(client, engine):
+    """lm-evaluation-harness's local-completions scores a continuation this way: echo, logprobs
+    and one new token, then the token log-probabilities after the context's tokens."""
+    context, continuation = "The capital of France is", " Paris"
+    choice = client.completions.create(
+        model=engine.name, prompt=context + continuation, echo=True, logprobs=1, max_tokens=1, temperature=0
+    ).choices[0]
+    logprobs = choice.logprobs
+    prompt_ids = engine.tokenizer.encode(context + continuation)
+    context_length = len(engine.tokenizer.encode(context))
+    assert len(logprobs.tokens) == len(prompt_ids) + 1 and logprobs.token_logprobs[0] is None
+    assert logprobs.top_logprobs[0] is None and all(len(top) == 1 for top in logprobs.top_logprobs[1:])
+    scored = sum(logprobs.token_logprobs[context_length:-1])
+    expected = engine.loglikelihood(context, [continuation], raw=True)[0]
+    assert scored == pytest.approx(expected, abs=1e-3)
+    assert choice.text.startswith(context + continuation)
+    assert logprobs.text_offset[len(prompt_ids)] == len(context + continuation)  # the new token's
+    streamed = [
+        c.choices[0].logprobs
+        for c in client.completions.create(
+            model=engine.name,
+            prompt=context + continuation,
+            echo=True,
+            logprobs=1,
+            max_tokens=1,
+            temperature=0,
+            stream=True,
+        )
+        if c.choices and c.choices[0].logprobs
+    ]
+    assert [t for part in streamed for t in part.tokens] == logprobs.tokens
+    assert [o for part in streamed for o in part.text_offset] == logprobs.text_offset
