@@ -157,7 +157,9 @@ class ScoringEngine(EngineBase):
                 f"({self.context_window}); shorten it."
             )
         with self._lock, self._method_applied(resolved, [spans]), torch.inference_mode():
-            hidden = self.model.get_decoder()(input_ids=torch.tensor([ids], device=self.model.device))
+            hidden = self.model.get_decoder()(
+                input_ids=torch.tensor([ids], device=self.model.device), use_cache=False
+            )
             recorder = LogprobRecorder(top, self._token_bytes())
             tracker = TextTracker(self.tokenizer)
             tracker.push(ids[0], recorder.unpredicted(ids[0]))

@@ -1,6 +1,8 @@
-"""Log-probabilities of generated tokens, recorded while `generate` runs.
+"""Log-probabilities of tokens, and the shapes the OpenAI APIs give them in.
 
-The recorder is the first logits processor of a call, so it sees the model's own distribution:
+Generated tokens' are recorded while `generate` runs; a prompt's own tokens are scored by
+`Engine.prompt_logprobs` with the same recorder. In generation the recorder is the first logits
+processor of a call, so it sees the model's own distribution:
 before temperature, top_p and any grammar mask (a constrained answer's tokens keep the
 probability the model gave them, not 1). It keeps one step's distribution; the stopping
 criterion, which runs once the step's token is chosen, asks it for that token's entry.
