@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -205,6 +207,9 @@ class ChatCompletionRequest(_CompletionParams):
         return options
 
 
+MAX_PROMPTS = 32  # prompts in one completions request; each is a choice
+
+
 class CompletionRequest(_CompletionParams):
     prompt: str | list[str]
     echo: bool = False
@@ -215,27 +220,27 @@ class CompletionRequest(_CompletionParams):
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, value: str | list[str]) -> str | list[str]:
-        if isinstance(value, list) and len(value) != 1:
-            raise ValueError("send one prompt per request")
-        if not (value if isinstance(value, str) else value[0]):
-            raise ValueError("the prompt is empty; send some text to continue")
+    def _prompts(cls, value: str | list[str]) -> str | list[str]:
+        prompts = [value] if isinstance(value, str) else value
+        if not 1 <= len(prompts) <= MAX_PROMPTS:
+            raise ValueError(f"send 1 to {MAX_PROMPTS} prompts per request")
+        if not all(prompts):
+            raise ValueError("a prompt is empty; send some text to continue")
         return value
 
-    def text(self) -> str:
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+    def texts(self) -> list[str]:
+        """The prompts, one choice each (`index` in the order sent)."""
+        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
 
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def usage(result: GenerationResult) -> dict[str, int]:
-    return {
-        "prompt_tokens": result.prompt_tokens,
-        "completion_tokens": result.completion_tokens,
-        "total_tokens": result.prompt_tokens + result.completion_tokens,
-    }
+def usage(*results: GenerationResult) -> dict[str, int]:
+    prompt = sum(result.prompt_tokens for result in results)
+    completion = sum(result.completion_tokens for result in results)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def chat_completion(result: GenerationResult, model: str) -> dict[str, Any]:
@@ -283,32 +288,37 @@ def after_prefix(tokens: tuple[TokenLogprob, ...], prefix: str) -> tuple[TokenLo
     return tuple(dataclasses.replace(t, text_offset=(t.text_offset or 0) + len(prefix)) for t in tokens)
 
 
-def text_completion(
-    result: GenerationResult,
-    model: str,
-    prefix: str = "",
-    prompt_tokens: tuple[TokenLogprob, ...] | None = None,
-) -> dict[str, Any]:
-    """A text completion; with `prefix` (echo) its text starts with the prompt, and its logprobs
-    with the prompt's tokens when they were scored (`Engine.prompt_logprobs`)."""
-    tokens = (
-        None if result.logprobs is None else (*(prompt_tokens or ()), *after_prefix(result.logprobs, prefix))
-    )
+@dataclass(frozen=True)
+class TextChoice:
+    """One prompt's answer in a completions response; with echo its text starts with `prefix`
+    (the prompt), and its logprobs with the prompt's tokens when they were scored."""
+
+    result: GenerationResult
+    prefix: str = ""
+    prompt_tokens: tuple[TokenLogprob, ...] | None = None
+
+    def payload(self, index: int) -> dict[str, Any]:
+        tokens = None
+        if self.result.logprobs is not None:
+            tokens = (*(self.prompt_tokens or ()), *after_prefix(self.result.logprobs, self.prefix))
+        return {
+            "index": index,
+            "text": self.prefix + self.result.text,
+            "finish_reason": self.result.finish_reason,
+            "logprobs": openai_text_logprobs(tokens),
+            **read_order(self.result),  # an extra field OpenAI clients ignore
+        }
+
+
+def text_completion(choices: Sequence[TextChoice], model: str) -> dict[str, Any]:
+    """A text completion: a choice per prompt, their token counts summed."""
     return {
         "id": new_id("cmpl"),
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "text": prefix + result.text,
-                "finish_reason": result.finish_reason,
-                "logprobs": openai_text_logprobs(tokens),
-                **read_order(result),  # an extra field OpenAI clients ignore
-            }
-        ],
-        "usage": usage(result),
+        "choices": [choice.payload(index) for index, choice in enumerate(choices)],
+        "usage": usage(*(choice.result for choice in choices)),
     }
 
 
@@ -335,32 +345,32 @@ def final_chat_chunk(
 
 
 def text_chunk(
-    chunk_id: str, model: str, text: str, logprobs: dict[str, Any] | None = None
+    chunk_id: str, model: str, text: str, logprobs: dict[str, Any] | None = None, index: int = 0
 ) -> dict[str, Any]:
     return {
         "id": chunk_id,
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "text": text, "finish_reason": None, "logprobs": logprobs}],
+        "choices": [{"index": index, "text": text, "finish_reason": None, "logprobs": logprobs}],
     }
 
 
-def final_text_chunk(chunk_id: str, model: str, result: GenerationResult) -> dict[str, Any]:
-    """The chunk that closes a streamed text completion (see `final_chat_chunk`)."""
-    chunk = text_chunk(chunk_id, model, "")
+def final_text_chunk(chunk_id: str, model: str, result: GenerationResult, index: int = 0) -> dict[str, Any]:
+    """The chunk that closes one prompt's streamed text completion (see `final_chat_chunk`)."""
+    chunk = text_chunk(chunk_id, model, "", index=index)
     chunk["choices"][0].update(finish_reason=result.finish_reason, **read_order(result))
     return chunk
 
 
-def usage_chunk(chunk_id: str, model: str, result: GenerationResult, obj: str) -> dict[str, Any]:
+def usage_chunk(chunk_id: str, model: str, results: Sequence[GenerationResult], obj: str) -> dict[str, Any]:
     return {
         "id": chunk_id,
         "object": obj,
         "created": int(time.time()),
         "model": model,
         "choices": [],
-        "usage": usage(result),
+        "usage": usage(*results),
     }
 
 

@@ -53,7 +53,8 @@ from rag_mspoe.engine import (
 )
 from rag_mspoe.loading import model_display_name
 from rag_mspoe.methods import CALIBRATED, NAMED_METHODS, MethodConfig, method_name, parse_method
-from rag_mspoe.token_logprobs import openai_chat_logprobs, openai_text_logprobs
+from rag_mspoe.text_stream import AsyncTextStream, TextPiece
+from rag_mspoe.token_logprobs import TokenLogprob, openai_chat_logprobs, openai_text_logprobs
 from rag_mspoe.tool_calls import AsyncToolStream, ToolAnswer, plan_tools
 
 DEFAULT_MAX_TOKENS = 256
@@ -142,6 +143,36 @@ class ModelRoutes:
                 param="model",
             )
         return self.methods[suffix] if suffix else ENGINE_DEFAULT
+
+
+async def interleaved(streams: Sequence[AsyncTextStream]) -> AsyncIterator[tuple[int, TextPiece | None]]:
+    """(index, piece) from several streams as each piece arrives; (index, None) once a stream
+    has ended (its `result` is then set). An error in any stream ends them all and is raised."""
+    queue: asyncio.Queue[tuple[int, TextPiece | None] | BaseException] = asyncio.Queue()
+
+    async def drain(index: int, stream: AsyncTextStream) -> None:
+        try:
+            async for piece in stream:
+                await queue.put((index, piece))
+            await queue.put((index, None))
+        except BaseException as exc:  # handed to the reader, which raises it
+            await queue.put(exc)
+
+    tasks = [asyncio.ensure_future(drain(index, stream)) for index, stream in enumerate(streams)]
+    try:
+        for _ in range(len(streams)):
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item[1] is None:
+                    break
+    finally:
+        for task in tasks:
+            task.cancel()
+        for stream in streams:
+            stream.close()
 
 
 def create_app(
@@ -374,7 +405,7 @@ def create_app(
             assert stream.result is not None
             yield schema.final_chat_chunk(chunk_id, body.model, stream.result, stream.result.finish_reason)
             if include_usage:
-                yield schema.usage_chunk(chunk_id, body.model, stream.result, "chat.completion.chunk")
+                yield schema.usage_chunk(chunk_id, body.model, [stream.result], "chat.completion.chunk")
 
         return sse(events)
 
@@ -406,7 +437,9 @@ def create_app(
                 chunk_id, body.model, stream.answer.result, stream.answer.finish_reason
             )
             if include_usage:
-                yield schema.usage_chunk(chunk_id, body.model, stream.answer.result, "chat.completion.chunk")
+                yield schema.usage_chunk(
+                    chunk_id, body.model, [stream.answer.result], "chat.completion.chunk"
+                )
 
         return sse(events)
 
@@ -414,37 +447,48 @@ def create_app(
     async def completions(request: Request) -> Any:
         body = await read_body(request, schema.CompletionRequest)
         options = settings(body, raw=True)
-        prefix = body.text() if body.echo else ""
-        # Echo with logprobs scores the prompt's own tokens too: one more forward of the prompt.
-        echoed = None
-        if body.echo and body.logprobs is not None:
-            echoed = await answer(
+        prompts = body.texts()
+
+        async def echoed(prompt: str) -> tuple[TokenLogprob, ...] | None:
+            """With echo and logprobs, the prompt's own tokens scored (one more forward of it)."""
+            if not (body.echo and body.logprobs is not None):
+                return None
+            top = body.logprobs
+            return await answer(
                 request,
                 lambda _: asyncio.to_thread(
-                    engine.prompt_logprobs, prefix, top=body.logprobs, raw=True, method=options["method"]
+                    engine.prompt_logprobs, prompt, top=top, raw=True, method=options["method"]
                 ),
                 "prompt",
             )
+
+        async def choice(prompt: str) -> schema.TextChoice:
+            scored = await echoed(prompt)
+            result = await answer(request, lambda cancel: batcher.generate(prompt, options, cancel), "prompt")
+            return schema.TextChoice(result, prompt if body.echo else "", scored)
+
         if not body.stream:
-            result = await answer(
-                request, lambda cancel: batcher.generate(body.text(), options, cancel), "prompt"
-            )
-            return schema.text_completion(result, body.model, prefix, echoed)
-        stream = open_stream(body.text(), options, "prompt")
+            # Several prompts wait together, so the batcher can run them as one batch.
+            return schema.text_completion(await asyncio.gather(*map(choice, prompts)), body.model)
+        scored = [await echoed(prompt) for prompt in prompts]
+        streams = [open_stream(prompt, options, "prompt") for prompt in prompts]
         chunk_id = schema.new_id("cmpl")
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
         async def events() -> AsyncIterator[dict[str, Any]]:
-            if prefix:
-                yield schema.text_chunk(chunk_id, body.model, prefix, openai_text_logprobs(echoed))
-            async for piece in stream:
-                tokens = schema.after_prefix(piece.tokens, prefix)
+            for index, prompt in enumerate(prompts if body.echo else []):
+                logprobs = openai_text_logprobs(scored[index])
+                yield schema.text_chunk(chunk_id, body.model, prompt, logprobs, index)
+            async for index, piece in interleaved(streams):
+                if piece is None:  # this prompt's answer has ended
+                    yield schema.final_text_chunk(chunk_id, body.model, streams[index].result, index)
+                    continue
+                tokens = schema.after_prefix(piece.tokens, prompts[index] if body.echo else "")
                 logprobs = openai_text_logprobs(tokens) if body.logprobs is not None else None
-                yield schema.text_chunk(chunk_id, body.model, piece, logprobs)
-            assert stream.result is not None
-            yield schema.final_text_chunk(chunk_id, body.model, stream.result)
+                yield schema.text_chunk(chunk_id, body.model, piece, logprobs, index)
             if include_usage:
-                yield schema.usage_chunk(chunk_id, body.model, stream.result, "text_completion")
+                results = [stream.result for stream in streams]
+                yield schema.usage_chunk(chunk_id, body.model, results, "text_completion")
 
         return sse(events)
 

@@ -223,7 +223,8 @@ def test_without_the_harness_installed_the_error_names_the_extra(monkeypatch):
 @pytest.mark.slow
 def test_the_harness_over_the_server_scores_as_the_rescaled_model(fp32, tasks):
     """lm-evaluation-harness's own `local-completions` model against the OpenAI-compatible server
-    (echo with logprobs): each loglikelihood is the rescaled model's, the method picked by name."""
+    (echo with logprobs, three prompts per request): each loglikelihood is the rescaled model's,
+    the method picked by name."""
     pytest.importorskip("fastapi")
     from server_helpers import running
 
@@ -233,7 +234,7 @@ def test_the_harness_over_the_server_scores_as_the_rescaled_model(fp32, tasks):
     engine = Engine(model, tokenizer, method="none")
     arguments = (
         f"model={engine.name}+pi,tokenizer_backend=huggingface,tokenizer={tokenizer.name_or_path},"
-        "tokenized_requests=False,num_concurrent=1,max_retries=1"
+        "tokenized_requests=False,num_concurrent=1,max_retries=1,batch_size=3"
     )
     with running(create_app(engine)) as url:
         output = lm_eval.simple_evaluate(

@@ -364,3 +364,31 @@ def test_echo_with_logprobs_scores_the_prompt_as_a_harness_asks(client, engine):
     ]
     assert [t for part in streamed for t in part.tokens] == logprobs.tokens
     assert [o for part in streamed for o in part.text_offset] == logprobs.text_offset
+
+
+def test_a_completions_request_with_several_prompts_answers_each_as_alone(client, engine):
+    prompts = ["Count: one, two, three,", "The capital of France is", "Colours: red, green,"]
+    alone = [
+        client.completions.create(model=engine.name, prompt=p, max_tokens=6, temperature=0).choices[0].text
+        for p in prompts
+    ]
+    together = client.completions.create(model=engine.name, prompt=prompts, max_tokens=6, temperature=0)
+    assert [c.index for c in together.choices] == [0, 1, 2]
+    assert [c.text for c in together.choices] == alone
+    assert together.usage.prompt_tokens == sum(engine.count_tokens(p, raw=True) for p in prompts)
+    streamed: dict[int, str] = {0: "", 1: "", 2: ""}
+    finished = []
+    for chunk in client.completions.create(
+        model=engine.name, prompt=prompts, max_tokens=6, temperature=0, stream=True, echo=True, logprobs=0
+    ):
+        for c in chunk.choices:
+            streamed[c.index] += c.text
+            if c.finish_reason:
+                finished.append(c.index)
+    assert [streamed[i] for i in range(3)] == [p + a for p, a in zip(prompts, alone, strict=True)]
+    assert sorted(finished) == [0, 1, 2]
+
+
+def test_too_many_prompts_in_one_request_is_a_400(base_url, engine):
+    response = httpx.post(f"{base_url}/v1/completions", json={"model": engine.name, "prompt": ["hi"] * 33})
+    assert response.status_code == 400 and "1 to 32 prompts" in response.json()["error"]["message"]

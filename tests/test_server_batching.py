@@ -346,3 +346,16 @@ def test_streamed_tool_requests_batch_and_assemble_to_the_calls_of_each_alone(en
                     ]
             assert [tuple(streamed[i]) for i in sorted(streamed)] == calls_alone(engine, question)
         assert batching(url) == {"max_batch_size": 4, "batches": 1, "batched_requests": 2}
+
+
+def test_the_prompts_of_one_completions_request_run_as_one_batch(engine):
+    with running(create_app(engine, max_batch_size=4, batch_wait_ms=300)) as url:
+        reply = httpx.post(
+            f"{url}/v1/completions",
+            json={"model": engine.name, "prompt": QUESTIONS[:3], "max_tokens": 8, "temperature": 0},
+            timeout=120,
+        )
+        assert reply.status_code == 200
+        texts = [choice["text"] for choice in reply.json()["choices"]]
+        assert texts == [engine.generate(q, raw=True, max_new_tokens=8).text for q in QUESTIONS[:3]]
+        assert batching(url) == {"max_batch_size": 4, "batches": 1, "batched_requests": 3}
