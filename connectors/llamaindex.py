@@ -52,6 +52,7 @@ from rag_mspoe.chat_template import DOCUMENT_SPANS, Prompt
 from rag_mspoe.connectors.settings import EngineFields, aretrying, engine_settings, read_order, retrying
 from rag_mspoe.engine import GenerationResult
 from rag_mspoe.json_output import generate_json
+from rag_mspoe.text_stream import TextPiece
 from rag_mspoe.token_logprobs import TokenLogprob
 from rag_mspoe.tool_calls import ToolAnswer, astream_with_tools, generate_with_tools, stream_with_tools
 from rag_mspoe.tool_stream import ToolCallDelta
@@ -161,14 +162,15 @@ class RagMsPoE(EngineFields, FunctionCallingLLM):
                 yield self._chat_response(tool_stream.answer.content, "", tool_stream.answer)
 
             return tool_responses()
-        stream = self.engine.stream(to_chat_messages(messages), **engine_settings(self, kwargs))
+        settings = engine_settings(self, kwargs)
+        stream = self.engine.stream(to_chat_messages(messages), **settings)
 
         def responses() -> ChatResponseGen:
-            text = ""
+            so_far = _Written(settings["logprobs"] is not None)
             for piece in stream:
-                text += piece
-                yield self._chat_response(text, piece, None)
-            yield self._chat_response(text, "", stream.result)
+                so_far.add(piece)
+                yield self._chat_response(so_far.text, piece, None, tokens=so_far.tokens)
+            yield self._chat_response(so_far.text, "", stream.result)
 
         return responses()
 
@@ -185,14 +187,15 @@ class RagMsPoE(EngineFields, FunctionCallingLLM):
                 yield self._chat_response(tool_stream.answer.content, "", tool_stream.answer)
 
             return tool_responses()
-        stream = self.engine.astream(to_chat_messages(messages), **engine_settings(self, kwargs))
+        settings = engine_settings(self, kwargs)
+        stream = self.engine.astream(to_chat_messages(messages), **settings)
 
         async def responses() -> ChatResponseAsyncGen:
-            text = ""
+            so_far = _Written(settings["logprobs"] is not None)
             async for piece in stream:
-                text += piece
-                yield self._chat_response(text, piece, None)
-            yield self._chat_response(text, "", stream.result)
+                so_far.add(piece)
+                yield self._chat_response(so_far.text, piece, None, tokens=so_far.tokens)
+            yield self._chat_response(so_far.text, "", stream.result)
 
         return responses()
 
@@ -298,16 +301,15 @@ class RagMsPoE(EngineFields, FunctionCallingLLM):
 
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
-        stream = self.engine.stream(
-            self._completion_prompt(prompt, formatted), **self._completion_settings(kwargs)
-        )
+        settings = self._completion_settings(kwargs)
+        stream = self.engine.stream(self._completion_prompt(prompt, formatted), **settings)
 
         def responses() -> CompletionResponseGen:
-            text = ""
+            so_far = _Written(settings["logprobs"] is not None)
             for piece in stream:
-                text += piece
-                yield self._completion_response(text, piece, None)
-            yield self._completion_response(text, "", stream.result)
+                so_far.add(piece)
+                yield self._completion_response(so_far.text, piece, None, so_far.tokens)
+            yield self._completion_response(so_far.text, "", stream.result)
 
         return responses()
 
@@ -315,16 +317,15 @@ class RagMsPoE(EngineFields, FunctionCallingLLM):
     async def astream_complete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponseAsyncGen:
-        stream = self.engine.astream(
-            self._completion_prompt(prompt, formatted), **self._completion_settings(kwargs)
-        )
+        settings = self._completion_settings(kwargs)
+        stream = self.engine.astream(self._completion_prompt(prompt, formatted), **settings)
 
         async def responses() -> CompletionResponseAsyncGen:
-            text = ""
+            so_far = _Written(settings["logprobs"] is not None)
             async for piece in stream:
-                text += piece
-                yield self._completion_response(text, piece, None)
-            yield self._completion_response(text, "", stream.result)
+                so_far.add(piece)
+                yield self._completion_response(so_far.text, piece, None, so_far.tokens)
+            yield self._completion_response(so_far.text, "", stream.result)
 
         return responses()
 
@@ -364,36 +365,53 @@ class RagMsPoE(EngineFields, FunctionCallingLLM):
         delta: str,
         answer: GenerationResult | ToolAnswer | None,
         calls: list[dict[str, Any]] | None = None,
+        tokens: list[TokenLogprob] | None = None,
     ) -> ChatResponse:
-        """calls: the OpenAI-shaped calls of a response mid-stream; by default the answer's."""
+        """calls: the OpenAI-shaped calls of a response mid-stream; by default the answer's.
+        tokens: the tokens so far of a response mid-stream, when log-probabilities were asked for."""
         if calls is None:
             calls = [call.openai() for call in answer.tool_calls] if isinstance(answer, ToolAnswer) else []
         message = ChatMessage(
             role=MessageRole.ASSISTANT, content=text, additional_kwargs={"tool_calls": calls} if calls else {}
         )
-        return ChatResponse(message=message, delta=delta, raw=self._raw(answer), logprobs=_logprobs(answer))
+        logprobs = _logprobs(answer, tokens)
+        return ChatResponse(message=message, delta=delta, raw=self._raw(answer), logprobs=logprobs)
 
     def _completion_response(
-        self, text: str, delta: str, result: GenerationResult | None
+        self, text: str, delta: str, result: GenerationResult | None, tokens: list[TokenLogprob] | None = None
     ) -> CompletionResponse:
-        return CompletionResponse(text=text, delta=delta, raw=self._raw(result), logprobs=_logprobs(result))
+        logprobs = _logprobs(result, tokens)
+        return CompletionResponse(text=text, delta=delta, raw=self._raw(result), logprobs=logprobs)
 
 
-def _logprobs(answer: GenerationResult | ToolAnswer | None) -> list[list[LogProb]] | None:
-    """The answer's tokens as LlamaIndex holds them: per token, the chosen one, then the likeliest
-    others at its step. Streamed, they come with the last response."""
+class _Written:
+    """A plain streamed answer so far: its text and, when they were asked for, its tokens."""
+
+    def __init__(self, logprobs: bool) -> None:
+        self.text = ""
+        self.tokens: list[TokenLogprob] | None = [] if logprobs else None
+
+    def add(self, piece: TextPiece) -> None:
+        self.text += piece
+        if self.tokens is not None:
+            self.tokens.extend(piece.tokens)
+
+
+def _logprobs(
+    answer: GenerationResult | ToolAnswer | None, so_far: list[TokenLogprob] | None = None
+) -> list[list[LogProb]] | None:
+    """The answer's tokens (or, mid-stream, those so far) as LlamaIndex holds them: per token, the
+    chosen one, then the likeliest others at its step."""
     result = answer.result if isinstance(answer, ToolAnswer) else answer
-    if result is None or result.logprobs is None:
+    tokens = result.logprobs if result is not None else so_far
+    if tokens is None:
         return None
 
     def one(token: TokenLogprob) -> LogProb:
         assert token.logprob is not None  # only a prompt's first token has none
         return LogProb(token=token.token, logprob=token.logprob, bytes=list(token.bytes))
 
-    return [
-        [one(token), *(one(other) for other in token.top if other.id != token.id)]
-        for token in result.logprobs
-    ]
+    return [[one(token), *(one(other) for other in token.top if other.id != token.id)] for token in tokens]
 
 
 class _StreamedAnswer:

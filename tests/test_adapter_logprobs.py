@@ -78,6 +78,8 @@ def test_llamaindex_chat_and_completion_hold_them_chosen_token_first(tiny, expec
     assert [per_token[0].logprob for per_token in response.logprobs] == [t.logprob for t in expected]
     assert all(len(per_token) in (2, 3) for per_token in response.logprobs)  # the chosen, then the others
     *middle, last = list(llm.stream_chat([ChatMessage(role="user", content=QUESTION)]))
-    assert all(r.logprobs is None for r in middle) and last.logprobs == response.logprobs
+    assert [len(r.logprobs) for r in middle] == list(range(1, len(middle) + 1))  # the tokens so far
+    assert middle[-1].logprobs == last.logprobs == response.logprobs
+    assert RagMsPoE(engine=tiny, max_tokens=4).complete(QUESTION).logprobs is None
     completion = llm.complete(QUESTION)
     assert "".join(per_token[0].token for per_token in completion.logprobs) == completion.text
