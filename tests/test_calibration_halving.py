@@ -93,3 +93,30 @@ def test_a_search_runs_its_rungs_resumes_and_refuses_other_settings(tiny, tmp_pa
         HalvingSearch(tmp_path / "out", HalvingSettings(**{**settings.__dict__, "keep": 1}), candidates)
     with pytest.raises(ValueError, match="baseline of every rung"):
         HalvingSearch(tmp_path / "other", settings, {"none": Uniform(factor=2.0)})
+
+
+def test_a_search_folder_resumes_where_it_moves_with_its_data(tmp_path):
+    """Its data path is kept relative to it (a clone elsewhere resumes); other data is refused."""
+    data = tmp_path / "repo" / "data" / "questions.jsonl"
+    data.parent.mkdir(parents=True)
+    save_jsonl(data, generate_invented_qa(4, 6, seed=3))
+    settings = HalvingSettings(
+        data=str(data), space="custom", num_documents=4, positions=(0, 3), rungs=(2,), keep=1
+    )
+    candidates = {"pi-2": Uniform(factor=2.0)}
+    HalvingSearch(tmp_path / "repo" / "runs" / "search", settings, candidates)
+    saved = json.loads((tmp_path / "repo" / "runs" / "search" / "search.json").read_text())
+    assert saved["data"] == "../../data/questions.jsonl"
+    (tmp_path / "repo").rename(tmp_path / "clone")
+    moved = HalvingSettings(
+        **{**settings.__dict__, "data": str(tmp_path / "clone" / "data" / "questions.jsonl")}
+    )
+    HalvingSearch(tmp_path / "clone" / "runs" / "search", moved, candidates)  # resumes
+    other = tmp_path / "other.jsonl"
+    save_jsonl(other, generate_invented_qa(4, 6, seed=4))
+    with pytest.raises(ValueError, match="differ in data"):
+        HalvingSearch(
+            tmp_path / "clone" / "runs" / "search",
+            HalvingSettings(**{**settings.__dict__, "data": str(other)}),
+            candidates,
+        )

@@ -97,20 +97,44 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def claim_search_folder(folder: Path, identity: dict[str, Any]) -> None:
-    """Keep a search's settings in `folder/search.json`; refuse a rerun with other settings."""
+    """Keep a search's settings in `folder/search.json`; refuse a rerun with other settings.
+
+    Its `data` file is kept as a path relative to the folder, so the folder resumes wherever it
+    moves together with its data (a clone of a repository, another machine); on a rerun the same
+    file (or one with the same bytes) counts as the same data, however its path was written."""
     path = folder / "search.json"
     identity = json.loads(json.dumps(identity))  # tuples as lists, as read back
+    if "data" in identity:
+        identity["data"] = os.path.relpath(Path(identity["data"]).resolve(), folder.resolve())
     if not path.is_file():
         folder.mkdir(parents=True, exist_ok=True)
         write_json(path, identity)
         return
     saved = json.loads(path.read_text())
-    if saved != identity:
-        differ = sorted(k for k in identity if saved.get(k) != identity[k])
+    differ = sorted(
+        key
+        for key in identity
+        if saved.get(key) != identity[key]
+        and not (key == "data" and _same_data(folder, saved.get(key), folder / identity[key]))
+    )
+    if differ:
         raise ValueError(
             f"{folder} holds a search with other settings (they differ in {', '.join(differ)}); "
             "rerun with the same settings to resume, or use another output folder."
         )
+
+
+def _same_data(folder: Path, saved: Any, given: Path) -> bool:
+    """Whether a saved data path (relative to the folder, or as older searches wrote it: absolute
+    or relative to where they ran) names the given file or one with the same bytes."""
+    if not isinstance(saved, str):
+        return False
+    for candidate in (folder / saved, Path(saved)):
+        if candidate.is_file() and (
+            os.path.samefile(candidate, given) or candidate.read_bytes() == given.read_bytes()
+        ):
+            return True
+    return False
 
 
 class LayerSearch:
