@@ -48,6 +48,7 @@ from rag_mspoe.engine import (
     ENGINE_DEFAULT,
     Engine,
     EngineDefault,
+    GenerationResult,
     GenerationTimeout,
     PromptTooLongError,
 )
@@ -145,29 +146,31 @@ class ModelRoutes:
         return self.methods[suffix] if suffix else ENGINE_DEFAULT
 
 
-async def interleaved(streams: Sequence[AsyncTextStream]) -> AsyncIterator[tuple[int, TextPiece | None]]:
-    """(index, piece) from several streams as each piece arrives; (index, None) once a stream
-    has ended (its `result` is then set). An error in any stream ends them all and is raised."""
-    queue: asyncio.Queue[tuple[int, TextPiece | None] | BaseException] = asyncio.Queue()
+async def interleaved(
+    streams: Sequence[AsyncTextStream],
+) -> AsyncIterator[tuple[int, TextPiece | GenerationResult]]:
+    """(index, piece) from several streams as each piece arrives, then (index, result) once that
+    stream has ended. An error in any stream ends them all and is raised."""
+    queue: asyncio.Queue[tuple[int, TextPiece | GenerationResult] | BaseException] = asyncio.Queue()
 
     async def drain(index: int, stream: AsyncTextStream) -> None:
         try:
             async for piece in stream:
                 await queue.put((index, piece))
-            await queue.put((index, None))
+            assert stream.result is not None
+            await queue.put((index, stream.result))
         except BaseException as exc:  # handed to the reader, which raises it
             await queue.put(exc)
 
     tasks = [asyncio.ensure_future(drain(index, stream)) for index, stream in enumerate(streams)]
     try:
-        for _ in range(len(streams)):
-            while True:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if item[1] is None:
-                    break
+        ended = 0
+        while ended < len(streams):
+            item = await queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            ended += isinstance(item[1], GenerationResult)
+            yield item
     finally:
         for task in tasks:
             task.cancel()
@@ -471,7 +474,14 @@ def create_app(
             # Several prompts wait together, so the batcher can run them as one batch.
             return schema.text_completion(await asyncio.gather(*map(choice, prompts)), body.model)
         scored = [await echoed(prompt) for prompt in prompts]
-        streams = [open_stream(prompt, options, "prompt") for prompt in prompts]
+        streams: list[AsyncTextStream] = []
+        try:
+            for prompt in prompts:
+                streams.append(open_stream(prompt, options, "prompt"))
+        except ApiError:  # a bad prompt fails the request; the streams opened before it never run
+            for stream in streams:
+                stream.close()
+            raise
         chunk_id = schema.new_id("cmpl")
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
@@ -479,16 +489,17 @@ def create_app(
             for index, prompt in enumerate(prompts if body.echo else []):
                 logprobs = openai_text_logprobs(scored[index])
                 yield schema.text_chunk(chunk_id, body.model, prompt, logprobs, index)
-            async for index, piece in interleaved(streams):
-                if piece is None:  # this prompt's answer has ended
-                    yield schema.final_text_chunk(chunk_id, body.model, streams[index].result, index)
+            results: dict[int, GenerationResult] = {}
+            async for index, item in interleaved(streams):
+                if isinstance(item, GenerationResult):  # this prompt's answer has ended
+                    results[index] = item
+                    yield schema.final_text_chunk(chunk_id, body.model, item, index)
                     continue
-                tokens = schema.after_prefix(piece.tokens, prompts[index] if body.echo else "")
+                tokens = schema.after_prefix(item.tokens, prompts[index] if body.echo else "")
                 logprobs = openai_text_logprobs(tokens) if body.logprobs is not None else None
-                yield schema.text_chunk(chunk_id, body.model, piece, logprobs, index)
+                yield schema.text_chunk(chunk_id, body.model, item, logprobs, index)
             if include_usage:
-                results = [stream.result for stream in streams]
-                yield schema.usage_chunk(chunk_id, body.model, results, "text_completion")
+                yield schema.usage_chunk(chunk_id, body.model, list(results.values()), "text_completion")
 
         return sse(events)
 

@@ -389,6 +389,20 @@ def test_a_completions_request_with_several_prompts_answers_each_as_alone(client
     assert sorted(finished) == [0, 1, 2]
 
 
+def test_a_streamed_request_with_one_prompt_too_long_is_a_400_and_the_server_goes_on(engine):
+    app = create_app(engine, max_tokens_limit=64, max_request_bytes=1 << 20)
+    with running(app) as url:
+        body = {
+            "model": engine.name,
+            "prompt": ["Count: one,", "word " * 9000],
+            "max_tokens": 4,
+            "stream": True,
+        }
+        response = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+        assert response.status_code == 400 and "context window" in response.json()["error"]["message"]
+        assert httpx.get(f"{url}/health").json()["status"] == "ok"
+
+
 def test_too_many_prompts_in_one_request_is_a_400(base_url, engine):
     response = httpx.post(f"{base_url}/v1/completions", json={"model": engine.name, "prompt": ["hi"] * 33})
     assert response.status_code == 400 and "1 to 32 prompts" in response.json()["error"]["message"]
