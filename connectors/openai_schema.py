@@ -19,6 +19,7 @@ from rag_mspoe.json_output import check_schema
 from rag_mspoe.token_logprobs import (
     MAX_TOP_LOGPROBS,
     TokenLogprob,
+    chat_alternatives,
     openai_chat_logprobs,
     openai_text_logprobs,
 )
@@ -149,7 +150,7 @@ class ChatCompletionRequest(_CompletionParams):
         return self.max_completion_tokens or self.max_tokens
 
     def logprob_alternatives(self) -> int | None:
-        return (self.top_logprobs or 0) if self.logprobs else None
+        return chat_alternatives(self.logprobs, self.top_logprobs)
 
     tools: list[ToolDef] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None

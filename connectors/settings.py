@@ -11,7 +11,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from rag_mspoe.engine import ENGINE_DEFAULT, Engine, GenerationResult, GenerationTimeout, shared_engine
-from rag_mspoe.token_logprobs import MAX_TOP_LOGPROBS
+from rag_mspoe.token_logprobs import MAX_TOP_LOGPROBS, chat_alternatives
 
 # Settings a single call may override, by the names the adapters use for their fields.
 PER_CALL_SETTINGS = (
@@ -43,13 +43,11 @@ def engine_settings(adapter: Any, overrides: dict[str, Any]) -> dict[str, Any]:
     if "method" not in overrides:
         value["method"] = adapter.method_config  # resolved once, when the adapter was made
     value["max_new_tokens"] = value.pop("max_tokens")
-    # OpenAI's two fields, as the engine's one: None, or how many alternatives each token shows.
     if not isinstance(value["logprobs"], bool):
         raise TypeError(
             f"logprobs is True or False (top_logprobs says how many alternatives), got {value['logprobs']!r}."
         )
-    top = value.pop("top_logprobs")
-    value["logprobs"] = (top or 0) if value["logprobs"] else None
+    value["logprobs"] = chat_alternatives(value["logprobs"], value.pop("top_logprobs"))
     return value
 
 

@@ -67,7 +67,7 @@ class GenerationResult:
     # its order, the index of that document in the prompt given; cite by it ('Document [1]' of the
     # answer is documents_read[0] of the given documents).
     documents_read: tuple[int, ...] | None = None
-    # With the `logprobs` setting: the tokens that wrote `text`, with their log-probabilities.
+    # With the `logprobs` setting: one per token `completion_tokens` counts, with its log-probability.
     logprobs: tuple[TokenLogprob, ...] | None = None
 
 

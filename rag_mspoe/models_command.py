@@ -17,6 +17,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=_list)
 
 
+def converted(model: embedded_models.EmbeddedModel) -> bool:
+    """Whether the model's Hugging Face folder has been made (on first use)."""
+    return (model.converted_dir() / "config.json").is_file()
+
+
 def status(model: embedded_models.EmbeddedModel) -> str:
     """'converted', 'installed (converted on first use)' or what is missing."""
     missing = [part for part in model.parts if embedded_models.locate_part(part) is None]
@@ -24,7 +29,7 @@ def status(model: embedded_models.EmbeddedModel) -> str:
         if len(missing) == len(model.parts):
             return "not installed"
         return f"{len(missing)} of {len(model.parts)} parts missing"
-    if (model.converted_dir() / "config.json").is_file():
+    if converted(model):
         return "installed, converted"
     return "installed (converted on first use)"
 
@@ -36,6 +41,6 @@ def _list(args: argparse.Namespace) -> int:
         calibrated = "shipped" if calibrated_config_path(model.name) else "none shipped"
         print(f"    {model.description}; calibrated method: {calibrated}")
         print(f"    install: {model.install_command()}")
-        if (model.converted_dir() / "config.json").is_file():  # a folder other tools read as it is
+        if converted(model):  # a folder other tools read as it is
             print(f"    folder: {model.converted_dir()}")
     return 0

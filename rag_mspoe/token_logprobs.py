@@ -50,6 +50,11 @@ def check_top_logprobs(value: int | None) -> int | None:
     return value
 
 
+def chat_alternatives(logprobs: bool, top_logprobs: int | None) -> int | None:
+    """The OpenAI chat API's two fields as the engine's one `logprobs` setting."""
+    return (top_logprobs or 0) if logprobs else None
+
+
 def token_text(data: bytes) -> str:
     """A token's bytes as text; bytes that are not whole UTF-8 characters are written out."""
     try:
