@@ -83,6 +83,47 @@ def test_a_smooth_sort_is_order_invariant_and_becomes_the_hard_sort_as_it_sharpe
     assert abs(sharp - hard) < 1e-5
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_isolated_documents_are_order_invariant(arch):
+    model = tiny_model(arch, **ARCHS[arch])
+    prefix, documents, suffix = _blocks()
+    orders = [(0, 1, 2, 3), (3, 1, 0, 2), (2, 3, 1, 0)]
+    prompts = [block_prompt(prefix, [documents[i] for i in order], suffix) for order in orders]
+    with rescaled(model, Pine(isolated=True)):
+        scores = [answer_loglikelihood(model, ids, spans, ANSWER) for ids, spans in prompts]
+    with rescaled(model, Pine()):
+        both_ways = answer_loglikelihood(model, *prompts[0], ANSWER)
+    assert max(scores) - min(scores) < 1e-4, scores
+    assert abs(scores[0] - both_ways) > 1e-4  # the documents read each other under plain PINE
+
+
+def test_an_isolated_document_reads_as_if_it_stood_alone_first():
+    # Each document's rows see only the text before the documents and the document itself, at
+    # the positions it would have right after that text: the model's rows for prefix + document.
+    model = tiny_model("qwen2", **FULL_ATTENTION)
+    prefix, documents, suffix = _blocks()
+    ids, spans = block_prompt(prefix, documents, suffix)
+    with rescaled(model, Pine(isolated=True)):
+        together = logits(model, ids, spans)
+    for (start, end), document in zip(spans, documents, strict=True):
+        alone = logits(model, prefix + document)
+        torch.testing.assert_close(together[start:end], alone[len(prefix) :], atol=2e-5, rtol=1e-5)
+
+
+def test_isolated_cached_decoding_equals_one_full_forward():
+    model = tiny_model("llama")
+    ids, spans = block_prompt(*_blocks())
+    prompt = len(ids) - ANSWER
+    rescale(model, Pine(isolated=True))
+    full = logits(model, ids, spans)[prompt - 1 : -1]
+    torch.testing.assert_close(incremental_logits(model, ids, spans, prompt), full, atol=2e-5, rtol=1e-5)
+
+
+def test_isolated_needs_the_documents_rows_recomputed():
+    with pytest.raises(ValueError, match="choose one"):
+        Pine(isolated=True, bidirectional=False)
+
+
 def test_no_documents_is_the_unmodified_model():
     model = tiny_model("llama")
     prefix, documents, suffix = _blocks()

@@ -32,7 +32,11 @@ class Pine(MethodConfig):
     importance of e) / softness), so places move continuously with the scores. The paper's hard
     sort (softness 0) flips where two documents are nearly tied, and rounding, which differs
     between orders of the documents, decides the flip: in fp32 and bf16 the output then jumps
-    between orders. A tie splits evenly, so no order is needed to break it.
+    between orders. A tie splits evenly, so no order is needed to break it. isolated=True: each
+    document reads only itself and the text before the documents, as if it stood first right
+    after that text (parallel encoding), instead of reading the others both ways; each
+    document's rows then read as a model reads a lone document, and the rows after the
+    documents place them as PINE does.
     """
 
     kind: ClassVar[str] = "pine"
@@ -47,13 +51,19 @@ class Pine(MethodConfig):
     bidirectional: bool = True
     important_first: bool = False
     softness: float = 0.0
+    isolated: bool = False
 
     def __post_init__(self) -> None:
         check_layers(self.layers)
-        for name in ("bidirectional", "important_first"):
+        for name in ("bidirectional", "important_first", "isolated"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         check_finite("softness", self.softness)
+        if self.isolated and not self.bidirectional:
+            raise ValueError(
+                "isolated=True recomputes the documents' own rows (each reads only itself), and "
+                "bidirectional=False keeps them as the model computes them: choose one"
+            )
         if self.softness < 0:
             raise ValueError(f"softness must be 0 (the paper's hard sort) or more, got {self.softness}")
 

@@ -9,8 +9,9 @@ the first document on (documents, question, generated tokens), per head:
   a document puts its own document last and itself at its offset there;
 - RoPE is relative, so a document placed at `start` is read with its keys rotated at their
   offsets inside it and the query rotated by (query position - start);
-- masks: documents read each other in full and themselves causally; the text after the
-  documents reads everything before it. Values are untouched.
+- masks: documents read each other in full and themselves causally (`isolated`: only
+  themselves, placed first, as if each stood alone after the text before the documents); the
+  text after the documents reads everything before it. Values are untouched.
 Rows are done in chunks, so memory stays O(chunk x keys) per head.
 """
 
@@ -40,6 +41,7 @@ class PineHooks(DocumentAttentionHooks):
         self.bidirectional: bool = method.bidirectional
         self.important_first: bool = method.important_first
         self.softness: float = method.softness
+        self.isolated: bool = method.isolated
         windowed = [
             index
             for index in self._layers
@@ -175,7 +177,10 @@ class PineHooks(DocumentAttentionHooks):
         own = torch.where(in_docs, key_doc[index.clamp(max=key.shape[1] - 1)], torch.full_like(index, -1))
         own_safe = own.clamp(min=0)
         query_positions = positions[index]
-        moved = region_end - lengths[own_safe] + (index - torch.tensor(starts, device=device)[own_safe])
+        offset = index - torch.tensor(starts, device=device)[own_safe]
+        # A document's query stands at its offset inside its document, the document placed
+        # nearest the query (last); an isolated document reads as if it stood first.
+        moved = region_start + offset if self.isolated else region_end - lengths[own_safe] + offset
         effective = torch.where(in_docs, moved, query_positions)  # [R]
 
         raw_query = self._unrotate(query, query_positions, layer_type)
@@ -188,6 +193,8 @@ class PineHooks(DocumentAttentionHooks):
         nearness = -importance if self.important_first else importance
         importance = nearness.masked_fill(own_mask[None], float("inf"))
         placed_starts = region_start + self._before(importance) @ lengths  # [H, R, K]
+        if self.isolated:
+            placed_starts = torch.where(own_mask[None], region_start, placed_starts)
 
         # Text before and after the documents keeps its positions; the query may have moved.
         placed_query = self._rotate(raw_query, effective, layer_type)
@@ -208,9 +215,12 @@ class PineHooks(DocumentAttentionHooks):
         columns = torch.arange(key.shape[1], device=device)
         causal = columns[None] <= index[:, None]
         document_key = (key_doc >= 0)[None]
+        other_document = key_doc[None] != own[:, None]
+        # Rows after the documents (own -1) read every document.
+        reads_other = ~in_docs[:, None] if self.isolated else torch.ones_like(other_document)
         visible = (
             (columns[None] < begin)
-            | (document_key & ((key_doc[None] != own[:, None]) | causal))
+            | (document_key & ((other_document & reads_other) | (~other_document & causal)))
             | ((columns[None] >= end) & causal)
         ) & padding[None]
         weights = torch.softmax(logits.masked_fill(~visible[None], float("-inf")), dim=-1)
