@@ -74,6 +74,23 @@ def embedded_fp32():
 
 
 @pytest.mark.slow
+def test_embedded_model_reads_each_isolated_document_as_a_lone_one(embedded_fp32):
+    # Real chat template and tokenizer: each document's rows (with the separator after it) are
+    # the model's rows for the text before the documents followed by that document alone.
+    model, tokenizer = embedded_fp32
+    prompt, char_spans = render_qa_prompt("What is the capital of France?", DOCUMENTS)
+    ids, spans = prompt_with_spans(tokenizer, prompt, char_spans)
+    begin = spans[0][0]
+    with rescaled(model, Pine(isolated=True)), document_spans(model, [spans]), torch.no_grad():
+        together = model(torch.tensor([ids])).logits[0]
+    starts = [start for start, _ in spans]
+    for start, end in zip(starts, [*starts[1:], spans[-1][1]], strict=True):
+        with torch.no_grad():
+            alone = model(torch.tensor([ids[:begin] + ids[start:end]])).logits[0, begin:]
+        torch.testing.assert_close(together[start:end], alone, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["mspoe", "mspoe-query-head", "layerwise"])
 def test_embedded_model_cached_decoding_matches_full_forward(embedded_fp32, name):
     model, tokenizer = embedded_fp32
