@@ -41,43 +41,40 @@ def _blocks(seed: int = 0, documents: int = 4) -> tuple[list[int], list[list[int
     return blocks[0], blocks[1:-1], blocks[-1]
 
 
+ORDERS = [(0, 1, 2, 3), (3, 1, 0, 2), (2, 3, 1, 0)]
+
+
+def _scores_in_orders(model, method, orders=ORDERS) -> list[float]:
+    """The answer's log-likelihood under `method` (None: unmodified) with the same four
+    documents in each order."""
+    prefix, documents, suffix = _blocks()
+    prompts = [block_prompt(prefix, [documents[i] for i in order], suffix) for order in orders]
+    with rescaled(model, method):
+        return [answer_loglikelihood(model, ids, spans, ANSWER) for ids, spans in prompts]
+
+
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_permuting_the_documents_leaves_the_answer_unchanged(arch):
     model = tiny_model(arch, **ARCHS[arch])
-    prefix, documents, suffix = _blocks()
-    orders = [(0, 1, 2, 3), (3, 1, 0, 2), (2, 3, 1, 0)]
-    prompts = [block_prompt(prefix, [documents[i] for i in order], suffix) for order in orders]
-    unmodified = [answer_loglikelihood(model, ids, spans, ANSWER) for ids, spans in prompts]
+    unmodified = _scores_in_orders(model, None)
     assert max(unmodified) - min(unmodified) > 1e-3  # the order matters to the model itself
-    with rescaled(model, Pine()):
-        scores = [answer_loglikelihood(model, ids, spans, ANSWER) for ids, spans in prompts]
+    scores = _scores_in_orders(model, Pine())
     assert max(scores) - min(scores) < 1e-4, scores
 
 
 def test_placing_the_important_documents_first_is_order_invariant_too():
     model = tiny_model("llama")
-    prefix, documents, suffix = _blocks()
-    orders = [(0, 1, 2, 3), (3, 1, 0, 2)]
-    prompts = [block_prompt(prefix, [documents[i] for i in order], suffix) for order in orders]
-    with rescaled(model, Pine(important_first=True)):
-        scores = [answer_loglikelihood(model, ids, spans, ANSWER) for ids, spans in prompts]
-    with rescaled(model, Pine()):
-        nearest = answer_loglikelihood(model, *prompts[0], ANSWER)
+    scores = _scores_in_orders(model, Pine(important_first=True), ORDERS[:2])
+    (nearest,) = _scores_in_orders(model, Pine(), ORDERS[:1])
     assert max(scores) - min(scores) < 1e-4, scores
     assert abs(scores[0] - nearest) > 1e-4  # another placement: another answer
 
 
 def test_a_smooth_sort_is_order_invariant_and_becomes_the_hard_sort_as_it_sharpens():
     model = tiny_model("llama")
-    prefix, documents, suffix = _blocks()
-    orders = [(0, 1, 2, 3), (3, 1, 0, 2), (2, 3, 1, 0)]
-    prompts = [block_prompt(prefix, [documents[i] for i in order], suffix) for order in orders]
-    with rescaled(model, Pine(softness=0.5)):
-        smooth = [answer_loglikelihood(model, ids, spans, ANSWER) for ids, spans in prompts]
-    with rescaled(model, Pine(softness=1e-6)):
-        sharp = answer_loglikelihood(model, *prompts[0], ANSWER)
-    with rescaled(model, Pine()):
-        hard = answer_loglikelihood(model, *prompts[0], ANSWER)
+    smooth = _scores_in_orders(model, Pine(softness=0.5))
+    (sharp,) = _scores_in_orders(model, Pine(softness=1e-6), ORDERS[:1])
+    (hard,) = _scores_in_orders(model, Pine(), ORDERS[:1])
     assert max(smooth) - min(smooth) < 1e-4, smooth
     assert abs(smooth[0] - hard) > 1e-4  # the documents stand elsewhere
     assert abs(sharp - hard) < 1e-5
@@ -86,13 +83,8 @@ def test_a_smooth_sort_is_order_invariant_and_becomes_the_hard_sort_as_it_sharpe
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_isolated_documents_are_order_invariant(arch):
     model = tiny_model(arch, **ARCHS[arch])
-    prefix, documents, suffix = _blocks()
-    orders = [(0, 1, 2, 3), (3, 1, 0, 2), (2, 3, 1, 0)]
-    prompts = [block_prompt(prefix, [documents[i] for i in order], suffix) for order in orders]
-    with rescaled(model, Pine(isolated=True)):
-        scores = [answer_loglikelihood(model, ids, spans, ANSWER) for ids, spans in prompts]
-    with rescaled(model, Pine()):
-        both_ways = answer_loglikelihood(model, *prompts[0], ANSWER)
+    scores = _scores_in_orders(model, Pine(isolated=True))
+    (both_ways,) = _scores_in_orders(model, Pine(), ORDERS[:1])
     assert max(scores) - min(scores) < 1e-4, scores
     assert abs(scores[0] - both_ways) > 1e-4  # the documents read each other under plain PINE
 
