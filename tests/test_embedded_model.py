@@ -7,6 +7,8 @@ import torch
 
 from rag_mspoe import NAMED_METHODS, frozen_head_order, parse_method, rescaled
 from rag_mspoe.attention import AttentionCalibration, Pine, document_spans, prompt_with_spans
+from rag_mspoe.attention.document_hooks import RowDocuments
+from rag_mspoe.attention.pine_hooks import document_blocks
 from rag_mspoe.pipelines.packing import render_qa_prompt
 from rag_mspoe.rope.hooks import cache_argument, returned_cache
 
@@ -83,8 +85,7 @@ def test_embedded_model_reads_each_isolated_document_as_a_lone_one(embedded_fp32
     begin = spans[0][0]
     with rescaled(model, Pine(isolated=True)), document_spans(model, [spans]), torch.no_grad():
         together = model(torch.tensor([ids])).logits[0]
-    starts = [start for start, _ in spans]
-    for start, end in zip(starts, [*starts[1:], spans[-1][1]], strict=True):
+    for start, end in document_blocks(RowDocuments(tuple(spans))):
         with torch.no_grad():
             alone = model(torch.tensor([ids[:begin] + ids[start:end]])).logits[0, begin:]
         torch.testing.assert_close(together[start:end], alone, atol=2e-4, rtol=1e-4)
