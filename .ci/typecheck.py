@@ -30,6 +30,7 @@ TREE = ROOT / ".mypy_cache" / "package-tree"
 # One name per mapped package: importing it must give mypy the real class, not Any.
 CANARIES = {
     "rag_mspoe.engine": "Engine",
+    "rag_mspoe.tools.tool_calls": "ToolCall",
     "rag_mspoe.connectors.server": "ModelRoutes",
     "rag_mspoe.pipelines.index": "ChunkIndex",
     "rag_mspoe.eval.runs.loop": "Evaluation",

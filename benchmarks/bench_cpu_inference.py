@@ -92,7 +92,7 @@ def progress(part: str, number: int, count: int, name: str, seconds: tuple[float
 def prompt_ids(tokenizer: Any, prompt: str) -> Any:
     import torch
 
-    from rag_mspoe.chat_template import render
+    from rag_mspoe.prompts.chat_template import render
 
     return torch.tensor([render(tokenizer, prompt)])
 
@@ -131,7 +131,7 @@ def dtypes(
     import torch
 
     from rag_mspoe.engine import Engine
-    from rag_mspoe.quantization import quantize_model
+    from rag_mspoe.models.quantization import quantize_model
 
     bf16 = copy.deepcopy(model).to(torch.bfloat16)
     # int8 as load_model(quantize="int8") gives it: the layers it leaves alone in bf16.
@@ -190,7 +190,7 @@ def torchao_int8(model: Any) -> Any:
 def thread_counts(model: Any, tokenizer: Any, items: list[tuple[str, str]], steps: int) -> dict[str, Any]:
     import torch
 
-    from rag_mspoe.devices import default_dtype
+    from rag_mspoe.models.devices import default_dtype
 
     dtype = default_dtype("cpu")
     local = copy.deepcopy(model).to(dtype)
@@ -212,8 +212,8 @@ def thread_counts(model: Any, tokenizer: Any, items: list[tuple[str, str]], step
 
 
 def decoding(model: Any, tokenizer: Any, items: list[tuple[str, str]], steps: int) -> dict[str, Any]:
-    from rag_mspoe.devices import default_dtype
     from rag_mspoe.engine import Engine
+    from rag_mspoe.models.devices import default_dtype
 
     dtype = default_dtype("cpu")
     local = copy.deepcopy(model).to(dtype)

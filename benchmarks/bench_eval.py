@@ -38,7 +38,7 @@ def main() -> None:
     from rag_mspoe.eval.sweep.batch_scorer import arranged_example, prompt_of
     from rag_mspoe.eval.sweep.plan import SweepConfig, load_examples
     from rag_mspoe.eval.sweep.run import run_sweep
-    from rag_mspoe.method_spec import resolve_all
+    from rag_mspoe.methods.method_spec import resolve_all
 
     model, tokenizer = load_model(args.model, threads=args.threads)
     config = SweepConfig(

@@ -9,7 +9,7 @@ gold answer's log-likelihood (`--metrics loglik choice` of a sweep), in one proc
 - plain: one `Engine.score_continuations` per prompt (a full prompt forward, logits at its last
   position, the candidates in one batch over its cache), as sweeps scored before;
 - shared: the sweep's `BatchScorer` on batches of whole examples, where prompts computed under
-  methods that allow it share their common start (`rag_mspoe.prefix_scoring`).
+  methods that allow it share their common start (`rag_mspoe.engine.prefix_scoring`).
 The two alternate example by example, so a change in the machine's load hits both alike.
 
 Examples come from an oracle file of the lost-in-the-middle format (question, answers, one gold
@@ -91,7 +91,7 @@ def compare_paths(model: Any, tokenizer: Any, args: argparse.Namespace) -> dict[
     from rag_mspoe.eval.method_engines import EngineSet
     from rag_mspoe.eval.sweep.batch_scorer import BatchScorer, arranged_example, candidates_of, prompt_of
     from rag_mspoe.eval.sweep.plan import Batch, SweepConfig, load_examples
-    from rag_mspoe.method_spec import resolve_all
+    from rag_mspoe.methods.method_spec import resolve_all
 
     positions = tuple(int(p) for p in args.positions.split(","))
     with tempfile.TemporaryDirectory(prefix="bench-eval-cpu-") as scratch:

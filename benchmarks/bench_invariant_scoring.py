@@ -19,7 +19,7 @@ import time
 from search_prompts import MIDDLE, add_options, engine_and_prompts
 
 from rag_mspoe.attention.invariant_reorder import InvariantReorder
-from rag_mspoe.document_prefix import DocumentPrefixCache
+from rag_mspoe.engine.document_prefix import DocumentPrefixCache
 
 
 def main() -> None:

@@ -45,7 +45,7 @@ def main() -> None:
     from rag_mspoe.eval.data.loaders import load_qa
     from rag_mspoe.eval.data.prompts import qa_prompt
     from rag_mspoe.eval.data.records import with_gold_at
-    from rag_mspoe.quantization import quantize_model
+    from rag_mspoe.models.quantization import quantize_model
 
     model, tokenizer = load_model(args.model, dtype="bfloat16", threads=args.threads)
     ours = {"bf16": model, "int8": quantize_model(copy.deepcopy(model), "int8")}
@@ -102,7 +102,7 @@ def llama_prefill_and_decode(llm: Any, ids: list[int], steps: int) -> tuple[floa
 @contextlib.contextmanager
 def joined_gguf(name: str) -> Iterator[Path]:
     """The embedded model's GGUF file: the installed one, or its parts joined into a temporary folder."""
-    from rag_mspoe import embedded_models
+    from rag_mspoe.models import embedded_models
 
     model = embedded_models.get(name)
     paths = embedded_models.installed_parts(model)

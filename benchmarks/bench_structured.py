@@ -52,9 +52,9 @@ PROFILE = {
 
 
 def baseline_module() -> types.ModuleType:
-    """rag_mspoe/json_output.py as it was at BASELINE_COMMIT, imported under another name."""
+    """rag_mspoe/tools/json_output.py as it was at BASELINE_COMMIT, imported under another name."""
     source = subprocess.run(
-        ["git", "show", f"{BASELINE_COMMIT}:rag_mspoe/json_output.py"],
+        ["git", "show", f"{BASELINE_COMMIT}:rag_mspoe/tools/json_output.py"],
         cwd=REPO,
         check=True,
         capture_output=True,
@@ -75,7 +75,7 @@ def rag_context(engine: Any, tokens: int) -> str:
 
 
 def bench_speed(engine: Any, repeats: int, context_tokens: int) -> dict[str, Any]:
-    from rag_mspoe.json_output import generate_json
+    from rag_mspoe.tools.json_output import generate_json
 
     old = baseline_module()
     old_schema = json.loads(json.dumps(PROFILE))
@@ -228,7 +228,7 @@ def generated_schemas(count: int, seed: int = 0) -> list[dict[str, Any]]:
 
 
 def bench_validity(engine: Any, count: int, max_tokens: int) -> dict[str, Any]:
-    from rag_mspoe.json_output import generate_json
+    from rag_mspoe.tools.json_output import generate_json
 
     schemas = (HAND_WRITTEN + generated_schemas(max(0, count - len(HAND_WRITTEN))))[:count]
     valid = cut = 0
@@ -333,7 +333,7 @@ def _round_robin(keys: list[str]) -> list[int]:
 
 
 def bench_tools(engine: Any, max_tokens: int) -> dict[str, Any]:
-    from rag_mspoe.tool_calls import generate_with_tools
+    from rag_mspoe.tools.tool_calls import generate_with_tools
 
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
     right_tool = valid = correct = no_call = 0

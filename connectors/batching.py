@@ -24,8 +24,8 @@ import threading
 from typing import Any
 
 from rag_mspoe.engine import Engine, GenerationResult
-from rag_mspoe.engine_generation import StreamRequest
-from rag_mspoe.text_stream import AsyncTextStream, StreamOutlet
+from rag_mspoe.engine.engine_generation import StreamRequest
+from rag_mspoe.engine.text_stream import AsyncTextStream, StreamOutlet
 
 Item = tuple[Any, "asyncio.Future[GenerationResult]", threading.Event | None]  # prompt, answer, cancel
 StreamItem = tuple[StreamRequest, StreamOutlet]

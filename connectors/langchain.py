@@ -9,12 +9,12 @@ Both adapters are thin: every call goes to `rag_mspoe.engine.Engine`, which owns
 template, stop strings, streaming, token counts and the lock that keeps concurrent calls apart.
 
 Tools (`bind_tools`) reach the model through its chat template, and its calls are decoded under
-a grammar that admits only calls with arguments valid for their tool (`rag_mspoe.tool_calls`);
+a grammar that admits only calls with arguments valid for their tool (`rag_mspoe.tools.tool_calls`);
 they come back as `AIMessage.tool_calls`, and `ToolMessage`s carry the results back in.
 Streaming with bound tools sends text as it is written and each call as `tool_call_chunks` (id
 and name first, then the arguments' JSON in fragments); the chunks add up to `invoke`'s calls.
 Structured output (`with_structured_output`) is grammar-constrained too: "json_schema" and
-"json_mode" decode JSON valid for the schema (`rag_mspoe.json_output`), "function_calling" forces
+"json_mode" decode JSON valid for the schema (`rag_mspoe.tools.json_output`), "function_calling" forces
 a call of the schema as a tool, so the answer always parses.
 
     chat.bind_tools([get_weather], tool_choice="any").invoke("Weather in Paris?").tool_calls
@@ -57,14 +57,14 @@ from langchain_core.utils.function_calling import convert_to_json_schema, conver
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ConfigDict, Field
 
-from rag_mspoe.chat_template import DOCUMENT_SPANS
 from rag_mspoe.connectors.settings import EngineFields, aretrying, engine_settings, read_order, retrying
 from rag_mspoe.engine import ENGINE_DEFAULT, GenerationResult
-from rag_mspoe.json_output import check_schema, generate_json
-from rag_mspoe.text_stream import TextPiece
-from rag_mspoe.token_logprobs import TokenLogprob, openai_chat_logprobs, openai_text_logprobs
-from rag_mspoe.tool_calls import ToolAnswer, astream_with_tools, generate_with_tools, stream_with_tools
-from rag_mspoe.tool_stream import ToolCallDelta
+from rag_mspoe.engine.text_stream import TextPiece
+from rag_mspoe.engine.token_logprobs import TokenLogprob, openai_chat_logprobs, openai_text_logprobs
+from rag_mspoe.prompts.chat_template import DOCUMENT_SPANS
+from rag_mspoe.tools.json_output import check_schema, generate_json
+from rag_mspoe.tools.tool_calls import ToolAnswer, astream_with_tools, generate_with_tools, stream_with_tools
+from rag_mspoe.tools.tool_stream import ToolCallDelta
 
 PROVIDER = "rag_mspoe"
 _ROLES = {HumanMessage: "user", SystemMessage: "system", AIMessage: "assistant", ToolMessage: "tool"}

@@ -11,9 +11,9 @@ model is a chat model, so query engines send chat messages through its chat temp
 `complete` continues plain text unless `use_chat_template=True`.
 
 It is a `FunctionCallingLLM`: tools reach the model through its chat template and its calls are
-decoded under a grammar of the tools' schemas (`rag_mspoe.tool_calls`), so `predict_and_call`
+decoded under a grammar of the tools' schemas (`rag_mspoe.tools.tool_calls`), so `predict_and_call`
 and agents (`FunctionAgent`) get calls whose arguments validate. `structured_predict` decodes
-JSON valid for the output class (`rag_mspoe.json_output`) in one generation. `stream_chat` with
+JSON valid for the output class (`rag_mspoe.tools.json_output`) in one generation. `stream_chat` with
 tools (what `stream_chat_with_tools` and agents use) streams the text as it is written; each
 response lists the calls finished so far in `additional_kwargs["tool_calls"]`, the last one all.
 
@@ -48,14 +48,14 @@ from llama_index.core.prompts import BasePromptTemplate
 from llama_index.core.tools import BaseTool
 from pydantic import BaseModel, ConfigDict, Field
 
-from rag_mspoe.chat_template import DOCUMENT_SPANS, Prompt
 from rag_mspoe.connectors.settings import EngineFields, aretrying, engine_settings, read_order, retrying
 from rag_mspoe.engine import GenerationResult
-from rag_mspoe.json_output import generate_json
-from rag_mspoe.text_stream import TextPiece
-from rag_mspoe.token_logprobs import TokenLogprob
-from rag_mspoe.tool_calls import ToolAnswer, astream_with_tools, generate_with_tools, stream_with_tools
-from rag_mspoe.tool_stream import ToolCallDelta
+from rag_mspoe.engine.text_stream import TextPiece
+from rag_mspoe.engine.token_logprobs import TokenLogprob
+from rag_mspoe.prompts.chat_template import DOCUMENT_SPANS, Prompt
+from rag_mspoe.tools.json_output import generate_json
+from rag_mspoe.tools.tool_calls import ToolAnswer, astream_with_tools, generate_with_tools, stream_with_tools
+from rag_mspoe.tools.tool_stream import ToolCallDelta
 
 _ROLES = {
     MessageRole.SYSTEM: "system",

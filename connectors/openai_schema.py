@@ -11,20 +11,20 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from rag_mspoe.chat_template import DOCUMENT_SPANS
 from rag_mspoe.connectors.settings import read_order
 from rag_mspoe.engine import GenerationResult
-from rag_mspoe.grammar import Grammar
-from rag_mspoe.json_output import check_schema
-from rag_mspoe.token_logprobs import (
+from rag_mspoe.engine.token_logprobs import (
     MAX_TOP_LOGPROBS,
     TokenLogprob,
     chat_alternatives,
     openai_chat_logprobs,
     openai_text_logprobs,
 )
-from rag_mspoe.tool_calls import ToolAnswer
-from rag_mspoe.tool_stream import ToolCallDelta
+from rag_mspoe.prompts.chat_template import DOCUMENT_SPANS
+from rag_mspoe.tools.grammar import Grammar
+from rag_mspoe.tools.json_output import check_schema
+from rag_mspoe.tools.tool_calls import ToolAnswer
+from rag_mspoe.tools.tool_stream import ToolCallDelta
 
 
 class _Request(BaseModel):

@@ -43,7 +43,6 @@ from rag_mspoe.calibrated import calibrated_config_path
 from rag_mspoe.connectors import openai_schema as schema
 from rag_mspoe.connectors.batching import RequestBatcher
 from rag_mspoe.connectors.request_guard import LOOPBACK_HOSTS, UNEXPECTED, GuardSettings, RequestGuard
-from rag_mspoe.document_prompts import MissingDocumentSpans
 from rag_mspoe.engine import (
     ENGINE_DEFAULT,
     Engine,
@@ -52,11 +51,12 @@ from rag_mspoe.engine import (
     GenerationTimeout,
     PromptTooLongError,
 )
-from rag_mspoe.loading import model_display_name
+from rag_mspoe.engine.text_stream import AsyncTextStream, TextPiece
+from rag_mspoe.engine.token_logprobs import TokenLogprob, openai_chat_logprobs, openai_text_logprobs
 from rag_mspoe.methods import CALIBRATED, NAMED_METHODS, MethodConfig, method_name, parse_method
-from rag_mspoe.text_stream import AsyncTextStream, TextPiece
-from rag_mspoe.token_logprobs import TokenLogprob, openai_chat_logprobs, openai_text_logprobs
-from rag_mspoe.tool_calls import AsyncToolStream, ToolAnswer, plan_tools
+from rag_mspoe.models.loading import model_display_name
+from rag_mspoe.prompts.document_prompts import MissingDocumentSpans
+from rag_mspoe.tools.tool_calls import AsyncToolStream, ToolAnswer, plan_tools
 
 DEFAULT_MAX_TOKENS = 256
 T = TypeVar("T")

@@ -11,7 +11,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from rag_mspoe.engine import ENGINE_DEFAULT, Engine, GenerationResult, GenerationTimeout, shared_engine
-from rag_mspoe.token_logprobs import MAX_TOP_LOGPROBS, chat_alternatives
+from rag_mspoe.engine.token_logprobs import MAX_TOP_LOGPROBS, chat_alternatives
 
 # Settings a single call may override, by the names the adapters use for their fields.
 PER_CALL_SETTINGS = (

@@ -31,8 +31,8 @@ from rag_mspoe.eval.runs.loop import Evaluation, Pairing, run_evaluation
 from rag_mspoe.eval.runs.results import Key, read_records
 from rag_mspoe.eval.runs.units import Scorer
 from rag_mspoe.eval.scoring.metrics import best_subspan_em, normalize_answer
-from rag_mspoe.loading import source_name
-from rag_mspoe.method_spec import ResolvedMethod, resolve_all
+from rag_mspoe.methods.method_spec import ResolvedMethod, resolve_all
+from rag_mspoe.models.loading import source_name
 
 KEY_FIELDS = ("method", "example_id")
 PLOT_FILE = "accuracy_by_prompt_position.png"

@@ -39,8 +39,8 @@ from rag_mspoe.eval.method_engines import EngineSet, require_given_order
 from rag_mspoe.eval.runs.loop import Evaluation, Pairing, run_evaluation
 from rag_mspoe.eval.runs.results import Key, read_records
 from rag_mspoe.eval.runs.units import Scorer
-from rag_mspoe.loading import source_name
-from rag_mspoe.method_spec import ResolvedMethod, resolve, resolve_all
+from rag_mspoe.methods.method_spec import ResolvedMethod, resolve, resolve_all
+from rag_mspoe.models.loading import source_name
 from rag_mspoe.rope.variants import rope_variant
 
 logger = logging.getLogger(__name__)

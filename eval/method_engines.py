@@ -1,6 +1,6 @@
 """The models and engines a run's methods need, once each, and what evaluation adds to a method.
 
-Methods arrive resolved by the core's spec language (rag_mspoe.method_spec). A method with a
+Methods arrive resolved by the core's spec language (rag_mspoe.methods.method_spec). A method with a
 transformers RoPE type runs on a model variant sharing the weights (rag_mspoe.rope.variants);
 `EngineSet` builds each variant and its engine on first use. Also: seeds that agree across
 processes, and the refusal of document orders where there are no documents to reorder.
@@ -12,7 +12,7 @@ import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rag_mspoe.method_spec import ResolvedMethod
+from rag_mspoe.methods.method_spec import ResolvedMethod
 from rag_mspoe.rope.variants import rope_variant
 
 

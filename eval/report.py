@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rag_mspoe.embedded_models import DEFAULT_MODEL
 from rag_mspoe.eval.runs.loop import Evaluation, folder_kind
 from rag_mspoe.eval.runs.manifest import read_manifest
 from rag_mspoe.eval.runs.results import RESULTS_FILE, read_records
 from rag_mspoe.eval.scoring.metrics import bootstrap_ci, paired_test, position_summary
+from rag_mspoe.models.embedded_models import DEFAULT_MODEL
 
 SUMMARY_FILE = "summary.json"
 TABLE_FILE = "table.md"

@@ -18,11 +18,11 @@ import tempfile
 from pathlib import Path
 
 from rag_mspoe.engine import Engine
-from rag_mspoe.json_output import generate_json
 from rag_mspoe.pipelines.demo import demo_corpus_dir
 from rag_mspoe.pipelines.indexing import index_documents
 from rag_mspoe.pipelines.retrieval import Retriever
-from rag_mspoe.tool_calls import generate_with_tools
+from rag_mspoe.tools.json_output import generate_json
+from rag_mspoe.tools.tool_calls import generate_with_tools
 
 SEARCH = {
     "type": "function",

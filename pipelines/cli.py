@@ -221,7 +221,7 @@ def _search(args: argparse.Namespace) -> int:
 def _ask(args: argparse.Namespace) -> int:
     from rag_mspoe import parse_method
     from rag_mspoe.engine import Engine
-    from rag_mspoe.loading import source_name
+    from rag_mspoe.models.loading import source_name
     from rag_mspoe.pipelines.answer import answer_question
     from rag_mspoe.pipelines.retrieval import Retriever
 

@@ -78,7 +78,7 @@ def demo_questions_file() -> Path:
 def demo_model() -> str:
     """The most capable embedded model that is installed (the 0.5B answers the demo's questions
     where the 135M mostly cannot, in a few minutes on two CPU cores)."""
-    from rag_mspoe import embedded_models
+    from rag_mspoe.models import embedded_models
 
     for name in DEMO_MODELS:
         model = embedded_models.get(name)
@@ -102,7 +102,7 @@ def run_position_curve(
     log-likelihood, with the sweep's table and plot in `folder` (resumed if it exists)."""
     from rag_mspoe.eval.sweep.plan import SweepConfig
     from rag_mspoe.eval.sweep.run import run_sweep
-    from rag_mspoe.loading import model_display_name
+    from rag_mspoe.models.loading import model_display_name
 
     config = SweepConfig(
         num_documents=10,

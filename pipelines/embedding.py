@@ -93,7 +93,7 @@ class Embedder:
         above 0.999), else float32."""
         from sentence_transformers import SentenceTransformer
 
-        from rag_mspoe.devices import default_dtype
+        from rag_mspoe.models.devices import default_dtype
 
         name = canonical_model_name(name_or_path)
         if name == DEFAULT_EMBEDDING_MODEL:

@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from rag_mspoe.document_prompts import document_message, lines_with_spans
 from rag_mspoe.pipelines.retrieval import RetrievedChunk
+from rag_mspoe.prompts.document_prompts import document_message, lines_with_spans
 
 QA_INSTRUCTION = (
     "Write a high-quality answer for the given question using only the provided search results "

@@ -14,7 +14,7 @@ Loading
                           imported on first use, since it loads transformers
     ModelLoadError        a model source that cannot be loaded; the message says what to do
     DeviceError           a device or dtype the machine cannot give
-Methods (configs; `rag_mspoe.method_config` says how to add one)
+Methods (configs; `rag_mspoe.methods.method_config` says how to add one)
     MethodConfig          the base of every method config
     Uniform, LayerWise, MsPoE, HiddenScale, Compose   the built-in methods
     AttentionCalibration, Pine   attention-level methods that need the documents' spans
@@ -34,11 +34,13 @@ Architectures
     UnsupportedArchitectureError   a model whose architecture is not in ARCHITECTURES
 """
 
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+# First, since importing it installs the finder that keeps the old flat module paths
+# (`rag_mspoe.loading`, ...) importable.
+from rag_mspoe import moved_modules
 from rag_mspoe.attention import AttentionCalibration, Pine, document_spans
-from rag_mspoe.devices import DeviceError
-from rag_mspoe.loading import load_model, model_display_name
 from rag_mspoe.methods import (
     NAMED_METHODS,
     Compose,
@@ -51,7 +53,9 @@ from rag_mspoe.methods import (
     method_name,
     parse_method,
 )
-from rag_mspoe.model_cache import ModelLoadError
+from rag_mspoe.models.devices import DeviceError
+from rag_mspoe.models.loading import load_model, model_display_name
+from rag_mspoe.models.model_cache import ModelLoadError
 from rag_mspoe.rope.architectures import ARCHITECTURES, UnsupportedArchitectureError
 from rag_mspoe.rope.rescaling import (
     current_method,
@@ -74,6 +78,10 @@ def __getattr__(name: str) -> Any:
         from rag_mspoe.engine import Engine
 
         return Engine
+    # `rag_mspoe.loading.load_model` after a bare `import rag_mspoe`, as before the modules moved.
+    if f"rag_mspoe.{name}" in moved_modules.MOVED:
+        module: ModuleType = moved_modules.moved(f"rag_mspoe.{name}")
+        return module
     raise AttributeError(f"module 'rag_mspoe' has no attribute {name!r}")
 
 

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-# As rag_mspoe.devices.DTYPE_CHOICES and rag_mspoe.quantization.QUANTIZE_CHOICES (a test keeps
+# As rag_mspoe.models.devices.DTYPE_CHOICES and rag_mspoe.models.quantization.QUANTIZE_CHOICES (a test keeps
 # them equal); importing torch would slow --help.
 DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
 QUANTIZE_CHOICES = ("int8",)
@@ -17,7 +17,7 @@ QUANTIZE_CHOICES = ("int8",)
 # (module, function) pairs; each function takes the subparsers object and adds its commands.
 # Modules are imported lazily so `rag-mspoe --help` stays fast and optional extras stay optional.
 COMMAND_MODULES: list[tuple[str, str]] = [
-    ("rag_mspoe.models_command", "register"),
+    ("rag_mspoe.models.models_command", "register"),
     ("rag_mspoe.pipelines.cli", "register"),
     ("rag_mspoe.connectors.serve_command", "register"),
     ("rag_mspoe.calibration.cli", "register"),
@@ -84,8 +84,8 @@ def model_load_options(args: argparse.Namespace) -> dict[str, Any]:
     A device this machine lacks, or a dtype it cannot compute, fails here: call this before
     any long work (indexing, data preparation).
     """
-    from rag_mspoe.devices import resolve_device, resolve_dtype
-    from rag_mspoe.quantization import check_quantize
+    from rag_mspoe.models.devices import resolve_device, resolve_dtype
+    from rag_mspoe.models.quantization import check_quantize
 
     device = resolve_device(args.device)
     resolve_dtype(args.dtype, device)

@@ -30,7 +30,7 @@ def unnumbered_documents_prompt(
     """The benchmark's layout with each (title, text) on a line 'Document (Title: ...) ...' (no
     numbers, so reordering the documents only reorders text), through the real chat template:
     token ids and each document's token span."""
-    from rag_mspoe.document_prompts import document_message, lines_with_spans, render_with_spans
+    from rag_mspoe.prompts.document_prompts import document_message, lines_with_spans, render_with_spans
 
     lines = [f"Document (Title: {title}) {text}" for title, text in documents]
     text, char_spans = lines_with_spans("Answer from the search results.\n\n", lines)

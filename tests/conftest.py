@@ -12,7 +12,7 @@ torch.set_num_threads(1)  # measured faster than 2 threads on the 2-core CI mach
 def one_thread_for_loaded_models():
     """load_model's default thread count follows the CPUs free at load time; tests keep one."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("rag_mspoe.loading.default_threads", lambda: 1)
+        patch.setattr("rag_mspoe.models.loading.default_threads", lambda: 1)
         yield
 
 
@@ -30,7 +30,7 @@ def qwen_tokenizer():
     test skips where the model's part packages are not installed."""
     from transformers import AutoTokenizer
 
-    from rag_mspoe import embedded_models
+    from rag_mspoe.models import embedded_models
 
     try:
         folder = embedded_models.prepare("qwen2.5-coder-0.5b-instruct")

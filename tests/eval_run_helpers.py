@@ -10,7 +10,7 @@ from typing import Any
 from tiny_models import tiny_model
 
 from rag_mspoe.eval.data.synthetic import generate_invented_qa
-from rag_mspoe.loading import resolve_source
+from rag_mspoe.models.loading import resolve_source
 
 
 @functools.cache

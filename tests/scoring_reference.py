@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from rag_mspoe import frozen_head_order, parse_method, rescaled
-from rag_mspoe.chat_template import render
+from rag_mspoe.prompts.chat_template import render
 
 
 def reference_loglikelihood(engine, prompt, continuations, *, prefix="", raw=False, method=None):

@@ -160,8 +160,8 @@ def test_config_round_trip_spec_and_composition(tmp_path):
 def test_the_reference_bias_is_estimated_once_per_layout_and_then_used(tmp_path, monkeypatch):
     from transformers import AutoTokenizer
 
-    from rag_mspoe import embedded_models
     from rag_mspoe.attention import bias_cache_path, estimate_positional_bias, prompt_with_spans
+    from rag_mspoe.models import embedded_models
     from rag_mspoe.pipelines.packing import render_qa_prompt
 
     tokenizer = AutoTokenizer.from_pretrained(embedded_models.prepare("smollm2-135m-instruct"))

@@ -221,7 +221,7 @@ def test_spec_names_pine():
 
 @pytest.mark.slow
 def test_permuting_documents_leaves_the_embedded_models_answer_unchanged(embedded):
-    from rag_mspoe.chat_template import render_text
+    from rag_mspoe.prompts.chat_template import render_text
 
     model, tokenizer = embedded
     documents = [

@@ -12,7 +12,7 @@ from rag_mspoe import calibrated as calibrated_configs
 from rag_mspoe.calibrated import NoCalibratedMethodError
 from rag_mspoe.cli import main
 from rag_mspoe.engine import Engine
-from rag_mspoe.method_spec import resolve_all
+from rag_mspoe.methods.method_spec import resolve_all
 
 CONFIG = LayerWise(factors=[1.0, 1.3, 1.6, 1.2])
 
@@ -89,7 +89,7 @@ def test_each_shipped_config_is_for_an_embedded_model_and_has_its_validation_rec
     # the records and the summary of that validation ship beside the code, in docs/results/.
     from pathlib import Path
 
-    from rag_mspoe.embedded_models import MODELS
+    from rag_mspoe.models.embedded_models import MODELS
 
     shipped = sorted(calibrated_configs.SEARCH_PATH[0].glob("*.json"))
     assert shipped, "the package ships calibrated configs"

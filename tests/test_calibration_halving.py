@@ -13,7 +13,7 @@ from rag_mspoe.calibration.spaces import SPACES, space_candidates
 from rag_mspoe.eval.data.loaders import save_jsonl
 from rag_mspoe.eval.data.synthetic import generate_invented_qa
 from rag_mspoe.eval.runs.results import read_records
-from rag_mspoe.method_config import MethodConfig
+from rag_mspoe.methods.method_config import MethodConfig
 from rag_mspoe.rope.uniform import Uniform
 
 

@@ -180,7 +180,7 @@ def test_the_device_option_reaches_load_model(argv, tmp_path, monkeypatch, capsy
         raise DeviceError("stop here")
 
     monkeypatch.setattr("rag_mspoe.load_model", fake_load)
-    monkeypatch.setattr("rag_mspoe.loading.load_model", fake_load)
+    monkeypatch.setattr("rag_mspoe.models.loading.load_model", fake_load)
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     code = main([*argv, "--device", "cuda:1", "--dtype", "float16", "--threads", "1"])
     assert code == 1 and "stop here" in capsys.readouterr().err
@@ -219,7 +219,7 @@ def test_gpu_benchmark_refuses_without_cuda_and_says_what_to_do():
 
 def test_int8_on_a_gpu_fails_before_any_long_work(tmp_path, monkeypatch, capsys, fake_gpus):
     fake_gpus()
-    monkeypatch.setattr("rag_mspoe.loading.load_model", lambda *a, **k: pytest.fail("loaded a model"))
+    monkeypatch.setattr("rag_mspoe.models.loading.load_model", lambda *a, **k: pytest.fail("loaded a model"))
     code = main(["ask", "What is it?", "--index", str(tmp_path / "no-index"), "--quantize", "int8"])
     error = capsys.readouterr().err
     assert code == 1 and "runs on the CPU only" in error and "--device cpu" in error  # not the missing index

@@ -8,7 +8,7 @@ import pytest
 import torch
 from tiny_models import ARCH_NAMES, tiny_model
 
-from rag_mspoe.document_prefix import DocumentPrefixCache
+from rag_mspoe.engine.document_prefix import DocumentPrefixCache
 
 
 def counting_rows(model):

@@ -13,18 +13,18 @@ from eval_run_helpers import embedded_tokenizer, tiny_chat_model
 
 from rag_mspoe import rescaled
 from rag_mspoe.attention import Pine, document_spans
-from rag_mspoe.chat_template import render
-from rag_mspoe.document_prompts import (
+from rag_mspoe.engine import Engine
+from rag_mspoe.engine.engine_generation import spans_after_cut
+from rag_mspoe.methods.method_spec import parse_method
+from rag_mspoe.pipelines.packing import render_qa_prompt
+from rag_mspoe.prompts.chat_template import render
+from rag_mspoe.prompts.document_prompts import (
     MissingDocumentSpans,
     document_message,
     find_document_lines,
     lines_with_spans,
     render_with_spans,
 )
-from rag_mspoe.engine import Engine
-from rag_mspoe.engine_generation import spans_after_cut
-from rag_mspoe.method_spec import parse_method
-from rag_mspoe.pipelines.packing import render_qa_prompt
 
 DOCUMENTS = [
     ("Rivers", "The Danube flows through ten countries before it reaches the Black Sea."),

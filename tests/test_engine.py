@@ -20,7 +20,7 @@ from rag_mspoe.engine import (
     GenerationTimeout,
     PromptTooLongError,
 )
-from rag_mspoe.stopping import TextTracker
+from rag_mspoe.engine.stopping import TextTracker
 
 PROMPTS = [
     "What is the capital of France?",

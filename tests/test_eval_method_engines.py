@@ -8,7 +8,7 @@ from tiny_models import prompt_ids, tiny_model, with_rope_parameters
 
 from rag_mspoe import Compose, LayerWise, MsPoE, Uniform
 from rag_mspoe.eval.method_engines import EngineSet
-from rag_mspoe.method_spec import ResolvedMethod, resolve, resolve_all
+from rag_mspoe.methods.method_spec import ResolvedMethod, resolve, resolve_all
 from rag_mspoe.rope.variants import rope_variant
 
 

@@ -17,8 +17,8 @@ from rag_mspoe.cli import build_parser, main, model_load_options
 from rag_mspoe.eval.runs.loop import Evaluation, Pairing, run_evaluation
 from rag_mspoe.eval.runs.results import RESULTS_FILE, Key, read_records
 from rag_mspoe.eval.runs.units import Scorer
-from rag_mspoe.loading import source_name
-from rag_mspoe.method_spec import ResolvedMethod, resolve_all
+from rag_mspoe.methods.method_spec import ResolvedMethod, resolve_all
+from rag_mspoe.models.loading import source_name
 
 
 @dataclass(frozen=True)

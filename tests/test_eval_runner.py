@@ -14,7 +14,6 @@ from collections import Counter
 import pytest
 from eval_run_helpers import save_tiny_chat_model, tiny_chat_model
 
-from rag_mspoe.devices import default_dtype
 from rag_mspoe.eval.data.loaders import save_jsonl
 from rag_mspoe.eval.data.records import gold_index, with_gold_at
 from rag_mspoe.eval.data.synthetic import generate_invented_qa
@@ -22,7 +21,8 @@ from rag_mspoe.eval.runs.results import read_records
 from rag_mspoe.eval.sweep.batch_scorer import candidates_of
 from rag_mspoe.eval.sweep.plan import SweepConfig
 from rag_mspoe.eval.sweep.run import frozen_examples, run_sweep
-from rag_mspoe.method_spec import resolve
+from rag_mspoe.methods.method_spec import resolve
+from rag_mspoe.models.devices import default_dtype
 
 
 @pytest.fixture(scope="module")

@@ -11,13 +11,13 @@ import pytest
 from scoring_reference import reference_loglikelihood
 from tiny_models import tiny_model
 
-from rag_mspoe.chat_template import render
 from rag_mspoe.engine import Engine
 from rag_mspoe.eval.data.prompts import kv_prompt, qa_prompt
 from rag_mspoe.eval.data.records import with_gold_at
 from rag_mspoe.eval.data.synthetic import generate_invented_qa, generate_kv
 from rag_mspoe.eval.scoring.metrics import best_subspan_em, kv_match
 from rag_mspoe.eval.scoring.model_scores import score_forced_choice, score_generation, score_loglikelihood
+from rag_mspoe.prompts.chat_template import render
 
 METHODS = [None, "mspoe", "mspoe-query-head", "layerwise"]
 

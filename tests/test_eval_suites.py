@@ -108,7 +108,7 @@ def test_mmlu_jsonl_and_original_csv(tmp_path):
 
 
 def test_the_middle_cut_keeps_head_and_tail():
-    from rag_mspoe.engine_generation import middle_cut
+    from rag_mspoe.engine.engine_generation import middle_cut
 
     assert middle_cut(10, 4) == (2, 8, 6)  # tokens 0, 1 and 8, 9 stay
     assert middle_cut(10, 5) == (2, 7, 5)

@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from tiny_models import tiny_model
 
 from rag_mspoe.engine import Engine
-from rag_mspoe.grammar import Grammar, GrammarError, closed_objects
-from rag_mspoe.json_output import UnsupportedSchemaError, check_schema, describe, generate_json
+from rag_mspoe.tools.grammar import Grammar, GrammarError, closed_objects
+from rag_mspoe.tools.json_output import UnsupportedSchemaError, check_schema, describe, generate_json
 
 
 class Address(BaseModel):

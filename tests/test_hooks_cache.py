@@ -13,9 +13,9 @@ import torch
 from tiny_models import tiny_model
 from transformers import DynamicCache
 
-from rag_mspoe import prefix_scoring
 from rag_mspoe.attention.reorder import document_attention
-from rag_mspoe.document_prefix import DocumentPrefixCache
+from rag_mspoe.engine import prefix_scoring
+from rag_mspoe.engine.document_prefix import DocumentPrefixCache
 from rag_mspoe.rope.hooks import kv_cache
 
 

@@ -15,15 +15,15 @@ from rag_mspoe import rescaled
 from rag_mspoe.attention import AttentionCalibration, InvariantReorder, document_spans
 from rag_mspoe.attention.invariant_reorder import JUDGE_NUMBERED, NO, YES, standardised
 from rag_mspoe.attention.reorder import documents_read, moved_slot, prompt_with_documents
-from rag_mspoe.document_prompts import MissingDocumentSpans, document_message, render_with_spans
 from rag_mspoe.engine import Engine
 from rag_mspoe.eval.data.records import with_gold_at
 from rag_mspoe.eval.runs.results import read_records
 from rag_mspoe.eval.sweep.batch_scorer import candidates_of, prompt_of
 from rag_mspoe.eval.sweep.plan import SweepConfig
 from rag_mspoe.eval.sweep.run import frozen_examples, run_sweep
-from rag_mspoe.method_spec import parse_method
+from rag_mspoe.methods.method_spec import parse_method
 from rag_mspoe.pipelines.packing import render_qa_prompt
+from rag_mspoe.prompts.document_prompts import MissingDocumentSpans, document_message, render_with_spans
 from rag_mspoe.rope.rescaling import STATE_ATTR
 
 DOCUMENTS = [

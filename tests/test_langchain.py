@@ -17,7 +17,7 @@ from tiny_models import tiny_model
 from rag_mspoe import current_method
 from rag_mspoe.connectors.langchain import ChatRagMsPoE, RagMsPoELLM
 from rag_mspoe.engine import Engine, GenerationTimeout
-from rag_mspoe.json_output import UnsupportedSchemaError
+from rag_mspoe.tools.json_output import UnsupportedSchemaError
 
 QUESTION = "Name three colours."
 

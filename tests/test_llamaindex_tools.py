@@ -14,9 +14,9 @@ from llama_index.core.tools import FunctionTool
 from pydantic import BaseModel, ConfigDict, Field
 from tiny_models import tiny_model
 
-from rag_mspoe.chat_template import render
 from rag_mspoe.connectors.llamaindex import RagMsPoE, to_chat_messages
 from rag_mspoe.engine import Engine
+from rag_mspoe.prompts.chat_template import render
 
 AGENT_SEED = 7  # one where the random model's forced turn calls both tools (0 to 6 call one)
 

@@ -10,7 +10,7 @@ import transformers
 from tiny_models import fake_gguf_conversion, tiny_model, tiny_tokenizer
 
 from rag_mspoe import ModelLoadError, load_model, loading, model_cache, model_display_name
-from rag_mspoe.loading import default_threads
+from rag_mspoe.models.loading import default_threads
 
 
 class _Interrupted(Exception):

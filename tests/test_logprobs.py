@@ -9,9 +9,9 @@ import torch
 from tiny_models import tiny_model
 
 from rag_mspoe.engine import Engine
-from rag_mspoe.grammar import Grammar, grammar_tokenizer
-from rag_mspoe.stopping import TextTracker
-from rag_mspoe.token_logprobs import TokenLogprob, token_text
+from rag_mspoe.engine.stopping import TextTracker
+from rag_mspoe.engine.token_logprobs import TokenLogprob, token_text
+from rag_mspoe.tools.grammar import Grammar, grammar_tokenizer
 
 QUESTION = "What is the capital of France?"
 PROMPTS = [QUESTION, "Name three colours, then say why the sky is blue."]
@@ -163,7 +163,7 @@ def forced_prompt_logprobs(model, ids: list[int]) -> torch.Tensor:
 )
 def test_prompt_logprobs_equal_one_forward_in_chunks_of_rows(embedded, monkeypatch, arch, overrides):
     """Scored a few rows at a time (as long prompts are), with the model's logit soft-capping."""
-    monkeypatch.setattr("rag_mspoe.engine_scoring._LOGIT_ROWS", 5)
+    monkeypatch.setattr("rag_mspoe.engine.engine_scoring._LOGIT_ROWS", 5)
     tokenizer = embedded[1]
     model = tiny_model(
         arch, vocab_size=len(tokenizer), max_position_embeddings=256, initializer_range=0.3, **overrides

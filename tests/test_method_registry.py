@@ -18,8 +18,8 @@ from rag_mspoe.eval.harness import needs_batch_size_one
 from rag_mspoe.eval.runs.results import read_records
 from rag_mspoe.eval.sweep.plan import SweepConfig
 from rag_mspoe.eval.sweep.run import run_sweep
-from rag_mspoe.method_config import NAMED_METHODS, number_argument
-from rag_mspoe.method_spec import parse_method, resolve
+from rag_mspoe.methods.method_config import NAMED_METHODS, number_argument
+from rag_mspoe.methods.method_spec import parse_method, resolve
 from rag_mspoe.rope.hooks import ModelHooks
 
 

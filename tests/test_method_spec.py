@@ -10,7 +10,7 @@ import pytest
 from tiny_models import tiny_model
 
 from rag_mspoe import Compose, LayerWise, MsPoE, Uniform, parse_method, rescale
-from rag_mspoe.method_spec import ResolvedMethod, known_names, resolve, resolve_all
+from rag_mspoe.methods.method_spec import ResolvedMethod, known_names, resolve, resolve_all
 
 
 def test_parse_method_reads_the_full_grammar_for_rescaling_parts(tmp_path):

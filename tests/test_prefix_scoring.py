@@ -10,13 +10,13 @@ from scoring_reference import reference_loglikelihood
 from tiny_models import tiny_model
 
 from rag_mspoe import load_model
-from rag_mspoe.chat_template import render
 from rag_mspoe.engine import Engine
+from rag_mspoe.engine.prefix_scoring import shares_prefixes
 from rag_mspoe.eval.data.prompts import qa_prompt
 from rag_mspoe.eval.data.records import with_gold_at
 from rag_mspoe.eval.data.synthetic import generate_invented_qa
 from rag_mspoe.methods import Compose, HiddenScale, LayerWise, MsPoE, Uniform
-from rag_mspoe.prefix_scoring import shares_prefixes
+from rag_mspoe.prompts.chat_template import render
 
 # Per-token tolerance of the fp32 comparisons, in nats.
 FP32_TOLERANCE = 1e-4

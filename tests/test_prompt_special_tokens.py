@@ -14,8 +14,8 @@ from eval_run_helpers import embedded_tokenizer, tiny_chat_model
 from tiny_models import ARCH_NAMES
 from transformers import AddedToken
 
-from rag_mspoe.chat_template import EmptyPromptError, render, render_text
 from rag_mspoe.engine import Engine
+from rag_mspoe.prompts.chat_template import EmptyPromptError, render, render_text
 
 # The turn markers of each architecture's chat template, written here in each family's layout.
 TEMPLATES: dict[str, tuple[list[str], str]] = {

@@ -10,11 +10,11 @@ from tiny_models import prompt_ids, tiny_model, tiny_tokenizer
 from torch import nn
 
 from rag_mspoe import LayerWise, MsPoE, Uniform, load_model, rescaled
-from rag_mspoe.devices import default_dtype
 from rag_mspoe.engine import Engine
 from rag_mspoe.eval.runs.manifest import model_facts
 from rag_mspoe.methods import Compose
-from rag_mspoe.quantization import (
+from rag_mspoe.models.devices import default_dtype
+from rag_mspoe.models.quantization import (
     Int8Linear,
     QuantizationError,
     check_quantize,
@@ -41,7 +41,10 @@ def test_int8_keeps_the_output_layer_and_scores_close_to_fp32(arch):
     quantized = quantize_model(copy.deepcopy(model), "int8")
     modules = quantized.named_modules()
     linears = {name.rpartition(".")[2] for name, module in modules if type(module) is nn.Linear}
-    assert linears == {"down_proj", "lm_head"}  # see rag_mspoe.quantization on why these stay as they are
+    assert linears == {
+        "down_proj",
+        "lm_head",
+    }  # rag_mspoe.models.quantization says why
     assert sum(isinstance(module, Int8Linear) for module in quantized.modules()) == 4 * 6
     assert quantization_of(quantized) == "int8" and quantization_of(model) is None
     ids = prompt_ids(length=40)

@@ -15,8 +15,8 @@ from server_helpers import running, sse_events  # noqa: E402
 
 from rag_mspoe.connectors.server import create_app  # noqa: E402
 from rag_mspoe.engine import Engine, GenerationCancelled  # noqa: E402
-from rag_mspoe.text_stream import End, StreamOutlet  # noqa: E402
-from rag_mspoe.tool_calls import generate_with_tools  # noqa: E402
+from rag_mspoe.engine.text_stream import End, StreamOutlet  # noqa: E402
+from rag_mspoe.tools.tool_calls import generate_with_tools  # noqa: E402
 
 QUESTIONS = ["What is 2 plus 3?", "Name a red fruit.", "Hello there, who are you?", "Count to three."]
 OPERATE = {  # closed choices: a random model's numbers run on past any token budget

@@ -9,10 +9,10 @@ import jsonschema
 import pytest
 from tiny_models import tiny_model
 
-from rag_mspoe.chat_template import render
 from rag_mspoe.engine import Engine
-from rag_mspoe.tool_calls import generate_with_tools
-from rag_mspoe.tool_format import CALL_OPEN, parse_calls
+from rag_mspoe.prompts.chat_template import render
+from rag_mspoe.tools.tool_calls import generate_with_tools
+from rag_mspoe.tools.tool_format import CALL_OPEN, parse_calls
 
 ADD = {
     "type": "function",

@@ -14,14 +14,14 @@ import pytest
 from test_tool_calls import TOOLS, schema_of
 from tiny_models import tiny_model
 
-from rag_mspoe import embedded_models
 from rag_mspoe.engine import Engine
-from rag_mspoe.grammar import grammar_tokenizer
-from rag_mspoe.loading import ModelLoadError
-from rag_mspoe.tool_calls import generate_with_tools, stream_with_tools
-from rag_mspoe.tool_format import format_for, parse_calls
-from rag_mspoe.tool_grammar import call_grammar
-from rag_mspoe.tool_stream import CallSplitter, ToolCallDelta
+from rag_mspoe.models import embedded_models
+from rag_mspoe.models.loading import ModelLoadError
+from rag_mspoe.tools.grammar import grammar_tokenizer
+from rag_mspoe.tools.tool_calls import generate_with_tools, stream_with_tools
+from rag_mspoe.tools.tool_format import format_for, parse_calls
+from rag_mspoe.tools.tool_grammar import call_grammar
+from rag_mspoe.tools.tool_stream import CallSplitter, ToolCallDelta
 
 NAMES = [tool["function"]["name"] for tool in TOOLS]
 CALLS = [("add", {"a": 7, "b": 5}), ("lookup", {"query": "ferry", "k": 3})]
@@ -242,7 +242,7 @@ def test_gemma3_without_a_tool_section_gets_the_calls_as_text(embedded):
         [{"role": "user", "content": "Help."}], add_generation_prompt=True, tokenize=False
     )
     assert "<tool_call>" not in prompt  # the template itself shows no tools...
-    from rag_mspoe.chat_template import render_text
+    from rag_mspoe.prompts.chat_template import render_text
 
     assert '"name": "lookup"' in render_text(tokenizer, "Help.", tools=TOOLS)  # ...so they are folded in
     text = '<tool_call>\n{"name": "add", "arguments": {"a": 7, "b": 5}}\n</tool_call>'

@@ -10,10 +10,10 @@ import json
 import pytest
 from test_tool_calls import TOOLS, tiny  # noqa: F401  # the tiny engine fixture
 
-from rag_mspoe.tool_calls import astream_with_tools, generate_with_tools, stream_with_tools
-from rag_mspoe.tool_format import call_text, parse_calls
-from rag_mspoe.tool_parsing import parse_answer
-from rag_mspoe.tool_stream import CallSplitter, ToolCallDelta
+from rag_mspoe.tools.tool_calls import astream_with_tools, generate_with_tools, stream_with_tools
+from rag_mspoe.tools.tool_format import call_text, parse_calls
+from rag_mspoe.tools.tool_parsing import parse_answer
+from rag_mspoe.tools.tool_stream import CallSplitter, ToolCallDelta
 
 ADD_1_2 = call_text("add", {"a": 1, "b": 2})
 LOOKUP = call_text("lookup", {"query": 'say "hi" {[}', "k": 3})

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rag_mspoe.document_prompts import document_message, lines_with_spans
 from rag_mspoe.eval.data.records import KVExample, QAExample
+from rag_mspoe.prompts.document_prompts import document_message, lines_with_spans
 
 QA_INSTRUCTION = (
     "Write a high-quality answer for the given question using only the provided search results "
@@ -70,7 +70,7 @@ def kv_prompt_with_spans(example: KVExample) -> tuple[str, list[tuple[int, int]]
 
 def prompt_message(example: QAExample | KVExample) -> list[dict[str, Any]]:
     """The example's prompt as the one user message the model gets, with where its documents (or
-    pairs) are, for methods that read them (`rag_mspoe.document_prompts`)."""
+    pairs) are, for methods that read them (`rag_mspoe.prompts.document_prompts`)."""
     if isinstance(example, KVExample):
         text, spans = kv_prompt_with_spans(example)
     else:

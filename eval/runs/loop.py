@@ -39,7 +39,7 @@ from rag_mspoe.eval.runs.manifest import (
 from rag_mspoe.eval.runs.ray_backend import score_on_ray
 from rag_mspoe.eval.runs.results import RESULTS_FILE, Key, ResultsFile, run_lock
 from rag_mspoe.eval.runs.units import Scorer
-from rag_mspoe.method_spec import ResolvedMethod
+from rag_mspoe.methods.method_spec import ResolvedMethod
 from rag_mspoe.progress import progress_bar
 
 # What a kind declares for its `rag-mspoe <kind>` command.

@@ -19,7 +19,7 @@ from typing import Any
 
 from rag_mspoe.eval.runs.results import RESULTS_FILE
 from rag_mspoe.files import atomic_write
-from rag_mspoe.method_spec import ResolvedMethod
+from rag_mspoe.methods.method_spec import ResolvedMethod
 
 MANIFEST_FILE = "manifest.json"
 _PACKAGES = (
@@ -68,7 +68,7 @@ def model_facts(model: Any) -> dict[str, Any]:
     import torch
 
     from rag_mspoe import model_display_name
-    from rag_mspoe.quantization import quantization_of
+    from rag_mspoe.models.quantization import quantization_of
 
     config = model.config
     return {
@@ -137,7 +137,7 @@ def record_methods(manifest: dict[str, Any], methods: list[ResolvedMethod], fold
 def _as_now(recorded: dict[str, Any]) -> Any:
     """A config a manifest recorded, as this version writes it: a setting added to a method since
     then takes its default, so the config means what it meant."""
-    from rag_mspoe.method_spec import ResolvedMethod
+    from rag_mspoe.methods.method_spec import ResolvedMethod
 
     try:
         return jsonable(ResolvedMethod.from_dict(recorded).to_dict())

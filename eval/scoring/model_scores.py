@@ -11,10 +11,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from rag_mspoe.chat_template import Prompt
 from rag_mspoe.engine import Engine, MethodSpec
 from rag_mspoe.eval.data.records import KVExample, QAExample
 from rag_mspoe.eval.scoring.metrics import best_subspan_em, kv_match
+from rag_mspoe.prompts.chat_template import Prompt
 
 
 def score_generation(

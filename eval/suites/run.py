@@ -20,10 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
-from rag_mspoe.chat_template import Prompt
 from rag_mspoe.cli import model_load_options
-from rag_mspoe.document_prompts import document_message
-from rag_mspoe.engine_generation import middle_cut, spans_after_cut
+from rag_mspoe.engine.engine_generation import middle_cut, spans_after_cut
 from rag_mspoe.eval.method_engines import EngineSet, require_given_order
 from rag_mspoe.eval.runs.loop import Evaluation, Pairing, run_evaluation
 from rag_mspoe.eval.runs.results import Key
@@ -32,8 +30,10 @@ from rag_mspoe.eval.scoring.text_metrics import score_text
 from rag_mspoe.eval.suites.knowledge import ChoiceExample, Scoring, choice_scores, load_choices
 from rag_mspoe.eval.suites.long_context import LongExample, load_long
 from rag_mspoe.eval.suites.report import position_gains, write_suite_report
-from rag_mspoe.loading import source_name
-from rag_mspoe.method_spec import ResolvedMethod, resolve_all
+from rag_mspoe.methods.method_spec import ResolvedMethod, resolve_all
+from rag_mspoe.models.loading import source_name
+from rag_mspoe.prompts.chat_template import Prompt
+from rag_mspoe.prompts.document_prompts import document_message
 
 Kind = Literal["longbench", "zeroscrolls", "mmlu"]
 KINDS: tuple[Kind, ...] = ("longbench", "zeroscrolls", "mmlu")

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from rag_mspoe.attention.reorder import CalibratedReorder, moved_slot
-from rag_mspoe.chat_template import Prompt
 from rag_mspoe.eval.data import prompts
 from rag_mspoe.eval.data.records import KVExample, with_gold_at
 from rag_mspoe.eval.method_engines import EngineSet, stable_seed
@@ -33,7 +32,8 @@ from rag_mspoe.eval.sweep.rankings import (
     reordered_prompts,
 )
 from rag_mspoe.eval.sweep.scored_prompts import metric_fields, prompt_key, scored_prompts, unmodified_label
-from rag_mspoe.method_spec import ResolvedMethod
+from rag_mspoe.methods.method_spec import ResolvedMethod
+from rag_mspoe.prompts.chat_template import Prompt
 
 
 def arranged_example(

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from rag_mspoe.attention.reorder import CalibratedReorder
-from rag_mspoe.chat_template import Prompt
-from rag_mspoe.method_spec import ResolvedMethod
+from rag_mspoe.methods.method_spec import ResolvedMethod
+from rag_mspoe.prompts.chat_template import Prompt
 
 FIELD = "ranking_attention"
 SIGNIFICANT_DIGITS = 7  # float32 holds about 7 significant decimal digits

@@ -26,8 +26,8 @@ from rag_mspoe.eval.runs.results import RESULTS_FILE, SWEEP_KEY, Key
 from rag_mspoe.eval.runs.units import Scorer
 from rag_mspoe.eval.sweep.batch_scorer import BatchScorer
 from rag_mspoe.eval.sweep.plan import Batch, Example, SweepConfig, load_examples, plan_batches
-from rag_mspoe.loading import source_name
-from rag_mspoe.method_spec import ResolvedMethod, resolve_all
+from rag_mspoe.methods.method_spec import ResolvedMethod, resolve_all
+from rag_mspoe.models.loading import source_name
 
 EXAMPLES_FILE = "examples.jsonl.gz"
 DEFAULT_METHODS = ["none", "pi", "mspoe", "layerwise", "longcontextreorder"]

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from rag_mspoe.chat_template import Prompt, as_messages
-from rag_mspoe.method_spec import ResolvedMethod
+from rag_mspoe.methods.method_spec import ResolvedMethod
+from rag_mspoe.prompts.chat_template import Prompt, as_messages
 
 # The fields each metric writes into a record (see batch_scorer).
 METRIC_FIELDS = {

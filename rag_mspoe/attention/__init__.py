@@ -22,7 +22,7 @@ from rag_mspoe.attention.invariant_reorder import InvariantReorder
 from rag_mspoe.attention.pine import Pine
 from rag_mspoe.attention.reorder import CalibratedReorder
 from rag_mspoe.attention.spans import DocumentSpans, document_spans, prompt_with_spans
-from rag_mspoe.document_prompts import char_to_token_spans
+from rag_mspoe.prompts.document_prompts import char_to_token_spans
 
 __all__ = [
     "AttentionCalibration",

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from rag_mspoe.files import atomic_write
-from rag_mspoe.model_cache import cache_dir
+from rag_mspoe.models.model_cache import cache_dir
 
 # Where the positional bias comes from (see `AttentionCalibration.bias`).
 REFERENCE_BIAS = "reference"

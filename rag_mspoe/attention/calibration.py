@@ -31,8 +31,14 @@ from rag_mspoe.attention.bias import (
 )
 from rag_mspoe.attention.calibration_hooks import AttentionCalibrationHooks
 from rag_mspoe.attention.spans import document_spans, prompt_with_spans
-from rag_mspoe.loading import model_display_name
-from rag_mspoe.method_config import MethodConfig, check_finite, check_layers, chosen_layers, number_argument
+from rag_mspoe.methods.method_config import (
+    MethodConfig,
+    check_finite,
+    check_layers,
+    chosen_layers,
+    number_argument,
+)
+from rag_mspoe.models.loading import model_display_name
 from rag_mspoe.rope.rescaling import STATE_ATTR, rescaled
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -23,16 +23,23 @@ from rag_mspoe.attention.document_hooks import (
     by_key_head,
     row_membership,
 )
-from rag_mspoe.loading import model_display_name
+from rag_mspoe.models.loading import model_display_name
 
-if TYPE_CHECKING:
-    from rag_mspoe.attention.calibration import AttentionCalibration
+
+class CalibrationSettings(Protocol):
+    """What the hooks read of their `AttentionCalibration` (named here, not imported, since that
+    module imports this one)."""
+
+    temperature: float | None
+    bias: str
+    query_rows: int | None
+    strength: float
 
 
 class AttentionCalibrationHooks(DocumentAttentionHooks):
     def __init__(self, model: nn.Module, method: Any) -> None:
         super().__init__(model, method)
-        self.calibration: AttentionCalibration = method  # type: ignore[assignment]
+        self.calibration: CalibrationSettings = method
         config: Any = model.config
         self.num_layers: int = config.num_hidden_layers
         self.num_heads: int = config.num_attention_heads

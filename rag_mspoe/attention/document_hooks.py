@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from rag_mspoe.attention.spans import DocumentSpans, Span
-from rag_mspoe.method_config import MethodConfig
+from rag_mspoe.methods.method_config import MethodConfig
 from rag_mspoe.rope.hooks import ModelHooks, kv_cache
 
 HOOKS_ATTR = "_rag_mspoe_document_hooks"

@@ -24,7 +24,7 @@ change, so the prompt stays invariant.
 Cost: one short pass per document (the document and the question, after the template's rows,
 computed once), about one prefill of the whole prompt in all; the judgement runs only the rows
 after the document again (the yes-or-no question). Each document's rows are cached by their
-tokens (`rag_mspoe.document_prefix`), and so is each score: scoring the same document with the
+tokens (`rag_mspoe.engine.document_prefix`), and so is each score: scoring the same document with the
 same template again (a sweep's other gold positions, another `keep` or `best`) runs nothing.
 """
 
@@ -41,8 +41,8 @@ from rag_mspoe.attention.reorder import (
     document_texts,
     prompt_with_documents,
 )
-from rag_mspoe.chat_template import Prompt
-from rag_mspoe.method_config import MethodConfig, check_layers, chosen_layers
+from rag_mspoe.methods.method_config import MethodConfig, check_layers, chosen_layers
+from rag_mspoe.prompts.chat_template import Prompt
 from rag_mspoe.rope.hooks import cache_argument
 from rag_mspoe.rope.rescaling import rescaled
 

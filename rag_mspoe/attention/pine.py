@@ -6,7 +6,13 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from rag_mspoe.attention.pine_hooks import PineHooks
-from rag_mspoe.method_config import MethodConfig, check_finite, check_layers, chosen_layers, number_argument
+from rag_mspoe.methods.method_config import (
+    MethodConfig,
+    check_finite,
+    check_layers,
+    chosen_layers,
+    number_argument,
+)
 
 
 @dataclass

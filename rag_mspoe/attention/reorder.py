@@ -10,7 +10,7 @@ calibrated attention from the question rows (in the upper layers by default), th
 put in that order, and the model answers from the new prompt, unmodified.
 
 The first pass costs only the question rows: every row through the documents is the unmodified
-model's (`rag_mspoe.document_prefix`). The second pass is an ordinary prompt. The engine runs the
+model's (`rag_mspoe.engine.document_prefix`). The second pass is an ordinary prompt. The engine runs the
 method wherever it runs one (generation, scoring, sweeps, the adapters, the server).
 """
 
@@ -25,9 +25,9 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from rag_mspoe.attention.bias import PositionalBias, bias_cache_path
-from rag_mspoe.chat_template import DOCUMENT_SPANS, Prompt, as_messages
-from rag_mspoe.loading import model_display_name
-from rag_mspoe.method_config import MethodConfig, check_finite, check_layers, chosen_layers
+from rag_mspoe.methods.method_config import MethodConfig, check_finite, check_layers, chosen_layers
+from rag_mspoe.models.loading import model_display_name
+from rag_mspoe.prompts.chat_template import DOCUMENT_SPANS, Prompt, as_messages
 from rag_mspoe.rope.hooks import cache_argument
 from rag_mspoe.rope.rescaling import rescaled
 
@@ -286,7 +286,7 @@ def document_texts(prompt: Prompt) -> list[str]:
 
 def _located_documents(messages: Sequence[dict[str, Any]]) -> list[tuple[int, tuple[int, int]]]:
     """(message index, character span) of every document, in prompt order."""
-    from rag_mspoe.document_prompts import find_document_lines
+    from rag_mspoe.prompts.document_prompts import find_document_lines
 
     located = []
     for index, message in enumerate(messages):

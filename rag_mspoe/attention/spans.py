@@ -1,7 +1,7 @@
 """Document spans: where each document sits in a prompt's tokens, and how they reach a model.
 
 Text-level code (the packer, the evaluation's prompts) knows each document's *character* span in
-the user message; `prompt_with_spans` (or `rag_mspoe.document_prompts.render_with_spans` for any
+the user message; `prompt_with_spans` (or `rag_mspoe.prompts.document_prompts.render_with_spans` for any
 prompt) renders the chat template and turns those into *token* spans of the rendered prompt. A
 method that sees documents reads the spans of the prompts it runs on from
 `document_spans(model, spans)`; the engine does this for every call:
@@ -73,7 +73,7 @@ def prompt_with_spans(
 
     raw=True: the prompt as plain text, without the chat template.
     """
-    from rag_mspoe.document_prompts import char_to_token_spans, document_message, render_with_spans
+    from rag_mspoe.prompts.document_prompts import char_to_token_spans, document_message, render_with_spans
 
     if raw:
         encoded = tokenizer(prompt, add_special_tokens=True, return_offsets_mapping=True)

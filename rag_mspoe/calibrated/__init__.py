@@ -11,7 +11,7 @@ import json
 import re
 from pathlib import Path
 
-from rag_mspoe.method_config import MethodConfig, load_method
+from rag_mspoe.methods.method_config import MethodConfig, load_method
 
 # Folders searched in order; the package's own folder only, unless a test adds one.
 SEARCH_PATH: list[Path] = [Path(__file__).parent]

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from tqdm.auto import tqdm
 
-from rag_mspoe.chat_template import Prompt
 from rag_mspoe.methods import MethodConfig
+from rag_mspoe.prompts.chat_template import Prompt
 
 if TYPE_CHECKING:
     from rag_mspoe.eval.method_engines import EngineSet
@@ -225,7 +225,7 @@ class SplitScorer:
         as the method's name, so records coming back from a worker say whose they are."""
         from rag_mspoe.eval.sweep.batch_scorer import BatchScorer
         from rag_mspoe.eval.sweep.plan import Batch
-        from rag_mspoe.method_spec import ResolvedMethod
+        from rag_mspoe.methods.method_spec import ResolvedMethod
 
         if split not in self._examples:
             self._examples[split] = split.examples()

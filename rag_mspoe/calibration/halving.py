@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_mspoe.files import atomic_write
-from rag_mspoe.method_config import MethodConfig
+from rag_mspoe.methods.method_config import MethodConfig
 
 BASELINE = "none"
 

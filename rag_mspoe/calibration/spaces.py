@@ -15,7 +15,7 @@ from rag_mspoe.attention.calibration import AttentionCalibration
 from rag_mspoe.attention.invariant_reorder import BEST_PLACES, InvariantReorder
 from rag_mspoe.attention.pine import Pine
 from rag_mspoe.attention.reorder import CalibratedReorder
-from rag_mspoe.method_config import MethodConfig
+from rag_mspoe.methods.method_config import MethodConfig
 from rag_mspoe.rope.layerwise import LayerWise
 from rag_mspoe.rope.mspoe import MsPoE
 

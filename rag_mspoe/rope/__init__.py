@@ -14,5 +14,5 @@
     bezier           Bezier curves over layer index, for layer-wise factors
     variants         transformers' own RoPE types (dynamic NTK, YaRN) as model variants
 
-Methods that do not touch RoPE live outside this package (`rag_mspoe.hidden_scaling`).
+Methods that do not touch RoPE live outside this package (`rag_mspoe.methods.hidden_scaling`).
 """

@@ -10,7 +10,7 @@ import torch
 import transformers
 from torch import nn
 
-from rag_mspoe.method_config import MethodConfig
+from rag_mspoe.methods.method_config import MethodConfig
 from rag_mspoe.rope.architectures import Architecture, architecture_of
 
 

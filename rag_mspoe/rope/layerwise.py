@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from rag_mspoe.method_config import check_factor
+from rag_mspoe.methods.method_config import check_factor
 from rag_mspoe.rope.bezier import bezier_layer_factors
 from rag_mspoe.rope.rotary_scaling import RopeScaling
 

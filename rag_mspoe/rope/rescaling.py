@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from rag_mspoe.loading import model_display_name
-from rag_mspoe.method_config import AppliedHooks, MethodConfig
-from rag_mspoe.method_spec import MethodSpec, parse_method
+from rag_mspoe.methods.method_config import AppliedHooks, MethodConfig
+from rag_mspoe.methods.method_spec import MethodSpec, parse_method
+from rag_mspoe.models.loading import model_display_name
 from rag_mspoe.rope.rotary_scaling import RotaryScaleState
 
 logger = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from rag_mspoe.method_config import Compose, MethodConfig
+from rag_mspoe.methods.method_config import Compose, MethodConfig
 from rag_mspoe.rope.head_rotation import (
     HeadPlan,
     HeadRanking,

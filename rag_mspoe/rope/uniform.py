@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from rag_mspoe.method_config import MethodConfig, check_factor, number_argument
+from rag_mspoe.methods.method_config import MethodConfig, check_factor, number_argument
 from rag_mspoe.rope.rotary_scaling import RopeScaling
 
 

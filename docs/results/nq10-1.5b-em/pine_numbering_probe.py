@@ -13,10 +13,10 @@ A probe, not part of the package: it calls the engine directly.
 import sys
 
 from rag_mspoe import Engine
-from rag_mspoe.document_prompts import document_message, lines_with_spans
 from rag_mspoe.eval.data.loaders import load_qa
 from rag_mspoe.eval.data.prompts import QA_ANSWER_CUE, QA_INSTRUCTION, prompt_message
 from rag_mspoe.eval.data.records import QAExample, with_gold_at
+from rag_mspoe.prompts.document_prompts import document_message, lines_with_spans
 
 
 def prompt(example: QAExample, numbered: bool) -> list[dict[str, object]]:

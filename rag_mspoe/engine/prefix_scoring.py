@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from rag_mspoe.method_config import MethodConfig
+from rag_mspoe.methods.method_config import MethodConfig
 from rag_mspoe.rope.hooks import cache_argument, returned_cache
 
 Score = tuple[float, int]  # (sum of log-probabilities, tokens scored)

@@ -2,7 +2,7 @@
 
 The request gets an instruction naming the keys, their types and descriptions (small models
 follow that better than a raw schema), and the engine decodes under the schema's grammar
-(`rag_mspoe.grammar`): every token that would break the JSON or the schema is masked, so the
+(`rag_mspoe.tools.grammar`): every token that would break the JSON or the schema is masked, so the
 answer parses and validates (arrays, nested objects, enums, `$ref`, quotes inside strings),
 unless max_new_tokens cuts it short (finish_reason "length"). One prefill per answer.
 Objects take only their listed keys unless the schema allows more (`additionalProperties`).
@@ -14,9 +14,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from rag_mspoe.chat_template import Prompt, as_messages
 from rag_mspoe.engine import Engine, GenerationResult
-from rag_mspoe.grammar import Grammar, GrammarError, closed_objects
+from rag_mspoe.prompts.chat_template import Prompt, as_messages
+from rag_mspoe.tools.grammar import Grammar, GrammarError, closed_objects
 
 
 class UnsupportedSchemaError(GrammarError):

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rag_mspoe.model_cache import ModelLoadError, cache_dir, convert_gguf
+from rag_mspoe.models.model_cache import ModelLoadError, cache_dir, convert_gguf
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from rag_mspoe.method_config import MethodConfig, check_finite, number_argument
+from rag_mspoe.methods.method_config import MethodConfig, check_finite, number_argument
 from rag_mspoe.rope.hooks import ModelHooks, kv_cache
 
 

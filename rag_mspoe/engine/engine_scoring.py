@@ -7,15 +7,15 @@ from typing import Any
 
 import torch
 
-from rag_mspoe import prefix_scoring
 from rag_mspoe.attention.spans import document_spans
-from rag_mspoe.chat_template import Prompt
-from rag_mspoe.engine_base import EngineBase
-from rag_mspoe.engine_types import ENGINE_DEFAULT, CallMethod, Prefill, PromptTooLongError
-from rag_mspoe.method_config import method_name
+from rag_mspoe.engine import prefix_scoring
+from rag_mspoe.engine.engine_base import EngineBase
+from rag_mspoe.engine.engine_types import ENGINE_DEFAULT, CallMethod, Prefill, PromptTooLongError
+from rag_mspoe.engine.stopping import TextTracker
+from rag_mspoe.engine.token_logprobs import LogprobRecorder, TokenLogprob, check_top_logprobs
+from rag_mspoe.methods.method_config import method_name
+from rag_mspoe.prompts.chat_template import Prompt
 from rag_mspoe.rope.rescaling import frozen_head_order, head_scores
-from rag_mspoe.stopping import TextTracker
-from rag_mspoe.token_logprobs import LogprobRecorder, TokenLogprob, check_top_logprobs
 
 _LOGIT_ROWS = 256
 
@@ -121,7 +121,7 @@ class ScoringEngine(EngineBase):
         self, method: Any, requests: Sequence[prefix_scoring.Continuations]
     ) -> list[list[tuple[float, int]]]:
         """Score requests under a method that keeps the rows through the documents: the unmodified
-        model's cache of those rows (computed once per prompt, `rag_mspoe.document_prefix`), then
+        model's cache of those rows (computed once per prompt, `rag_mspoe.engine.document_prefix`), then
         the question and the answers under the method. The caller holds the lock."""
         with torch.inference_mode():
             with self._method_applied(None):

@@ -25,8 +25,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from rag_mspoe.stopping import unfinished_tail
-from rag_mspoe.tool_format import (
+from rag_mspoe.engine.stopping import unfinished_tail
+from rag_mspoe.tools.tool_format import (
     BARE_MARKERS,
     CALL_CLOSE,
     CALL_OPEN,

@@ -12,16 +12,16 @@ from typing import Any, Literal, Self
 
 import torch
 
-from rag_mspoe import loading
 from rag_mspoe.attention.spans import Span, document_spans
-from rag_mspoe.chat_template import Prompt, render
-from rag_mspoe.document_prefix import DocumentPrefixCache
-from rag_mspoe.document_prompts import HOW_TO_PASS_SPANS, MissingDocumentSpans, render_with_spans
-from rag_mspoe.engine_types import ENGINE_DEFAULT, CallMethod
-from rag_mspoe.grammar import grammar_tokenizer
-from rag_mspoe.method_config import method_name
-from rag_mspoe.method_spec import MethodSpec, parse_method
+from rag_mspoe.engine.document_prefix import DocumentPrefixCache
+from rag_mspoe.engine.engine_types import ENGINE_DEFAULT, CallMethod
+from rag_mspoe.methods.method_config import method_name
+from rag_mspoe.methods.method_spec import MethodSpec, parse_method
+from rag_mspoe.models import loading
+from rag_mspoe.prompts.chat_template import Prompt, render
+from rag_mspoe.prompts.document_prompts import HOW_TO_PASS_SPANS, MissingDocumentSpans, render_with_spans
 from rag_mspoe.rope.rescaling import current_method, rescaled
+from rag_mspoe.tools.grammar import grammar_tokenizer
 
 # One lock per model object, shared by every engine that wraps it: rescaling hooks and the
 # KV cache are model state, so two generations on one model must never overlap.
@@ -184,7 +184,7 @@ class EngineBase:
 
     @property
     def document_prefixes(self) -> DocumentPrefixCache:
-        """The unmodified model's caches through each prompt's documents (see rag_mspoe.document_prefix)."""
+        """The unmodified model's caches through each prompt's documents (see `document_prefix`)."""
         return self._document_prefixes
 
     def document_spans_of(

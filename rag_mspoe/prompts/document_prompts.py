@@ -11,7 +11,7 @@ document. A prompt tells them in one of two ways:
   So a LangChain or LlamaIndex chain, or an HTTP client, that formats its documents that way
   needs nothing else.
 
-`render_with_spans` renders a prompt as the engine does (`rag_mspoe.chat_template.render`,
+`render_with_spans` renders a prompt as the engine does (`rag_mspoe.prompts.chat_template.render`,
 same token ids) and turns those character spans into token spans of the rendered prompt.
 """
 
@@ -21,8 +21,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rag_mspoe.chat_template import DOCUMENT_SPANS, Prompt, as_messages, raw_text, render_text
-from rag_mspoe.template_encoding import SpecialTextMask
+from rag_mspoe.prompts.chat_template import DOCUMENT_SPANS, Prompt, as_messages, raw_text, render_text
+from rag_mspoe.prompts.template_encoding import SpecialTextMask
 
 Span = tuple[int, int]
 
@@ -33,7 +33,7 @@ HOW_TO_PASS_SPANS = (
     "Write each document on its own line starting 'Document [1]', 'Document [2]', ... (as "
     "rag_mspoe.pipelines.packing and rag_mspoe.connectors.format_documents do), or pass the "
     "documents' character spans with the message: {'role': 'user', 'content': text, "
-    "'document_spans': [[start, end], ...]} (rag_mspoe.document_prompts.document_message); "
+    "'document_spans': [[start, end], ...]} (rag_mspoe.prompts.document_prompts.document_message); "
     "'document_spans': [] says the prompt has no documents."
 )
 

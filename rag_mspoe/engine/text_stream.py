@@ -9,8 +9,8 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
-from rag_mspoe.engine_types import GenerationResult
-from rag_mspoe.token_logprobs import TokenLogprob
+from rag_mspoe.engine.engine_types import GenerationResult
+from rag_mspoe.engine.token_logprobs import TokenLogprob
 
 # How a stream's owner starts the worker: it gets the stream's `put` and its cancel event.
 Start = Callable[[Callable[[object], None], threading.Event], None]

@@ -20,7 +20,7 @@ A spec is '[label=]part+part+...'. Each part is one of:
 `resolve` gives a `ResolvedMethod` (all three parts); `parse_method` gives only the rescaling
 config and refuses the parts a per-call rescaling cannot apply. None and every unmodified name
 mean the unmodified model. Method names and their ':ARG' forms come from the registered methods
-(`rag_mspoe.method_config`).
+(`rag_mspoe.methods.method_config`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from rag_mspoe.method_config import (
+from rag_mspoe.methods.method_config import (
     NAMED_METHODS,
     Compose,
     MethodConfig,

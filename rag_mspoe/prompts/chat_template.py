@@ -3,12 +3,12 @@
 A string becomes one user turn of the model's chat template; a list of {"role", "content"} dicts
 is rendered as a conversation. `raw=True` skips the template for plain text continuation.
 Only the template writes special tokens: text in messages, tools and the prefix that spells one
-('<|im_start|>') is encoded as plain text (`rag_mspoe.template_encoding`).
+('<|im_start|>') is encoded as plain text (`rag_mspoe.prompts.template_encoding`).
 
 Tool use follows the OpenAI message shapes: an assistant message may carry `tool_calls`
 ([{"id", "type": "function", "function": {"name", "arguments"}}]) and a "tool" message answers
 one call (`tool_call_id`). Templates that know tools get them (`tools=`) and these messages as they
-are; for the others `rag_mspoe.tool_format` writes them into the conversation as text.
+are; for the others `rag_mspoe.tools.tool_format` writes them into the conversation as text.
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rag_mspoe import tool_format
-from rag_mspoe.template_encoding import encode_untrusted
+from rag_mspoe.prompts.template_encoding import encode_untrusted
+from rag_mspoe.tools import tool_format
 
 Message = Mapping[str, Any]
 Prompt = str | Sequence[Message]
 
 ROLES = ("system", "user", "assistant", "tool")
 # A message's optional list of [start, end) character ranges of the documents in its content
-# (`rag_mspoe.document_prompts`); the chat template never sees it.
+# (`rag_mspoe.prompts.document_prompts`); the chat template never sees it.
 DOCUMENT_SPANS = "document_spans"
 
 

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from transformers import StoppingCriteria
 
-from rag_mspoe.text_stream import StreamOutlet, TextPiece
-from rag_mspoe.token_logprobs import LogprobRecorder, TokenLogprob
+from rag_mspoe.engine.text_stream import StreamOutlet, TextPiece
+from rag_mspoe.engine.token_logprobs import LogprobRecorder, TokenLogprob
 
 _INCOMPLETE_CHAR = "\ufffd"  # what decode gives for a multi-byte character cut in the middle
 

@@ -27,9 +27,9 @@ import threading
 
 import torch
 
-from rag_mspoe.engine_generation import GeneratingEngine
-from rag_mspoe.engine_scoring import ScoringEngine
-from rag_mspoe.engine_types import (
+from rag_mspoe.engine.engine_generation import GeneratingEngine
+from rag_mspoe.engine.engine_scoring import ScoringEngine
+from rag_mspoe.engine.engine_types import (
     ENGINE_DEFAULT,
     CallMethod,
     EngineDefault,
@@ -42,9 +42,9 @@ from rag_mspoe.engine_types import (
     PromptTooLongError,
     Truncation,
 )
-from rag_mspoe.method_spec import MethodSpec
-from rag_mspoe.text_stream import AsyncTextStream, TextPiece, TextStream
-from rag_mspoe.token_logprobs import TokenLogprob
+from rag_mspoe.engine.text_stream import AsyncTextStream, TextPiece, TextStream
+from rag_mspoe.engine.token_logprobs import TokenLogprob
+from rag_mspoe.methods.method_spec import MethodSpec
 
 __all__ = [
     "ENGINE_DEFAULT",

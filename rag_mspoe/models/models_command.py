@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from rag_mspoe import embedded_models
 from rag_mspoe.calibrated import calibrated_config_path
+from rag_mspoe.models import embedded_models
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -11,9 +11,9 @@ from typing import Any, Literal
 
 import torch
 
-from rag_mspoe.grammar import Grammar
-from rag_mspoe.method_spec import MethodSpec
-from rag_mspoe.token_logprobs import TokenLogprob, check_top_logprobs
+from rag_mspoe.engine.token_logprobs import TokenLogprob, check_top_logprobs
+from rag_mspoe.methods.method_spec import MethodSpec
+from rag_mspoe.tools.grammar import Grammar
 
 FinishReason = Literal["stop", "length"]
 
@@ -85,7 +85,7 @@ class GenerationSettings:
     prefix: str = ""  # text the answer is made to start with; the result holds only what follows
     truncate: Literal["error", "middle"] = "error"
     timeout: float | None = None  # seconds for the whole call, waiting for the model included
-    grammar: Grammar | None = None  # what the answer must match (rag_mspoe.grammar); None: free text
+    grammar: Grammar | None = None  # what the answer must match (rag_mspoe.tools.grammar); None: free text
     tools: tuple[Mapping[str, Any], ...] = ()  # OpenAI-style tools shown to the model by the chat template
     # None: no log-probabilities; k (0-20): each answer token's, and its step's k likeliest tokens.
     logprobs: int | None = None
@@ -110,7 +110,7 @@ class GenerationSettings:
             raise ValueError(f"timeout must be a positive number of seconds or None, got {self.timeout}.")
         if self.grammar is not None and not isinstance(self.grammar, Grammar):
             raise TypeError(
-                f"grammar must be a rag_mspoe.grammar.Grammar, got {type(self.grammar).__name__}."
+                f"grammar must be a rag_mspoe.tools.grammar.Grammar, got {type(self.grammar).__name__}."
             )
         if self.grammar is not None and self.prefix:
             raise ValueError(

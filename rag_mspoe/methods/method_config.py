@@ -117,7 +117,7 @@ class MethodConfig:
         if hooks is None:
             raise TypeError(
                 f"No hooks apply a {type(self).__name__} (kind {self.kind!r}): its class declares none "
-                "(set `hooks` on it, see rag_mspoe.method_config)."
+                "(set `hooks` on it, see rag_mspoe.methods.method_config)."
             )
         return hooks
 
@@ -132,7 +132,7 @@ class MethodConfig:
 
     def shares_prompt_prefixes(self) -> bool:
         """Whether a prompt's start computes the same under it whatever follows, so that prompts
-        with a common start may share its KV cache (`rag_mspoe.prefix_scoring`). Off unless a
+        with a common start may share its KV cache (`rag_mspoe.engine.prefix_scoring`). Off unless a
         method declares it: a wrong yes would change scores silently."""
         return False
 
@@ -150,7 +150,7 @@ class MethodConfig:
         """Whether every prompt row up to the end of its last document computes exactly as in the
         unmodified model (the method changes only what reads the documents), so that the KV cache
         of those rows may come from the unmodified model, computed once for several such methods
-        (`rag_mspoe.document_prefix`). Off unless a method declares it."""
+        (`rag_mspoe.engine.document_prefix`). Off unless a method declares it."""
         return False
 
     def prepare(self, model: Any, tokenizer: Any, spans: Sequence[Sequence[tuple[int, int]] | None]) -> None:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rag_mspoe import tool_format
-from rag_mspoe.chat_template import Prompt, render_text
+from rag_mspoe.prompts.chat_template import Prompt, render_text
+from rag_mspoe.tools import tool_format
 
 ParsedCalls = list[tuple[str, dict[str, Any]]]
 

@@ -31,10 +31,10 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rag_mspoe import tool_format, tool_grammar, tool_parsing
-from rag_mspoe.chat_template import Prompt
 from rag_mspoe.engine import AsyncTextStream, Engine, GenerationResult, TextStream
-from rag_mspoe.tool_stream import CallSplitter, ToolCallDelta, new_call_id
+from rag_mspoe.prompts.chat_template import Prompt
+from rag_mspoe.tools import tool_format, tool_grammar, tool_parsing
+from rag_mspoe.tools.tool_stream import CallSplitter, ToolCallDelta, new_call_id
 
 ToolChoice = str | Mapping[str, Any]
 

@@ -16,9 +16,8 @@ import torch
 
 from rag_mspoe.attention.reorder import documents_read
 from rag_mspoe.attention.spans import Span
-from rag_mspoe.chat_template import Prompt
-from rag_mspoe.engine_base import EngineBase
-from rag_mspoe.engine_types import (
+from rag_mspoe.engine.engine_base import EngineBase
+from rag_mspoe.engine.engine_types import (
     GenerationCancelled,
     GenerationResult,
     GenerationSettings,
@@ -26,11 +25,12 @@ from rag_mspoe.engine_types import (
     PromptTooLongError,
     Truncation,
 )
-from rag_mspoe.grammar import Grammar, GrammarProcessor, grammar_tokenizer
-from rag_mspoe.method_config import method_name
-from rag_mspoe.stopping import GenerationWatch, TextTracker
-from rag_mspoe.text_stream import AsyncTextStream, End, StreamOutlet, TextStream
-from rag_mspoe.token_logprobs import LogprobRecorder
+from rag_mspoe.engine.stopping import GenerationWatch, TextTracker
+from rag_mspoe.engine.text_stream import AsyncTextStream, End, StreamOutlet, TextStream
+from rag_mspoe.engine.token_logprobs import LogprobRecorder
+from rag_mspoe.methods.method_config import method_name
+from rag_mspoe.prompts.chat_template import Prompt
+from rag_mspoe.tools.grammar import Grammar, GrammarProcessor, grammar_tokenizer
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,15 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from rag_mspoe.grammar import JSON_OPTIONS, Grammar
-from rag_mspoe.tool_format import BARE_MARKERS, CALL_OPEN, THINK_CLOSE, THINK_OPEN, CallFormat, call_schema
+from rag_mspoe.tools.grammar import JSON_OPTIONS, Grammar
+from rag_mspoe.tools.tool_format import (
+    BARE_MARKERS,
+    CALL_OPEN,
+    THINK_CLOSE,
+    THINK_OPEN,
+    CallFormat,
+    call_schema,
+)
 
 _TEXT = r"(.|\n)*"
 _REGEX_SPECIAL = set("\\.+*?()|[]{}^$/-")

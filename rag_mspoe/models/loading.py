@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
-from rag_mspoe import embedded_models
-from rag_mspoe.devices import place, resolve_device
-from rag_mspoe.model_cache import ModelLoadError, convert_gguf
-from rag_mspoe.quantization import check_quantize, quantize_model
+from rag_mspoe.models import embedded_models
+from rag_mspoe.models.devices import place, resolve_device
+from rag_mspoe.models.model_cache import ModelLoadError, convert_gguf
+from rag_mspoe.models.quantization import check_quantize, quantize_model
 
 
 def source_name(source: str | os.PathLike[str] | None) -> str:
@@ -101,7 +101,7 @@ def load_model(
     is not there, a dtype it cannot compute or weights larger than its free memory raise
     `DeviceError` before any weights load. threads sets torch's CPU thread count (default:
     the CPUs the load average shows free, `default_threads`). quantize: None, or "int8" for
-    most Linear layers in int8 on the CPU (`rag_mspoe.quantization`: faster than bf16, but
+    most Linear layers in int8 on the CPU (`rag_mspoe.models.quantization`: faster than bf16, but
     log-likelihoods move).
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
