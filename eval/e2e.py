@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rag_mspoe.cli import model_load_options
 from rag_mspoe.eval.data.loaders import read_jsonl
@@ -33,6 +33,9 @@ from rag_mspoe.eval.runs.units import Scorer
 from rag_mspoe.eval.scoring.metrics import best_subspan_em, normalize_answer
 from rag_mspoe.methods.method_spec import ResolvedMethod, resolve_all
 from rag_mspoe.models.loading import source_name
+
+if TYPE_CHECKING:
+    from rag_mspoe.engine.protocol import EngineLike
 
 KEY_FIELDS = ("method", "example_id")
 PLOT_FILE = "accuracy_by_prompt_position.png"
@@ -193,7 +196,11 @@ def run_e2e(
 
 
 def answer_one(
-    config: E2EConfig, method: ResolvedMethod, question: Question, retrieved: Sequence[Any], engine: Any
+    config: E2EConfig,
+    method: ResolvedMethod,
+    question: Question,
+    retrieved: Sequence[Any],
+    engine: EngineLike,
 ) -> dict[str, Any]:
     """Pack the retrieved chunks as the pipeline does, put them in the method's order, answer."""
     from rag_mspoe.eval.scoring.model_scores import score_forced_choice

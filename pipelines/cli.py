@@ -24,6 +24,7 @@ from rag_mspoe.pipelines.chunking import DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SI
 from rag_mspoe.pipelines.index import INDEX_KINDS
 
 if TYPE_CHECKING:
+    from rag_mspoe.engine.protocol import EngineLike
     from rag_mspoe.pipelines.answer import Answer, Citation
     from rag_mspoe.pipelines.chunking import Chunk
     from rag_mspoe.pipelines.demo import DemoResult
@@ -311,7 +312,7 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _demo_curve(engine: Any, methods: list[str], args: argparse.Namespace) -> None:
+def _demo_curve(engine: EngineLike, methods: list[str], args: argparse.Namespace) -> None:
     from rag_mspoe.eval.report import PLOT_FILE, TABLE_FILE
     from rag_mspoe.pipelines.demo import run_position_curve
 

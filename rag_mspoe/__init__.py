@@ -12,6 +12,7 @@ Loading
     model_display_name    the name a loaded model goes by (in results, server model names, 'calibrated')
     Engine                generation and scoring over one model (chat template, batches, streaming);
                           imported on first use, since it loads transformers
+    EngineLike            what code driving a model needs of an engine (a Protocol `Engine` meets)
     ModelLoadError        a model source that cannot be loaded; the message says what to do
     DeviceError           a device or dtype the machine cannot give
 Methods (configs; `rag_mspoe.methods.method_config` says how to add one)
@@ -69,6 +70,7 @@ from rag_mspoe.rope.rescaling import (
 
 if TYPE_CHECKING:
     from rag_mspoe.engine import Engine
+    from rag_mspoe.engine.protocol import EngineLike
 
 
 def __getattr__(name: str) -> Any:
@@ -78,6 +80,10 @@ def __getattr__(name: str) -> Any:
         from rag_mspoe.engine import Engine
 
         return Engine
+    if name == "EngineLike":
+        from rag_mspoe.engine.protocol import EngineLike
+
+        return EngineLike
     # `rag_mspoe.loading.load_model` after a bare `import rag_mspoe`, as before the modules moved.
     if f"rag_mspoe.{name}" in moved_modules.MOVED:
         module: ModuleType = moved_modules.moved(f"rag_mspoe.{name}")
@@ -92,6 +98,7 @@ __all__ = [
     "Compose",
     "DeviceError",
     "Engine",
+    "EngineLike",
     "HiddenScale",
     "LayerWise",
     "MethodConfig",

@@ -11,14 +11,15 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from rag_mspoe.engine import Engine, MethodSpec
+from rag_mspoe.engine import MethodSpec
+from rag_mspoe.engine.protocol import EngineLike
 from rag_mspoe.eval.data.records import KVExample, QAExample
 from rag_mspoe.eval.scoring.metrics import best_subspan_em, kv_match
 from rag_mspoe.prompts.chat_template import Prompt
 
 
 def score_generation(
-    engine: Engine,
+    engine: EngineLike,
     prompts: Sequence[Prompt],
     examples: Sequence[QAExample | KVExample],
     *,
@@ -53,7 +54,7 @@ def score_generation(
 
 
 def score_loglikelihood(
-    engine: Engine, prompt: Prompt, answer: str, *, method: MethodSpec, prefix: str = ""
+    engine: EngineLike, prompt: Prompt, answer: str, *, method: MethodSpec, prefix: str = ""
 ) -> dict[str, float]:
     """Teacher-forced log-likelihood of `answer` as the reply to `prompt`:
     {"sum": total log-probability, "mean": per token, "tokens": token count}."""
@@ -71,7 +72,7 @@ def checked_answer(answer: str) -> str:
 
 
 def score_forced_choice(
-    engine: Engine,
+    engine: EngineLike,
     prompt: Prompt,
     candidates: Sequence[str],
     gold: str,

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from rag_mspoe.cli import model_load_options
 from rag_mspoe.engine.engine_generation import middle_cut, spans_after_cut
@@ -34,6 +34,9 @@ from rag_mspoe.methods.method_spec import ResolvedMethod, resolve_all
 from rag_mspoe.models.loading import source_name
 from rag_mspoe.prompts.chat_template import Prompt
 from rag_mspoe.prompts.document_prompts import document_message
+
+if TYPE_CHECKING:
+    from rag_mspoe.engine.protocol import EngineLike
 
 Kind = Literal["longbench", "zeroscrolls", "mmlu"]
 KINDS: tuple[Kind, ...] = ("longbench", "zeroscrolls", "mmlu")
@@ -252,7 +255,7 @@ def require_document_spans(methods: Sequence[ResolvedMethod], tasks: dict[str, l
             )
 
 
-def score_item(engine: Any, item: WorkItem, config: SuiteConfig) -> list[dict[str, Any]]:
+def score_item(engine: EngineLike, item: WorkItem, config: SuiteConfig) -> list[dict[str, Any]]:
     started = time.perf_counter()
     long = [e for e in item.examples if isinstance(e, LongExample)]
     choices = [e for e in item.examples if isinstance(e, ChoiceExample)]
@@ -261,7 +264,7 @@ def score_item(engine: Any, item: WorkItem, config: SuiteConfig) -> list[dict[st
     return [{**record, "seconds": seconds} for record in records]
 
 
-def prompt_within(engine: Any, example: LongExample, max_length: int | None) -> tuple[Prompt, int]:
+def prompt_within(engine: EngineLike, example: LongExample, max_length: int | None) -> tuple[Prompt, int]:
     """The example's prompt cut in the middle to the limit, and how many tokens were cut. The cut
     falls between tokens of the text, so the kept text is the original's head and tail, and the
     prompt says where its documents are (what is left of them), for the methods that read them."""
@@ -279,7 +282,7 @@ def prompt_within(engine: Any, example: LongExample, max_length: int | None) -> 
 
 
 def _answer_long(
-    engine: Any, examples: Sequence[LongExample], item: WorkItem, config: SuiteConfig
+    engine: EngineLike, examples: Sequence[LongExample], item: WorkItem, config: SuiteConfig
 ) -> Iterator[dict[str, Any]]:
     if not examples:
         return
@@ -309,7 +312,7 @@ def _answer_long(
 
 
 def _answer_choices(
-    engine: Any, examples: Sequence[ChoiceExample], item: WorkItem, config: SuiteConfig
+    engine: EngineLike, examples: Sequence[ChoiceExample], item: WorkItem, config: SuiteConfig
 ) -> Iterator[dict[str, Any]]:
     for example in examples:
         scored = engine.score_continuations(

@@ -16,7 +16,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rag_mspoe.attention.reorder import CalibratedReorder, moved_slot
 from rag_mspoe.eval.data import prompts
@@ -34,6 +34,9 @@ from rag_mspoe.eval.sweep.rankings import (
 from rag_mspoe.eval.sweep.scored_prompts import metric_fields, prompt_key, scored_prompts, unmodified_label
 from rag_mspoe.methods.method_spec import ResolvedMethod
 from rag_mspoe.prompts.chat_template import Prompt
+
+if TYPE_CHECKING:
+    from rag_mspoe.engine.protocol import EngineLike
 
 
 def arranged_example(
@@ -136,7 +139,7 @@ class BatchScorer:
 
     def _reordered(
         self,
-        engine: Any,
+        engine: EngineLike,
         method: ResolvedMethod,
         texts: Sequence[Prompt],
         records: list[dict[str, Any]],
@@ -151,7 +154,7 @@ class BatchScorer:
 
     def _take_scored(
         self,
-        engine: Any,
+        engine: EngineLike,
         batch: Batch,
         texts: Sequence[Prompt],
         records: list[dict[str, Any]],
@@ -194,7 +197,7 @@ class BatchScorer:
 
     def _score(
         self,
-        engine: Any,
+        engine: EngineLike,
         method: Any,
         examples: list[Example],
         texts: list[Prompt],
@@ -220,7 +223,7 @@ class BatchScorer:
 
     def _score_answers(
         self,
-        engine: Any,
+        engine: EngineLike,
         method: Any,
         examples: list[Example],
         texts: Sequence[Prompt],

@@ -14,13 +14,16 @@ a rerun orders alike.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rag_mspoe.attention.reorder import CalibratedReorder
 from rag_mspoe.methods.method_spec import ResolvedMethod
 from rag_mspoe.prompts.chat_template import Prompt
+
+if TYPE_CHECKING:
+    from rag_mspoe.engine.protocol import EngineLike
 
 FIELD = "ranking_attention"
 SIGNIFICANT_DIGITS = 7  # float32 holds about 7 significant decimal digits
@@ -46,7 +49,7 @@ def recorded_rankings(
 
 
 def reordered_prompts(
-    engine: Any,
+    engine: EngineLike,
     method: CalibratedReorder,
     texts: Sequence[Prompt],
     records: Sequence[dict[str, Any]],
@@ -74,7 +77,7 @@ def reordered_prompts(
 
 
 def other_labels_prompts(
-    engine: Any,
+    engine: EngineLike,
     others: Mapping[str, Any],
     texts: Sequence[Prompt],
     records: Sequence[dict[str, Any]],

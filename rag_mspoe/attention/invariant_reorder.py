@@ -31,7 +31,7 @@ same template again (a sweep's other gold positions, another `keep` or `best`) r
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 
@@ -45,6 +45,9 @@ from rag_mspoe.methods.method_config import MethodConfig, check_layers, chosen_l
 from rag_mspoe.prompts.chat_template import Prompt
 from rag_mspoe.rope.hooks import cache_argument
 from rag_mspoe.rope.rescaling import rescaled
+
+if TYPE_CHECKING:
+    from rag_mspoe.engine.protocol import EngineLike
 
 Best = Literal["first", "last"]
 BEST_PLACES: tuple[Best, ...] = ("first", "last")
@@ -109,7 +112,7 @@ class InvariantReorder(DocumentReordering):
             return list(range(num_layers // 2, (3 * num_layers) // 4))
         return chosen_layers("InvariantReorder", self.layers, num_layers)
 
-    def rewrite(self, engine: Any, prompt: Prompt, *, raw: bool = False) -> Prompt:
+    def rewrite(self, engine: EngineLike, prompt: Prompt, *, raw: bool = False) -> Prompt:
         _, spans = engine.document_spans_of(self, prompt, raw=raw)
         if len(spans) < 2:
             return prompt
@@ -117,7 +120,7 @@ class InvariantReorder(DocumentReordering):
         rewritten = prompt_with_documents(prompt, self.order(scores, document_texts(prompt)))
         return rewritten[0]["content"] if raw else rewritten
 
-    def scores(self, engine: Any, prompt: Prompt, *, raw: bool = False) -> list[float]:
+    def scores(self, engine: EngineLike, prompt: Prompt, *, raw: bool = False) -> list[float]:
         """Each document's score in a prompt of its own: the log-likelihood of what follows it, the
         model's yes-or-no judgement of it, both standardised and summed, or the attention the
         question gives it."""
@@ -128,7 +131,9 @@ class InvariantReorder(DocumentReordering):
         judgement = [self._score_alone(engine, single, raw, "judge") for single in singles]
         return [a + b for a, b in zip(standardised(likelihood), standardised(judgement), strict=True)]
 
-    def _score_alone(self, engine: Any, single: list[dict[str, Any]], raw: bool, score: Score) -> float:
+    def _score_alone(
+        self, engine: EngineLike, single: list[dict[str, Any]], raw: bool, score: Score
+    ) -> float:
         if score == "judge":
             single = with_judge_question(single, raw)
         ids, spans = engine.document_spans_of(self, single[0]["content"] if raw else single, raw=raw)
@@ -141,7 +146,7 @@ class InvariantReorder(DocumentReordering):
         )
 
     def _computed_score(
-        self, engine: Any, ids: list[int], spans: list[Any], layers: list[int], score: Score
+        self, engine: EngineLike, ids: list[int], spans: list[Any], layers: list[int], score: Score
     ) -> float:
         # Every document's prompt starts with the same template (the tokens before `start`): its rows
         # are computed once and each document's run from a copy of them.
@@ -177,7 +182,7 @@ def with_judge_question(single: list[dict[str, Any]], raw: bool) -> list[dict[st
     return asked
 
 
-def yes_over_no(engine: Any, logprobs: torch.Tensor) -> float:
+def yes_over_no(engine: EngineLike, logprobs: torch.Tensor) -> float:
     """How much more likely the reply starts with yes than with no: log p(yes) - log p(no), each
     summed over the first tokens of its spellings (a first token both share counts for neither)."""
     firsts = [{engine.encode(word)[0] for word in words} for words in (YES, NO)]

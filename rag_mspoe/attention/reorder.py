@@ -20,7 +20,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 
@@ -30,6 +30,9 @@ from rag_mspoe.models.loading import model_display_name
 from rag_mspoe.prompts.chat_template import DOCUMENT_SPANS, Prompt, as_messages
 from rag_mspoe.rope.hooks import cache_argument
 from rag_mspoe.rope.rescaling import rescaled
+
+if TYPE_CHECKING:
+    from rag_mspoe.engine.protocol import EngineLike
 
 Placement = Literal["first", "sorted", "last"]
 _NUMBER = re.compile(r"^Document \[\d+\]")
@@ -86,25 +89,29 @@ class CalibratedReorder(DocumentReordering):
         if self.place not in ("first", "sorted", "last"):
             raise ValueError(f"place must be 'first', 'sorted' or 'last', got {self.place!r}")
 
-    def rewrite(self, engine: Any, prompt: Prompt, *, raw: bool = False) -> Prompt:
+    def rewrite(self, engine: EngineLike, prompt: Prompt, *, raw: bool = False) -> Prompt:
         ids, spans = engine.document_spans_of(self, prompt, raw=raw)
         attention = self._attention_over(engine, ids, spans)
         return prompt if attention is None else self._reordered_by(engine.model, prompt, attention, raw)
 
-    def ranking_attention(self, engine: Any, prompt: Prompt, *, raw: bool = False) -> torch.Tensor | None:
+    def ranking_attention(
+        self, engine: EngineLike, prompt: Prompt, *, raw: bool = False
+    ) -> torch.Tensor | None:
         """The ranking pass: [layers, documents], the attention the rows after the last document put
         on each document in every layer, averaged over heads (None with fewer than two documents).
         Every layer is kept, so any band's ranking can be read from it later (sweeps record it)."""
         return self._attention_over(engine, *engine.document_spans_of(self, prompt, raw=raw))
 
-    def reordered(self, engine: Any, prompt: Prompt, attention: torch.Tensor, *, raw: bool = False) -> Prompt:
+    def reordered(
+        self, engine: EngineLike, prompt: Prompt, attention: torch.Tensor, *, raw: bool = False
+    ) -> Prompt:
         """The prompt reordered by the ranking that `attention` (as `ranking_attention` gives it) makes."""
         _, spans = engine.document_spans_of(self, prompt, raw=raw)
         self.prepare(engine.model, engine.tokenizer, [spans])
         return self._reordered_by(engine.model, prompt, attention, raw)
 
     def _attention_over(
-        self, engine: Any, ids: Sequence[int], spans: Sequence[tuple[int, int]]
+        self, engine: EngineLike, ids: Sequence[int], spans: Sequence[tuple[int, int]]
     ) -> torch.Tensor | None:
         if len(spans) < 2:
             return None

@@ -20,12 +20,15 @@ import dataclasses
 import time
 import typing
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rag_mspoe.calibration.bezier_ga import GASettings
 from rag_mspoe.calibration.fitness import METRICS, CalibrationSplit, FitnessWeights
 from rag_mspoe.calibration.optimizers import OPTIMIZERS, CMAESSettings
 from rag_mspoe.cli import add_model_options, model_load_options
+
+if TYPE_CHECKING:
+    from rag_mspoe.engine.protocol import EngineLike
 
 
 def register(subparsers: Any) -> None:
@@ -451,7 +454,7 @@ def _write_json(path: Path, data: Any) -> None:
     write_json(path, data)
 
 
-def _save(args: argparse.Namespace, engine: Any, config: Any, report: dict[str, Any]) -> None:
+def _save(args: argparse.Namespace, engine: EngineLike, config: Any, report: dict[str, Any]) -> None:
     path = config.save(args.out, base_model=engine.name)
     _write_json(Path(args.out) / "report.json", report)
     print(f"config: {path}")
@@ -464,7 +467,7 @@ def _write_markdown(args: argparse.Namespace, title: str, lines: list[str], wall
 
 
 def _compare(
-    args: argparse.Namespace, engine: Any, heldout: CalibrationSplit | None, methods: list[Any]
+    args: argparse.Namespace, engine: EngineLike, heldout: CalibrationSplit | None, methods: list[Any]
 ) -> None:
     """With --heldout-examples: forced choice of the result against the unmodified model."""
     if heldout is None:

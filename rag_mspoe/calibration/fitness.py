@@ -33,6 +33,7 @@ from rag_mspoe.methods import MethodConfig
 from rag_mspoe.prompts.chat_template import Prompt
 
 if TYPE_CHECKING:
+    from rag_mspoe.engine.protocol import EngineLike
     from rag_mspoe.eval.method_engines import EngineSet
     from rag_mspoe.eval.runs.ray_backend import WorkerPool
     from rag_mspoe.eval.sweep.plan import Example, SweepConfig
@@ -250,7 +251,7 @@ class Evaluator(Protocol):
 class LocalEvaluator:
     """One method after another on the engine's model in this process."""
 
-    def __init__(self, engine: Any, split: CalibrationSplit, progress: bool = True) -> None:
+    def __init__(self, engine: EngineLike, split: CalibrationSplit, progress: bool = True) -> None:
         from rag_mspoe.eval.method_engines import EngineSet
 
         self.split = split

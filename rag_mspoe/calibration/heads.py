@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm.auto import tqdm
 
 from rag_mspoe.methods import MsPoE
 
+if TYPE_CHECKING:
+    from rag_mspoe.engine.protocol import EngineLike
+
 
 def calibrate_head_order(
-    engine: Any, prompts: Sequence[Any], *, base: MsPoE | None = None, progress: bool = True
+    engine: EngineLike, prompts: Sequence[Any], *, base: MsPoE | None = None, progress: bool = True
 ) -> tuple[MsPoE, dict[str, Any]]:
     """A static `MsPoE` (base's settings, head_order frozen) and a report of the mean scores.
 

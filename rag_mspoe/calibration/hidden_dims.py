@@ -15,12 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from rag_mspoe.methods import HiddenScale
+
+if TYPE_CHECKING:
+    from rag_mspoe.engine.protocol import EngineLike
 
 
 @dataclass
@@ -59,7 +62,7 @@ class DimensionSearchResult:
         }
 
 
-def positional_profile(engine: Any, settings: DimensionSearchSettings) -> np.ndarray:
+def positional_profile(engine: EngineLike, settings: DimensionSearchSettings) -> np.ndarray:
     """[layers, T, hidden]: each layer's output averaged over random-token sequences."""
     tokenizer = engine.tokenizer
     vocab = engine.model.config.vocab_size
@@ -70,6 +73,7 @@ def positional_profile(engine: Any, settings: DimensionSearchSettings) -> np.nda
     for _ in tqdm(range(settings.samples), desc="hidden states", leave=False):
         ids = rng.choice(allowed, size=settings.length).tolist()
         states = engine.prefill(ids, method="none", hidden_states=True).hidden_states
+        assert states is not None  # asked for with hidden_states=True
         layers = np.stack([h.numpy() for h in states[1:]])  # skip the embeddings
         total = layers if total is None else total + layers
     assert total is not None
@@ -130,7 +134,7 @@ def candidate_dimensions(profile: np.ndarray, settings: DimensionSearchSettings)
     ]
 
 
-def validation_loss(engine: Any, validation: Sequence[tuple[Any, str]], method: Any) -> float:
+def validation_loss(engine: EngineLike, validation: Sequence[tuple[Any, str]], method: Any) -> float:
     """Mean per-token negative log-likelihood of each gold answer after its prompt."""
     losses = []
     for prompt, answer in validation:
@@ -140,7 +144,7 @@ def validation_loss(engine: Any, validation: Sequence[tuple[Any, str]], method: 
 
 
 def search_positional_dimension(
-    engine: Any,
+    engine: EngineLike,
     validation: Sequence[tuple[Any, str]],
     settings: DimensionSearchSettings | None = None,
     *,

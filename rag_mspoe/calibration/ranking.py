@@ -15,11 +15,14 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rag_mspoe.files import atomic_write
+
+if TYPE_CHECKING:
+    from rag_mspoe.engine.protocol import EngineLike
 
 RECORDS_FILE = "attention.jsonl"
 SIGNIFICANCE = 0.05
@@ -50,7 +53,12 @@ def layer_bands(layers: int, blocks: int) -> list[tuple[int, int]]:
 
 
 def record_attention(
-    engine: Any, examples: Sequence[Any], positions: Sequence[int], folder: Path, *, progress: bool = True
+    engine: EngineLike,
+    examples: Sequence[Any],
+    positions: Sequence[int],
+    folder: Path,
+    *,
+    progress: bool = True,
 ) -> list[dict[str, Any]]:
     """Each (example, gold position)'s ranking attention (`CalibratedReorder.ranking_attention`),
     read from `folder` or computed and appended."""
@@ -147,7 +155,7 @@ def write_study(folder: Path, rows: list[dict[str, Any]], default: RankingSettin
 
 
 def study(
-    engine: Any,
+    engine: EngineLike,
     examples: Sequence[Any],
     positions: Sequence[int],
     folder: Path,

@@ -8,20 +8,23 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self, cast
 
 import torch
 
 from rag_mspoe.attention.spans import Span, document_spans
 from rag_mspoe.engine.document_prefix import DocumentPrefixCache
 from rag_mspoe.engine.engine_types import ENGINE_DEFAULT, CallMethod
-from rag_mspoe.methods.method_config import method_name
+from rag_mspoe.methods.method_config import MethodConfig, method_name
 from rag_mspoe.methods.method_spec import MethodSpec, parse_method
 from rag_mspoe.models import loading
 from rag_mspoe.prompts.chat_template import Prompt, render
 from rag_mspoe.prompts.document_prompts import HOW_TO_PASS_SPANS, MissingDocumentSpans, render_with_spans
 from rag_mspoe.rope.rescaling import current_method, rescaled
 from rag_mspoe.tools.grammar import grammar_tokenizer
+
+if TYPE_CHECKING:
+    from rag_mspoe.engine.protocol import EngineLike
 
 # One lock per model object, shared by every engine that wraps it: rescaling hooks and the
 # KV cache are model state, so two generations on one model must never overlap.
@@ -100,11 +103,11 @@ class EngineBase:
         return self._compile_config is not None
 
     @property
-    def method(self) -> Any:
+    def method(self) -> MethodConfig | None:
         """The default method config, or None for the unmodified model."""
         return self._method
 
-    def method_config(self, spec: MethodSpec) -> Any:
+    def method_config(self, spec: MethodSpec) -> MethodConfig | None:
         """The config a method spec means for this engine's model ("calibrated": the one shipped for it)."""
         return parse_method(spec, loading.model_display_name(self.model))
 
@@ -137,7 +140,7 @@ class EngineBase:
         ids.add(self.tokenizer.eos_token_id)
         return {int(i) for i in ids if i is not None}
 
-    def _resolve_method(self, spec: CallMethod) -> Any:
+    def _resolve_method(self, spec: CallMethod) -> MethodConfig | None:
         """A call's method config: the engine's default for ENGINE_DEFAULT, else the spec's (None:
         the unmodified model)."""
         if spec is ENGINE_DEFAULT:
@@ -197,22 +200,26 @@ class EngineBase:
 
     def rewritten(
         self, prompts: Sequence[Prompt], *, method: CallMethod = ENGINE_DEFAULT, raw: bool = False
-    ) -> tuple[Any, list[Prompt]]:
+    ) -> tuple[MethodConfig | None, list[Prompt]]:
         """The prompts the model reads under `method` and the method it reads them with: the prompts
         as given and the method itself, except for a method that rewrites prompts (calibrated
         reordering), which runs the model to rewrite them and then leaves it unmodified (None)."""
         return self._rewritten(self._resolve_method(method), prompts, raw)
 
-    def _rewritten(self, method: Any, prompts: Sequence[Prompt], raw: bool) -> tuple[Any, list[Prompt]]:
+    def _rewritten(
+        self, method: MethodConfig | None, prompts: Sequence[Prompt], raw: bool
+    ) -> tuple[MethodConfig | None, list[Prompt]]:
         """The prompts a method that rewrites them gives (it may run the model: the lock is taken),
         and the method the model then runs: the unmodified model for such methods."""
         if method is None or not method.rewrites_prompt():
             return method, list(prompts)
         with self._lock:
-            return None, [method.rewrite(self, prompt, raw=raw) for prompt in prompts]
+            # Called from Engine's own calls: `self` is the whole engine the method may run.
+            engine = cast("EngineLike", self)
+            return None, [method.rewrite(engine, prompt, raw=raw) for prompt in prompts]
 
     def _method_applied(
-        self, method: Any, spans: Sequence[Sequence[Span] | None] = ()
+        self, method: MethodConfig | None, spans: Sequence[Sequence[Span] | None] = ()
     ) -> contextlib.AbstractContextManager[Any]:
         """`method` on the model for the block and, if it reads documents, the spans of each
         prompt of the batch (as `_render_for` gave them)."""

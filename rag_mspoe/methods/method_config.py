@@ -31,9 +31,12 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from rag_mspoe.files import atomic_write
+
+if TYPE_CHECKING:
+    from rag_mspoe.engine.protocol import EngineLike
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +144,7 @@ class MethodConfig:
         reads the new prompt unmodified. Off unless a method declares it."""
         return False
 
-    def rewrite(self, engine: Any, prompt: Any, *, raw: bool = False) -> Any:
+    def rewrite(self, engine: EngineLike, prompt: Any, *, raw: bool = False) -> Any:
         """The prompt the model reads instead of `prompt` (methods that `rewrites_prompt`); called by
         the engine with its lock held, so it may run the model."""
         raise NotImplementedError(f"{type(self).__name__} does not rewrite prompts.")
