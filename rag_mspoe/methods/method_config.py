@@ -18,6 +18,10 @@ Defining the subclass registers it, as a PEFT type is registered:
 
 Everything that reads these declarations (`rescale`, `Compose`, the spec language, the
 evaluation's batching, the server's model list) finds the method here, never in a table of its own.
+
+A method in another package registers through the entry-point group `rag_mspoe.methods`
+(in that package's pyproject.toml: `[project.entry-points."rag_mspoe.methods"] toy = "toy_pkg:Toy"`);
+the first lookup of a method name imports it, and then every command and the server know it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import logging
 import math
 import numbers
 import os
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +57,48 @@ class AppliedHooks(Protocol):
     def install(self) -> None: ...
 
     def uninstall(self) -> None: ...
+
+
+# Other packages register methods under this entry-point group, each entry naming a MethodConfig
+# subclass (or the module defining one): `[project.entry-points."rag_mspoe.methods"] shift = "pkg:Shift"`.
+PLUGIN_GROUP = "rag_mspoe.methods"
+_plugins_loaded = False
+
+
+def load_plugins() -> None:
+    """Import the methods other installed packages register (once per process). A plugin that fails
+    to import is skipped with a warning naming it, so that one broken package does not stop the rest."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True  # first: a plugin's own imports may look methods up
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group=PLUGIN_GROUP):
+        owner = f"{entry.name} = {entry.value!r}" + (f" (package {entry.dist.name})" if entry.dist else "")
+        try:
+            loaded = entry.load()
+        except Exception as exc:  # any error of a third party's import: reported, not fatal
+            warnings.warn(
+                f"The method plugin {owner} failed to import ({type(exc).__name__}: {exc}); its methods "
+                "are not available. Fix or uninstall that package.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            continue
+        if isinstance(loaded, type) and not (issubclass(loaded, MethodConfig) and loaded.kind):
+            warnings.warn(
+                f"The method plugin {owner} names {loaded.__name__}, which is not a MethodConfig "
+                "subclass with a `kind`; point the entry point at the method's config class.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+
+def registered_methods() -> Mapping[str, type[MethodConfig]]:
+    """Every method by kind: the package's own and those installed packages register."""
+    load_plugins()
+    return MethodConfig.registry
 
 
 def _package_version() -> str:
@@ -169,11 +216,10 @@ class MethodConfig:
     def from_dict(cls, data: dict[str, Any]) -> MethodConfig:
         data = dict(data)
         kind = data.pop("method", None)
-        if kind not in MethodConfig.registry:
-            raise ValueError(
-                f"Unknown method {kind!r} in config; known methods: {sorted(MethodConfig.registry)}."
-            )
-        target = MethodConfig.registry[kind]
+        methods = registered_methods()
+        if kind not in methods:
+            raise ValueError(f"Unknown method {kind!r} in config; known methods: {sorted(methods)}.")
+        target = methods[kind]
         names = {f.name for f in dataclasses.fields(target)}
         unknown = sorted(set(data) - names - {"rag_mspoe_version", "base_model"})
         if unknown:
@@ -212,21 +258,31 @@ class Compose(MethodConfig):
             raise ValueError("Compose needs at least one method.")
         if any(isinstance(m, Compose) for m in self.methods):
             raise ValueError("Nest methods flat: Compose(methods=[a, b, c]), not Compose inside Compose.")
-        for method in self.methods:
+        names = [type(m).__name__ for m in self.methods]
+        for index, method in enumerate(self.methods):
             if not method.composes:
                 reason = f": {method.alone_because}" if method.alone_because else ""
-                name = type(method).__name__
-                raise ValueError(f"{name} does not compose with other methods{reason}; apply it on its own.")
+                others = ", ".join(name for i, name in enumerate(names) if i != index) or "anything"
+                raise ValueError(
+                    f"{names[index]} does not compose with other methods{reason}; apply it on its own, "
+                    f"not with {others}."
+                )
         for kind in {m.kind for m in self.methods if m.once_per_compose}:
             if sum(m.kind == kind for m in self.methods) > 1:
                 raise ValueError(
                     f"Compose accepts at most one {MethodConfig.registry[kind].__name__} method."
                 )
-        if len({m.hooks_class() for m in self.methods}) > 1:
-            raise ValueError(
-                f"{[type(m).__name__ for m in self.methods]} are applied by different hooks, which do not "
-                "stack; apply them one at a time."
-            )
+        first = self.methods[0].hooks_class()
+        for index, method in enumerate(self.methods[1:], start=1):
+            other = method.hooks_class()
+            if other is not first:
+                # Each hooks class assumes it alone changes what it hooks (rotary tables, attention
+                # rows): two of them on one forward would each undo or double the other's change.
+                raise ValueError(
+                    f"{names[0]} and {names[index]} do not compose: they are applied by different hooks "
+                    f"({getattr(first, '__name__', first)} and {getattr(other, '__name__', other)}), "
+                    "which do not stack; apply them one at a time."
+                )
 
     def hooks_class(self) -> Callable[[Any, Any], AppliedHooks]:
         return self.methods[0].hooks_class()
@@ -260,16 +316,16 @@ class _Presets(Mapping[str, MethodConfig]):
     method registered later is there too); each lookup gives a fresh config."""
 
     def __getitem__(self, name: str) -> MethodConfig:
-        for method in MethodConfig.registry.values():
+        for method in registered_methods().values():
             if name in method.presets:
                 return method(**method.presets[name])
         raise KeyError(name)
 
     def __iter__(self) -> Iterator[str]:
-        return (name for method in list(MethodConfig.registry.values()) for name in method.presets)
+        return (name for method in list(registered_methods().values()) for name in method.presets)
 
     def __len__(self) -> int:
-        return sum(len(method.presets) for method in MethodConfig.registry.values())
+        return sum(len(method.presets) for method in registered_methods().values())
 
 
 # Names a user can type (CLI, connectors, server model names) for ready configs.
@@ -278,7 +334,7 @@ NAMED_METHODS: Mapping[str, MethodConfig] = _Presets()
 
 def argument_methods() -> dict[str, type[MethodConfig]]:
     """The method of each 'name:ARG' spec name."""
-    return {method.argument_name: method for method in MethodConfig.registry.values() if method.argument_name}
+    return {method.argument_name: method for method in registered_methods().values() if method.argument_name}
 
 
 def load_method(path: str | os.PathLike[str]) -> MethodConfig:
