@@ -44,13 +44,14 @@ def package_dirs() -> dict[str, Path]:
     return {package: ROOT / folder for package, folder in table.items()}
 
 
-def build_tree() -> dict[Path, Path]:
-    """The installed layout as links under TREE; returns each tree folder and the real one it shows."""
-    shutil.rmtree(TREE, ignore_errors=True)
+def build_tree(tree: Path = TREE) -> dict[Path, Path]:
+    """The installed layout as links under `tree`; returns each tree folder and the real one it shows.
+    (The documentation build reads the package from such a tree too: mkdocs_hooks.py.)"""
+    shutil.rmtree(tree, ignore_errors=True)
     shown: dict[Path, Path] = {}
     # Parents first, so that a mapped subpackage gets its own folder inside its parent's.
     for package, folder in sorted(package_dirs().items()):
-        target = TREE.joinpath(*package.split("."))
+        target = tree.joinpath(*package.split("."))
         target.mkdir(parents=True, exist_ok=True)
         shown[target] = folder
         for entry in folder.iterdir():
