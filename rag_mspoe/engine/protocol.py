@@ -70,16 +70,6 @@ class EngineLike(Protocol):
         self, prompts: Sequence[Prompt], *, cancel: threading.Event | None = None, **settings: Any
     ) -> list[GenerationResult]: ...
 
-    def loglikelihood(
-        self,
-        prompt: Prompt,
-        continuations: Sequence[str],
-        *,
-        prefix: str = "",
-        raw: bool = False,
-        method: CallMethod = ...,
-    ) -> list[float]: ...
-
     def score_continuations(
         self,
         prompt: Prompt,
