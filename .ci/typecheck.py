@@ -22,8 +22,6 @@ import sys
 import tomllib
 from pathlib import Path
 
-from mypy import api
-
 ROOT = Path(__file__).resolve().parents[1]
 TREE = ROOT / ".mypy_cache" / "package-tree"
 
@@ -76,6 +74,9 @@ def real_paths(text: str, shown: dict[Path, Path]) -> str:
 
 def mypy(*args: str) -> tuple[str, str, int]:
     """mypy run inside the tree (so that it finds the package there), with the project's settings."""
+    # Imported here: the documentation build uses this module's tree without mypy installed.
+    from mypy import api
+
     return api.run(
         ["--config-file", str(ROOT / "pyproject.toml"), "--cache-dir", str(ROOT / ".mypy_cache"), *args]
     )

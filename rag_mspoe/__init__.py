@@ -87,6 +87,7 @@ def __getattr__(name: str) -> Any:
     # `rag_mspoe.loading.load_model` after a bare `import rag_mspoe`, as before the modules moved.
     if f"rag_mspoe.{name}" in moved_modules.MOVED:
         module: ModuleType = moved_modules.moved(f"rag_mspoe.{name}")
+        globals()[name] = module  # warned once, as an import would be
         return module
     raise AttributeError(f"module 'rag_mspoe' has no attribute {name!r}")
 
