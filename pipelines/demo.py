@@ -115,7 +115,7 @@ def model_with_shipped_method() -> str | None:
     return next((name for name in DEMO_MODELS if calibrated_config_path(name)), None)
 
 
-def demo_folder(out: str | None, model_name: str) -> Path:
+def demo_folder(out: str | None, model: str) -> Path:
     """The folder this run writes into, created: `out`, which must be new or empty, or else a
     fresh folder under DEMO_ROOT named after the model (numbered when it exists)."""
     if out is not None:
@@ -126,7 +126,9 @@ def demo_folder(out: str | None, model_name: str) -> Path:
                 f"--out out: each run then writes into a fresh folder under {DEMO_ROOT}/."
             )
     else:
-        base = Path(DEMO_ROOT) / model_name.replace("/", "-")
+        from rag_mspoe.loading import source_name
+
+        base = Path(DEMO_ROOT) / source_name(model).replace("/", "-")
         folder, number = base, 1
         while folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
             number += 1
