@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rag_mspoe.progress import library_bars_enabled
+from rag_mspoe.progress import library_bars_enabled, progress_bar
 
 logger = logging.getLogger(__name__)
 
@@ -63,14 +63,18 @@ def convert_gguf(gguf_path: Path, target: Path | None = None) -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     logger.info("Converting %s into %s (once)", gguf_path, target)
+    expected = round(conversion_seconds(gguf_path))
     print(
-        f"{gguf_path.name}: converting once into the cache, about {conversion_seconds(gguf_path):.0f} s "
-        "(later loads take seconds)",
+        f"{gguf_path.name}: converting once into the cache, about {expected} s (later loads take seconds)",
         file=sys.stderr,
         flush=True,
     )
     started = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    # On a terminal, the time spent so far, redrawn while transformers works.
+    elapsed = progress_bar(
+        desc="converting", unit="s", progress=None, leave=False, bar_format="{desc}: {elapsed} elapsed"
+    )
     try:
         kwargs = {"gguf_file": gguf_path.name}
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
@@ -89,6 +93,7 @@ def convert_gguf(gguf_path: Path, target: Path | None = None) -> Path:
             if not (target / "config.json").is_file():  # not a concurrent conversion that won
                 raise
     finally:
+        elapsed.close()
         shutil.rmtree(tmp, ignore_errors=True)
     logger.info("Converted %s in %.0f s", gguf_path.name, time.perf_counter() - started)
     return target

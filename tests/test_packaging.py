@@ -43,6 +43,12 @@ def test_wheel_installs_and_imports_all_packages(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     for folder in ("rag_mspoe", "rag_mspoe/connectors", "rag_mspoe/pipelines", "rag_mspoe/eval"):
         assert f"{folder}/__init__.py" in names
+    # The shipped configs and their validation records, which the demo shows without a clone.
+    shipped = [
+        path.relative_to(ROOT).as_posix() for path in (ROOT / "rag_mspoe" / "calibrated").rglob("*.json")
+    ]
+    assert any("/validation/" in name for name in shipped)
+    assert set(shipped) <= set(names)
 
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
