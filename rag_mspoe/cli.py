@@ -98,7 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="rag-mspoe",
         description="Local RAG with a model that carries a method against 'lost in the middle'.",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="log progress details, and show the loading bars of transformers and huggingface_hub",
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name, function_name in COMMAND_MODULES:
         try:
@@ -114,6 +119,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    if not args.verbose:
+        from rag_mspoe.progress import silence_library_bars
+
+        silence_library_bars()
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

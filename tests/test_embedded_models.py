@@ -17,8 +17,9 @@ import torch
 import transformers
 from tiny_models import fake_gguf_conversion
 
-from rag_mspoe import ModelLoadError, embedded_models, load_model, model_cache, model_display_name
+from rag_mspoe import ModelLoadError, load_model, model_display_name
 from rag_mspoe.cli import main
+from rag_mspoe.models import embedded_models, model_cache
 
 PART_SIZES = [1000, 1000, 337]
 

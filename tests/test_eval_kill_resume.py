@@ -54,7 +54,7 @@ def kill_resume_then_refuse_relabel(
     assert main([str(part) for part in relabelled]) == 1
     refusal = capsys.readouterr().err
     assert f"Method name 'x' meant another config in {run}" in refusal, refusal[-2000:]
-    assert "another label" in refusal and "new folder" in refusal
+    assert "another label" in refusal and "new folder (--out)" in refusal
     assert checksums(run) == untouched
 
 

@@ -58,7 +58,7 @@ def test_e2e_refuses_to_resume_under_other_settings_or_a_relabelled_method(model
         assert result.returncode == 1, name
         assert message in result.stderr, (name, result.stderr[-2000:])
         assert str(run) in result.stderr
-        assert "new folder" in result.stderr or "another label" in result.stderr
+        assert "new folder (--out)" in result.stderr or "another label" in result.stderr
         assert checksums(tmp_path) == before, name
 
     (run / "manifest.json").unlink()

@@ -70,6 +70,12 @@ def test_wheel_installs_and_imports_all_packages(installed_wheel, tmp_path):
     for folder in ("rag_mspoe", "rag_mspoe/connectors", "rag_mspoe/pipelines", "rag_mspoe/eval"):
         assert f"{folder}/__init__.py" in names
     assert "rag_mspoe/py.typed" in names
+    # The shipped configs and their validation records, which the demo shows without a clone.
+    shipped = [
+        path.relative_to(ROOT).as_posix() for path in (ROOT / "rag_mspoe" / "calibrated").rglob("*.json")
+    ]
+    assert any("/validation/" in name for name in shipped)
+    assert set(shipped) <= set(names)
 
     # The fresh environment borrows the heavy dependencies (torch, transformers) from this one,
     # appended after its own site-packages, so the wheel, not the source tree, is what imports.

@@ -117,19 +117,21 @@ def test_demo_questions_have_their_answer_in_the_middle_of_the_context(tmp_path)
 @pytest.mark.slow
 def test_demo_prints_each_method_side_by_side(capsys, tmp_path):
     argv = ["demo", "--questions", "1", "--methods", "none,mspoe", "--max-new-tokens", "8"]
-    argv += ["--curve-questions", "1", "--out", str(tmp_path / "curve")]
+    argv += ["--live-curve", "--curve-questions", "1", "--out", str(tmp_path / "demo")]
     assert main(argv) == 0
     out = capsys.readouterr().out
     question = DEMO_QUESTIONS[0]
     assert f"Q: {question.question}" in out
     assert f"the answer is in {question.gold_file}, packed at Document 4 of 7" in out
+    assert f"4:{question.gold_file}*" in out  # the retrieved order, the answer's document marked
     lines = out.splitlines()
     assert any(line.strip().startswith("none ") and " s  correct: " in line for line in lines)
     assert any(line.strip().startswith("mspoe ") and " s  correct: " in line for line in lines)
     assert "Summary" in out and "s per answer" in out
-    # The position curve on a real question: a table per metric, and the plot.
-    assert "Position curve: 1 real NQ-open questions" in out and "| mspoe |" in out
-    assert (tmp_path / "curve" / "accuracy_by_position.png").is_file()
+    # The live position curve on a real question: its expected time first, a table per metric, the plot.
+    assert "Live position curve on this machine: 1 fresh NQ-open questions" in out and "expected about" in out
+    assert "| mspoe |" in out
+    assert (tmp_path / "demo" / "live-curve" / "accuracy_by_position.png").is_file()
 
 
 def test_the_demo_runs_the_most_capable_embedded_model_installed(monkeypatch):
@@ -145,5 +147,5 @@ def test_the_demo_runs_the_most_capable_embedded_model_installed(monkeypatch):
     assert demo_model() == "smollm2-135m-instruct"
     installed.update(part.module for part in embedded_models.get("qwen2.5-coder-0.5b-instruct").parts)
     assert demo_model() == "qwen2.5-coder-0.5b-instruct"
-    assert demo_methods("smollm2-135m-instruct") == ("none", "calibrated-reorder")  # nothing ships for it
+    assert demo_methods("smollm2-135m-instruct") == ("none",)  # nothing ships for it
     assert demo_methods("qwen2.5-coder-0.5b-instruct") == ("none", "calibrated")  # its validated config

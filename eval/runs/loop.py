@@ -242,7 +242,9 @@ def _checked_manifest(folder: Path, evaluation: Evaluation) -> dict[str, Any]:
     else:
         found = run_kind(manifest)
         if found not in (None, kind):
-            raise ValueError(f"{folder} holds a {found} run, not a {kind} run; write into a new folder.")
+            raise ValueError(
+                f"{folder} holds a {found} run, not a {kind} run; write into a new folder (--out)."
+            )
         identity = {name: settings[name] for name in evaluation.identity_fields}
         previous = relative_to(folder, manifest.get(kind) or {})  # older runs kept absolute paths
         refuse_other_settings(folder, f"a {kind} run with other settings", previous, identity)
@@ -251,7 +253,7 @@ def _checked_manifest(folder: Path, evaluation: Evaluation) -> dict[str, Any]:
         if changed:
             raise ValueError(
                 f"{changed} changed since this run started in {folder}; scores would mix two "
-                "versions of the data. Restore the files or write into a new folder."
+                "versions of the data. Restore the files or write into a new folder (--out)."
             )
     record_methods(manifest, list(evaluation.methods), folder)
     for name in evaluation.growing:

@@ -92,7 +92,9 @@ def read_manifest(folder: Path) -> dict[str, Any] | None:
     try:
         return dict(json.loads(path.read_text()))
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not valid JSON ({exc}); restore it or start in a new folder.") from exc
+        raise ValueError(
+            f"{path} is not valid JSON ({exc}); restore it or start in a new folder (--out)."
+        ) from exc
 
 
 def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
@@ -106,7 +108,7 @@ def refuse_other_settings(folder: Path, what: str, previous: dict[str, Any], cur
         details = ", ".join(f"{key}: {old!r} there, {new!r} now" for key, (old, new) in differing.items())
         raise ValueError(
             f"{folder} holds {what} ({details}); rerun with the same settings to resume it, "
-            "or write into a new folder."
+            "or write into a new folder (--out)."
         )
 
 
@@ -116,7 +118,7 @@ def refuse_records_without_manifest(folder: Path) -> None:
     if results.is_file() and results.stat().st_size:
         raise ValueError(
             f"{results} holds records but {folder / MANIFEST_FILE} is missing, so nothing says which "
-            f"settings made them; restore {MANIFEST_FILE}, or write into a new folder."
+            f"settings made them; restore {MANIFEST_FILE}, or write into a new folder (--out)."
         )
 
 
@@ -129,7 +131,7 @@ def record_methods(manifest: dict[str, Any], methods: list[ResolvedMethod], fold
         if method.name in known and _as_now(known[method.name]) != config:
             raise ValueError(
                 f"Method name {method.name!r} meant another config in {folder}; "
-                "give this one another label (label=spec), or write into a new folder."
+                "give this one another label (label=spec), or write into a new folder (--out)."
             )
         known[method.name] = config
 

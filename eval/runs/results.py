@@ -25,7 +25,7 @@ Key = tuple[Any, ...]
 def run_lock(folder: Path) -> contextlib.AbstractContextManager[None]:
     """Hold the run folder; a second process writing the same folder would duplicate records."""
     return folder_lock(
-        folder, f"Another process is writing a run into {folder}; wait for it or use another folder."
+        folder, f"Another process is writing a run into {folder}; wait for it or use another folder (--out)."
     )
 
 

@@ -55,7 +55,7 @@ def frozen_examples(config: SweepConfig, folder: Path) -> list[Example]:
         examples: list[Example] = list((loaders.load_qa if config.task == "qa" else loaders.load_kv)(path))
         if len(examples) != config.samples:
             raise ValueError(
-                f"{path} holds {len(examples)} examples, not {config.samples}; use a new folder."
+                f"{path} holds {len(examples)} examples, not {config.samples}; use a new folder (--out)."
             )
         return examples
     examples = load_examples(config)

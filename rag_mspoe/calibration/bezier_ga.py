@@ -288,7 +288,7 @@ class BezierGA:
             or state["num_layers"] != self.grid.num_layers
         ):
             raise ValueError(
-                "The checkpoint was written by a GA with other settings; start a new search folder."
+                "The checkpoint was written by a GA with other settings; start a new search folder (--out)."
             )
         version, internal, gauss = state["rng"]
         self.rng.setstate((version, tuple(internal), gauss))

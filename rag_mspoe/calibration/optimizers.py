@@ -129,13 +129,13 @@ class CMAESSearch:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["settings"] != dataclasses.asdict(self.settings):
             raise ValueError(
-                "The checkpoint was written with other CMA-ES settings; start a new search folder."
+                "The checkpoint was written with other CMA-ES settings; start a new search folder (--out)."
             )
         cma = state["cma"]
         if not isinstance(cma, dict):
             raise ValueError(
                 "The checkpoint holds the CMA-ES state as a pickled object (an older format); it is not "
-                "loaded, because unpickling a file can run any code in it. Start a new search folder."
+                "loaded, because unpickling a file can run any code in it. Start a new search folder (--out)."
             )
         dim = self.cma.dim
         shapes = {"mean": (dim,), "sigma": (), "C": (dim, dim), "p_sigma": (dim,), "pc": (dim,)}
@@ -144,7 +144,9 @@ class CMAESSearch:
             values[key] = None if cma.get(key) is None else _finite_array(cma, key, shape)
         generation = cma.get("generation")
         if not isinstance(generation, int) or generation < 0:
-            raise ValueError("The checkpoint's CMA-ES generation is not a count; start a new search folder.")
+            raise ValueError(
+                "The checkpoint's CMA-ES generation is not a count; start a new search folder (--out)."
+            )
         for key, attribute in (_CMA_STATE | _CMA_OPTIONAL).items():
             setattr(self.cma, attribute, values[key])
         self.cma._sigma = float(cma["sigma"])  # a number, checked above
@@ -160,7 +162,7 @@ def _finite_array(state: dict[str, Any], key: str, shape: tuple[int, ...]) -> np
     if value is None or value.shape != shape or not np.isfinite(value).all():
         raise ValueError(
             f"The checkpoint's CMA-ES state has no valid '{key}' (finite numbers of shape {shape}); "
-            "start a new search folder."
+            "start a new search folder (--out)."
         )
     return value
 

@@ -120,7 +120,7 @@ def claim_search_folder(folder: Path, identity: dict[str, Any]) -> None:
     if differ:
         raise ValueError(
             f"{folder} holds a search with other settings (they differ in {', '.join(differ)}); "
-            "rerun with the same settings to resume, or use another output folder."
+            "rerun with the same settings to resume, or use another output folder (--out)."
         )
 
 
@@ -256,7 +256,7 @@ class LayerSearch:
         if state["budget"] != budget:
             raise ValueError(
                 f"{path} was written with a budget of {state['budget']} evaluations, now {budget}; "
-                "rerun with the same settings or use another output folder."
+                "rerun with the same settings or use another output folder (--out)."
             )
         optimizer.load_state_dict(state["optimizer"])
         logger.warning(

@@ -1,0 +1,105 @@
+"""The demo's position curve from the committed validation of the shipped method: no model runs.
+
+Eight live questions cannot show a 12-point gain; the 300-question validation that made the
+method ship can. Its per-question scores travel with the package (`rag_mspoe.calibrated.validation`),
+and are summarised here by `rag_mspoe.eval.report.summarize`, the statistics of `rag-mspoe report`:
+mean per gold position with a 95% bootstrap interval, and a paired test against the unmodified
+model on the same questions (McNemar for exact match, sign-flip for the log-likelihood).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rag_mspoe.calibrated.validation import BASELINE, SHIPPED, middle_position, validation_records
+
+# What the demo writes beside its answers: one plot per metric.
+PLOTS = {"match": "committed-curve-exact-match.png", "gold_logprob": "committed-curve-loglik.png"}
+_LABELS = {"match": "exact match (%)", "gold_logprob": "gold answer log-likelihood (nats)"}
+
+
+def summarize_validation(validation: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per metric, `summarize`'s summary of the unmodified model and the shipped method."""
+    from rag_mspoe.eval.report import summarize
+
+    records = validation_records(validation)
+    return {
+        metric: summarize(records, metric, baseline=BASELINE, method_order=(BASELINE, SHIPPED))
+        for metric in PLOTS
+    }
+
+
+def _where(position: int, count: int) -> str:
+    name = "first" if position == 0 else "last" if position == count - 1 else "middle"
+    return f"{name} ({position + 1} of {count})"
+
+
+def _table(summary: dict[str, Any], count: int) -> list[str]:
+    percent = summary["metric"] == "match"
+    scale, digits, unit = (100.0, 1, " points") if percent else (1.0, 2, " nats")
+    base, shipped = summary["methods"][BASELINE], summary["methods"][SHIPPED]
+
+    def cell(entry: dict[str, Any], position: int) -> str:
+        low, high = entry["ci"][position]
+        return (
+            f"{scale * entry['accuracy'][position]:.{digits}f} "
+            f"[{scale * low:.{digits}f}, {scale * high:.{digits}f}]"
+        )
+
+    lines = [
+        f"  {_LABELS[summary['metric']]}, [95% bootstrap interval]",
+        f"  {'gold document':<17}{'none':<22}{'calibrated':<22}{'difference':<14}p (paired)",
+    ]
+    for position in summary["positions"]:
+        gain = scale * (shipped["accuracy"][position] - base["accuracy"][position])
+        lines.append(
+            f"  {_where(position, count):<17}{cell(base, position):<22}{cell(shipped, position):<22}"
+            f"{gain:+.{digits}f}{unit:<{14 - len(f'{gain:+.{digits}f}')}}"
+            f"{shipped['p_vs_baseline'][position]:.2g}"
+        )
+    gain = scale * (shipped["average"] - base["average"])
+    lines.append(
+        f"  {'average':<17}{scale * base['average']:<22.{digits}f}{scale * shipped['average']:<22.{digits}f}"
+        f"{gain:+.{digits}f}{unit:<{14 - len(f'{gain:+.{digits}f}')}}"
+        f"{shipped['p_average_vs_baseline']:.2g}"
+    )
+    return lines
+
+
+def committed_curve(validation: dict[str, Any], out: Path) -> str:
+    """The committed curve as text (tables, n, the headline gain, the command that reproduces
+    it), with one plot per metric written into `out`."""
+    from rag_mspoe.eval.report import plot
+
+    summaries = summarize_validation(validation)
+    count = validation["num_documents"]
+    questions = len(validation["questions"])
+    middle = middle_position(validation)
+    match = summaries["match"]["methods"]
+    lines = [
+        f"The committed run, not this machine: {validation['model']}, {questions} real NQ-open questions "
+        f"per position, none of them used to choose the method, {count} documents, the gold document "
+        f"first, in the middle and last (records: {validation['run']} in the repository).",
+        f"n = {questions} questions at every position, the same for both, so every test is paired "
+        "(McNemar for exact match, sign-flip for the log-likelihood).",
+        "",
+        *_table(summaries["match"], count),
+        "",
+        *_table(summaries["gold_logprob"], count),
+        "",
+        f"With the gold document in the middle, the shipped method answers "
+        f"{100 * match[SHIPPED]['accuracy'][middle]:.1f} % against the unmodified model's "
+        f"{100 * match[BASELINE]['accuracy'][middle]:.1f} % "
+        f"({100 * (match[SHIPPED]['accuracy'][middle] - match[BASELINE]['accuracy'][middle]):+.1f} points, "
+        f"p = {match[SHIPPED]['p_vs_baseline'][middle]:.2g}).",
+    ]
+    title = f"Committed run: {validation['model']}, {count} documents, {questions} questions per position"
+    for metric, name in PLOTS.items():
+        plot(summaries[metric], out / name, title=title)
+    lines.append(f"Plots: {', '.join(str(out / name) for name in PLOTS.values())}")
+    lines.append(
+        f"Reproduce it in a clone of the repository ({validation['cpu_hours']} CPU hours in the records):"
+    )
+    lines.append(f"  {validation['command']}")
+    return "\n".join(lines)

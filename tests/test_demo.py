@@ -1,0 +1,179 @@
+"""`rag-mspoe demo` as a new user meets it: the committed curve of the shipped method, the honest
+output where no method ships, a fresh folder per run, and the shipped validation records checked
+against the repository's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rag_mspoe.calibrated import SEARCH_PATH
+from rag_mspoe.calibrated.validation import (
+    BASELINE,
+    SHIPPED,
+    VALIDATION_RUNS,
+    build_validation,
+    load_validation,
+    validation_path,
+)
+from rag_mspoe.cli import main
+from rag_mspoe.models import embedded_models, model_cache
+from rag_mspoe.pipelines.demo import demo_model
+from rag_mspoe.pipelines.demo_curve import PLOTS, committed_curve, summarize_validation
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+QWEN = "qwen2.5-coder-0.5b-instruct"
+SMOLLM2 = embedded_models.DEFAULT_MODEL
+
+
+def committed_report(model: str) -> tuple[dict, str]:
+    """The report `rag-mspoe report` wrote for the run of the model's shipped method, and the
+    run's label for that method."""
+    run = VALIDATION_RUNS[model]
+    return json.loads((REPOSITORY / run.folder / "complete-labels" / "summary.json").read_text()), run.label
+
+
+def middle_gain_line(model: str) -> str:
+    """The sentence the demo prints for the committed middle-position gain, from the committed report."""
+    report, label = committed_report(model)
+    accuracy = report["metrics"]["match"]["methods"]
+    middle = str(report["metrics"]["match"]["positions"][1])
+    return (
+        f"answers {100 * accuracy[label]['accuracy'][middle]:.1f} % against the unmodified model's "
+        f"{100 * accuracy['none']['accuracy'][middle]:.1f} %"
+    )
+
+
+def hide_the_qwen_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As if only SmolLM2 were installed."""
+    qwen_modules = {part.module for part in embedded_models.get(QWEN).parts}
+    locate = embedded_models.locate_part
+    monkeypatch.setattr(
+        embedded_models, "locate_part", lambda part: None if part.module in qwen_modules else locate(part)
+    )
+
+
+def test_every_shipped_config_carries_its_validation_built_from_the_committed_records():
+    shipped = sorted(path.stem for path in SEARCH_PATH[0].glob("*.json"))
+    assert shipped and sorted(VALIDATION_RUNS) == shipped
+    for model, run in VALIDATION_RUNS.items():
+        assert load_validation(model) == build_validation(REPOSITORY, run), (
+            f"{validation_path(model)} differs from {run.folder}: "
+            "run `python -m rag_mspoe.calibrated.validation`"
+        )
+        assert validation_path(model).stat().st_size < 50_000  # package data stays small
+
+
+def test_the_committed_curve_is_the_committed_report(tmp_path):
+    validation = load_validation(QWEN)
+    text = committed_curve(validation, tmp_path)
+    report, label = committed_report(QWEN)
+    summaries = summarize_validation(validation)
+    for metric, summary in summaries.items():
+        assert summary["examples_per_position"] == {p: 300 for p in (0, 4, 9)}
+        for ours, theirs in ((SHIPPED, label), (BASELINE, "none")):
+            mine, committed = summary["methods"][ours], report["metrics"][metric]["methods"][theirs]
+            for position in (0, 4, 9):
+                assert mine["accuracy"][position] == pytest.approx(
+                    committed["accuracy"][str(position)], abs=1e-4
+                )
+                assert mine["ci"][position] == pytest.approx(committed["ci"][str(position)], abs=1e-3)
+            if ours == SHIPPED:
+                assert mine["p_vs_baseline"] == pytest.approx(
+                    {int(p): value for p, value in committed["p_vs_baseline"].items()}, rel=0.05
+                )
+    assert "The committed run, not this machine" in text and "n = 300 questions" in text
+    assert middle_gain_line(QWEN) in text
+    assert "54.0 [48.0, 59.7]" in text and "49.0 [43.3, 54.7]" in text  # cells with their intervals
+    assert VALIDATION_RUNS[QWEN].command in text
+    for name in PLOTS.values():
+        assert (tmp_path / name).stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_the_demo_shows_the_win_of_the_best_installed_model_as_a_user_runs_it(tmp_path):
+    """The command a new user types, in a fresh folder: on the 0.5B the committed middle-position
+    gain with its plots; with SmolLM2 alone (CI), the honest output and the 0.5B's install line."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "rag_mspoe.cli", "demo"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    model = demo_model()
+    first = out.splitlines()[0]
+    assert first.startswith(f"rag-mspoe demo: {model} on cpu, ") and " thread" in first
+    assert "float" in first and f"rag-mspoe-demo/{model}/" in first
+    for bar in ("Loading weights", "Writing model shards", "de-quantizing"):
+        assert bar not in result.stderr
+    folder = tmp_path / "rag-mspoe-demo" / model
+    assert (folder / "answers.jsonl").is_file()
+    if model == QWEN:
+        assert "calibrated " in out and "correct: " in out
+        assert "The committed run, not this machine" in out and middle_gain_line(QWEN) in out
+        assert VALIDATION_RUNS[QWEN].command in out
+        assert all((folder / name).is_file() for name in PLOTS.values())
+    else:
+        assert f"No method ships for {model}" in out and "calibrated " not in out
+        assert embedded_models.get(QWEN).install_command() in out
+
+
+@pytest.mark.slow
+def test_without_a_shipped_method_the_demo_says_so_and_a_first_load_announces_its_conversion(
+    tmp_path, monkeypatch, capsys
+):
+    hide_the_qwen_model(monkeypatch)
+    monkeypatch.setenv(model_cache.CACHE_ENV, str(tmp_path / "cache"))  # SmolLM2 converts afresh
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "--questions", "1", "--max-new-tokens", "8"]) == 0
+    captured = capsys.readouterr()
+    out = captured.out
+    assert f"No method ships for {SMOLLM2}" in out and "shows the unmodified model alone" in out
+    assert f"One ships for {QWEN}: " in out and middle_gain_line(QWEN) in out
+    assert f"Install it and rerun `rag-mspoe demo`:\n  {embedded_models.get(QWEN).install_command()}" in out
+    answers = [line.split()[0] for line in out.splitlines() if " s  correct: " in line]
+    assert answers == ["none"]
+    assert "The committed run" not in out  # no curve of another model
+    assert "converting once into the cache, about " in captured.err
+    assert "de-quantizing" not in captured.err
+
+
+@pytest.mark.slow
+def test_a_rerun_writes_into_a_fresh_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    argv = ["demo", "--model", SMOLLM2, "--questions", "1", "--max-new-tokens", "4"]
+    assert main(argv) == 0
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert (
+        f"writing into rag-mspoe-demo/{SMOLLM2}/" in out
+        and f"writing into rag-mspoe-demo/{SMOLLM2}-2/" in out
+    )
+    for folder in (SMOLLM2, f"{SMOLLM2}-2"):
+        assert (tmp_path / "rag-mspoe-demo" / folder / "answers.jsonl").is_file()
+
+
+def test_an_existing_out_folder_is_refused_before_any_work_naming_the_option(tmp_path, monkeypatch, capsys):
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "answers.jsonl").write_text("{}\n")
+
+    def no_work(*args, **kwargs):
+        pytest.fail("the demo started work in a folder it refuses")
+
+    monkeypatch.setattr("rag_mspoe.pipelines.indexing.index_documents", no_work)
+    monkeypatch.setattr("rag_mspoe.engine.Engine.load", no_work)
+    assert main(["demo", "--model", SMOLLM2, "--out", str(earlier)]) == 1
+    err = capsys.readouterr().err
+    assert f"{earlier} holds an earlier run" in err and "give --out a new folder" in err
+    assert (earlier / "answers.jsonl").read_text() == "{}\n"
