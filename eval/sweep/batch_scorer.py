@@ -22,7 +22,7 @@ from rag_mspoe.attention.reorder import CalibratedReorder, moved_slot
 from rag_mspoe.chat_template import Prompt
 from rag_mspoe.eval.data import prompts
 from rag_mspoe.eval.data.records import KVExample, with_gold_at
-from rag_mspoe.eval.method_engines import EngineSet, stable_seed
+from rag_mspoe.eval.method_engines import Engines, stable_seed
 from rag_mspoe.eval.runs.results import read_records
 from rag_mspoe.eval.scoring import model_scores
 from rag_mspoe.eval.sweep.plan import Batch, Example, SweepConfig
@@ -78,7 +78,7 @@ class BatchScorer:
         config: SweepConfig,
         examples: Sequence[Example],
         methods: Sequence[ResolvedMethod],
-        engines: EngineSet,
+        engines: Engines,
         results: Path | None = None,
     ) -> None:
         self.config = config
