@@ -22,6 +22,7 @@ class FakeBehaviour:
     failures: int = 0
     answer: str = "Paris"
     requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    keys: set[str | None] = field(default_factory=set)  # the Authorization headers that came
 
 
 def completion(body: dict[str, Any], behaviour: FakeBehaviour, tokenizer: Any) -> dict[str, Any]:
@@ -51,6 +52,7 @@ def fake_endpoint(behaviour: FakeBehaviour, tokenizer: Any) -> Iterator[str]:
         def do_POST(self) -> None:  # noqa: N802  (the name http.server calls)
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             behaviour.requests.append((self.path, body))
+            behaviour.keys.add(self.headers.get("Authorization"))
             if behaviour.failures > 0:
                 behaviour.failures -= 1
                 self._reply(503, {"error": {"message": "overloaded", "type": "server_error"}})
