@@ -7,17 +7,9 @@ import json
 
 import pytest
 from fake_endpoint import FakeBehaviour, fake_endpoint
+from test_server_cli import run_cli
 
-from rag_mspoe.cli import main
 from rag_mspoe.eval.runs.results import RESULTS_FILE, read_records
-
-
-def run_cli(capsys, *args: str) -> tuple[int, str]:
-    try:
-        code = main(list(args))
-    except SystemExit as exit:  # argparse refuses an option value
-        code = int(exit.code or 0)
-    return code, capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
