@@ -118,6 +118,34 @@ def test_the_servers_limits_hold_behind_the_ingress(ray_server):
 
 
 @pytest.mark.slow
+def test_an_abandoned_stream_stops_its_replicas_generation(ray_server):
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell me a long story about a dragon."}],
+        "max_tokens": 1000,  # a minute or more of writing on this machine
+        "temperature": 0,
+        "stream": True,
+    }
+    with httpx.stream("POST", f"{ray_server}/v1/chat/completions", json=body, timeout=60) as response:
+        left = response.headers["x-rag-mspoe-replica"]
+        for n, _ in enumerate(response.iter_lines()):
+            if n == 4:
+                break  # leaves mid-stream: the connection closes
+    # The replica it left is free at once: it answers short requests as quickly as the other one.
+    answered, started = [], time.perf_counter()
+    client = openai.OpenAI(base_url=f"{ray_server}/v1", api_key="unused", max_retries=0, timeout=60)
+    while left not in answered:
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2, temperature=0
+        )
+        answered.append(raw.headers["x-rag-mspoe-replica"])
+        assert len(answered) < 16, "the router never chose the replica the stream left"
+    # Had the generation gone on, the request that reached that replica would have waited for
+    # the rest of the 1000 tokens behind the engine's lock.
+    assert time.perf_counter() - started < 10 + 2 * len(answered)
+
+
+@pytest.mark.slow
 def test_a_killed_replicas_request_fails_cleanly_and_the_others_are_served(ray_server):
     client = openai.OpenAI(base_url=f"{ray_server}/v1", api_key="unused", max_retries=0, timeout=120)
     raw = client.chat.completions.with_raw_response.create(
