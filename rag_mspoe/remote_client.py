@@ -32,7 +32,12 @@ PROBE_PROMPT = "The capital of France is Paris, and the capital of Italy is Rome
 
 
 class EndpointError(RuntimeError):
-    """The server refused a request, or could not be reached after every retry."""
+    """The server refused a request (`status`: its HTTP status), or could not be reached after
+    every retry (`status` None)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class RequestBudgetSpent(RuntimeError):
@@ -130,14 +135,22 @@ class RemoteClient:
         request = urllib.request.Request(self.endpoint.base + path, payload, headers, method="POST")
         try:
             with urllib.request.urlopen(request, timeout=self.endpoint.timeout_s) as response:
-                return dict(json.loads(response.read()))
+                data = response.read()
         except urllib.error.HTTPError as exc:
             detail = _error_message(exc.read())
             if exc.code in RETRIED_STATUSES:
                 raise _Retryable(f"HTTP {exc.code}: {detail}") from exc
-            raise EndpointError(f"{self.endpoint.base}{path} answered HTTP {exc.code}: {detail}") from exc
+            message = f"{self.endpoint.base}{path} answered HTTP {exc.code}: {detail}"
+            raise EndpointError(message, exc.code) from exc
         except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
             raise _Retryable(str(getattr(exc, "reason", exc))) from exc
+        try:
+            return dict(json.loads(data))
+        except ValueError as exc:  # a proxy's HTML page, say
+            raise EndpointError(
+                f"{self.endpoint.base}{path} answered with something that is not JSON ({data[:200]!r}); "
+                "is --endpoint the API's base URL (.../v1)?"
+            ) from exc
 
 
 class _Retryable(Exception):
@@ -174,7 +187,9 @@ def has_prompt_logprobs(client: RemoteClient) -> bool:
     log-likelihood into a tie. One request."""
     try:
         values = prompt_logprobs(client, PROBE_PROMPT)
-    except EndpointError:  # a server that refuses echo or logprobs outright
-        return False
+    except EndpointError as exc:
+        if exc.status in (400, 422):  # a server that refuses echo or logprobs outright
+            return False
+        raise  # unreachable, a wrong key or model name: said as the server says it
     scored = [value for value in values[1:] if value is not None and math.isfinite(value)]
     return len(scored) >= 2 and any(value < 0 for value in scored)

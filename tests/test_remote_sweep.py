@@ -140,3 +140,14 @@ def test_failed_requests_are_retried_and_a_spent_budget_stops_a_run_that_resumes
             config, tmp_path, remote=RemoteTarget(Endpoint(url, "served"), MODEL), progress=False
         )
     assert rest.complete and rest.written == 2  # nothing scored twice
+
+
+def test_a_wrong_address_fails_at_the_probe_with_the_servers_answer_and_no_retries(tokenizer, tmp_path):
+    from rag_mspoe.remote_client import EndpointError
+
+    behaviour = FakeBehaviour()
+    with fake_endpoint(behaviour, tokenizer) as url:
+        target = RemoteTarget(Endpoint(url.replace("/v1", "/api"), "served"), tokenizer=MODEL)
+        with pytest.raises(EndpointError, match="answered HTTP 404: no route /api/completions"):
+            run_sweep(SweepConfig(model="served", **SMALL), tmp_path, remote=target)
+    assert len(behaviour.requests) == 1
