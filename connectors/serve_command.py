@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 import os
 from typing import Any
 
@@ -123,8 +124,44 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--batch-wait-ms", type=float, default=10.0, help="how long a request waits for others to batch with"
     )
+    ray = parser.add_argument_group(
+        "Ray Serve", "serve on Ray Serve replicas, each loading the model once (needs the [serve-ray] extra)"
+    )
+    ray.add_argument("--replicas", type=int, default=None, help="replicas of the model (default: no Ray)")
+    ray.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        default=None,
+        metavar="ADDRESS",
+        help="join a Ray cluster (auto, or ray://host:10001); alone: start a local Ray",
+    )
+    ray.add_argument(
+        "--autoscaling",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help="Ray Serve's autoscaling_config instead of --replicas, e.g. '{\"min_replicas\": 1, "
+        '"max_replicas": 4, "target_ongoing_requests": 2}\'',
+    )
+    ray.add_argument(
+        "--max-ongoing-requests",
+        type=int,
+        default=8,
+        help="requests one replica takes at once; Ray Serve's router sends the others elsewhere",
+    )
     add_engine_options(parser)
     parser.set_defaults(func=_serve)
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc}): {text!r}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
 
 
 def is_loopback(host: str) -> bool:
@@ -177,20 +214,22 @@ def _serve(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--max-connections-per-client must be at least 1, got {args.max_connections_per_client}."
         )
+    app_options = {
+        "api_key": api_key,
+        "allowed_hosts": allowed_hosts(args.host, args.allowed_host),
+        "cors_origins": args.cors_origin,
+        "extra_methods": dict(args.method_config),
+        "max_tokens_limit": args.max_tokens_limit,
+        "max_request_bytes": args.max_request_bytes,
+        "body_timeout_s": args.body_timeout,
+        "request_timeout_s": args.request_timeout or None,
+        "max_batch_size": args.max_batch_size,
+        "batch_wait_ms": args.batch_wait_ms,
+    }
+    if args.replicas is not None or args.ray is not None or args.autoscaling is not None:
+        return _serve_on_ray(args, app_options)
     engine = Engine.load(args.model, method=args.method, **engine_options(args))
-    app = create_app(
-        engine,
-        api_key=api_key,
-        allowed_hosts=allowed_hosts(args.host, args.allowed_host),
-        cors_origins=args.cors_origin,
-        extra_methods=dict(args.method_config),
-        max_tokens_limit=args.max_tokens_limit,
-        max_request_bytes=args.max_request_bytes,
-        body_timeout_s=args.body_timeout,
-        request_timeout_s=args.request_timeout or None,
-        max_batch_size=args.max_batch_size,
-        batch_wait_ms=args.batch_wait_ms,
-    )
+    app = create_app(engine, **app_options)
     print(f"Serving {engine.name} ({method_name(engine.method)}) on http://{args.host}:{args.port}/v1")
     uvicorn.run(
         app,
@@ -200,4 +239,41 @@ def _serve(args: argparse.Namespace) -> int:
         http=protocol_with(args.header_timeout, args.max_connections_per_client),
         limit_concurrency=args.max_connections,
     )
+    return 0
+
+
+def _serve_on_ray(args: argparse.Namespace, app_options: dict[str, Any]) -> int:
+    """The same app on Ray Serve replicas (`rag_mspoe.connectors.ray_serve`)."""
+    if args.replicas is not None and args.autoscaling is not None:
+        raise ValueError("Give --replicas N or --autoscaling JSON, not both: autoscaling sets the count.")
+    if args.replicas is not None and args.replicas < 1:
+        raise ValueError(f"--replicas must be at least 1, got {args.replicas}.")
+    if args.max_connections is not None or args.max_connections_per_client is not None:
+        raise ValueError(
+            "--max-connections and --max-connections-per-client limit the single-process server's "
+            "sockets; under Ray Serve its proxy holds the connections: drop them (--max-ongoing-requests "
+            "bounds each replica)."
+        )
+    try:
+        from rag_mspoe.connectors.ray_serve import ReplicaSettings, deployment, serve_on_ray
+    except ImportError as exc:
+        raise RuntimeError(
+            f"--replicas and --ray need Ray Serve ({exc}); install it with: "
+            "pip install 'rag-mspoe[serve-ray]'"
+        ) from exc
+    threads = args.threads or 1  # a replica's share of the CPUs, which Ray reserves for it
+    settings = ReplicaSettings(
+        args.model, args.method, {**engine_options(args), "threads": threads}, app_options
+    )
+    replicas = args.replicas or 1
+    application = deployment(
+        settings,
+        replicas=None if args.autoscaling is not None else replicas,
+        autoscaling=args.autoscaling,
+        cpus_per_replica=float(threads),
+        max_ongoing_requests=args.max_ongoing_requests,
+    )
+    scale = f"autoscaling {args.autoscaling}" if args.autoscaling is not None else f"{replicas} replicas"
+    print(f"Serving on Ray Serve ({scale}) on http://{args.host}:{args.port}/v1")
+    serve_on_ray(application, address=args.ray, host=args.host, port=args.port)
     return 0

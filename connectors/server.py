@@ -191,6 +191,7 @@ def create_app(
     request_timeout_s: float | None = 600.0,
     max_batch_size: int = 1,
     batch_wait_ms: float = 10.0,
+    health_details: Callable[[], Awaitable[dict[str, Any]]] | None = None,
 ) -> Any:
     """The FastAPI application serving `engine`.
 
@@ -207,7 +208,8 @@ def create_app(
     max_batch_size: greedy requests with equal settings run together in batches of up to this
     many, streamed ones with streamed ones, those offering tools with those offering the same tools
     (1: one at a time);
-    batch_wait_ms: how long the first waits for others to join it."""
+    batch_wait_ms: how long the first waits for others to join it.
+    health_details: what /health adds (a deployment's other replicas: `ray_serve`)."""
     routes = ModelRoutes(engine, extra_methods)
     batcher = RequestBatcher(engine, max_batch_size, batch_wait_ms / 1000)
     app = FastAPI(title="rag-mspoe", version="1")
@@ -376,6 +378,7 @@ def create_app(
             "model": engine.name,
             "method": method_name(engine.method),
             "batching": batcher.stats(),
+            **(await health_details() if health_details is not None else {}),
         }
 
     @app.get("/v1/models")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from rag_mspoe.methods.method_spec import ResolvedMethod
 from rag_mspoe.rope.variants import rope_variant
@@ -27,6 +27,12 @@ def stable_seed(*parts: object) -> int:
     """A seed from any values, the same in every process (Python's hash() is salted per process)."""
     digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
     return int.from_bytes(digest[:8], "big")
+
+
+class Engines(Protocol):
+    """Where a run's scorer gets the engine of each method: `EngineSet` here, or a remote one."""
+
+    def engine_for(self, method: ResolvedMethod) -> Any: ...
 
 
 class EngineSet:

@@ -46,6 +46,11 @@ from rag_mspoe.progress import progress_bar
 _COMMAND = ("command_help", "add_options", "run_command")
 
 
+class RunStopped(Exception):
+    """A scorer cannot go on (a remote run's request budget is spent): the run stops as at the end
+    of its --budget-hours, with what it scored kept, and a rerun goes on from there."""
+
+
 @dataclass(frozen=True)
 class Pairing:
     """How two runs of one kind line up: rows per (method, group), pairs by item, these metrics."""
@@ -96,6 +101,11 @@ class Evaluation:
     def scorer(self, model: Any, tokenizer: Any) -> Scorer:
         """unit -> its records, with this model."""
         raise NotImplementedError
+
+    def remote_scorer(self) -> tuple[Scorer, dict[str, Any]] | None:
+        """A scorer whose model runs elsewhere (an OpenAI-compatible endpoint), and what the manifest
+        records of that model; None: the run loads the model."""
+        return None
 
     @classmethod
     def report(cls, folder: Path, options: argparse.Namespace) -> str:
@@ -191,7 +201,13 @@ def run_evaluation(
         try:
             if units:
                 evaluation.prepare()
-                if ray_address is not None:
+                remote = evaluation.remote_scorer()
+                if remote is not None:
+                    if ray_address is not None:
+                        raise ValueError("A run against an endpoint fans out there; drop --ray.")
+                    score, facts = remote
+                    stream = (score(unit) for unit in units)
+                elif ray_address is not None:
                     stream, facts = score_on_ray(
                         evaluation,
                         units,
@@ -209,16 +225,15 @@ def run_evaluation(
                     )
                 manifest["model"] = facts  # a report of a run still going can name its model
                 write_manifest(out, manifest)
-            for records in stream:
-                written += results.append(records)
-                scored += 1
-                bar.update(1)
-                if deadline is not None and time.monotonic() > deadline and scored < len(units):
-                    left = len(units) - scored
-                    print(
-                        f"Budget of {budget_hours} h spent; {left} units left for a rerun.", file=sys.stderr
-                    )
-                    break
+            try:
+                for records in stream:
+                    written += results.append(records)
+                    scored += 1
+                    bar.update(1)
+                    if deadline is not None and time.monotonic() > deadline and scored < len(units):
+                        raise RunStopped(f"Budget of {budget_hours} h spent.")
+            except RunStopped as stopped:
+                print(f"{stopped} {len(units) - scored} units left for a rerun.", file=sys.stderr)
         finally:
             getattr(stream, "close", lambda: None)()  # stops Ray workers when the run is interrupted
             bar.close()

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from rag_mspoe.attention.reorder import CalibratedReorder, moved_slot
 from rag_mspoe.eval.data import prompts
 from rag_mspoe.eval.data.records import KVExample, with_gold_at
-from rag_mspoe.eval.method_engines import EngineSet, stable_seed
+from rag_mspoe.eval.method_engines import Engines, stable_seed
 from rag_mspoe.eval.runs.results import read_records
 from rag_mspoe.eval.scoring import model_scores
 from rag_mspoe.eval.sweep.plan import Batch, Example, SweepConfig
@@ -81,7 +81,7 @@ class BatchScorer:
         config: SweepConfig,
         examples: Sequence[Example],
         methods: Sequence[ResolvedMethod],
-        engines: EngineSet,
+        engines: Engines,
         results: Path | None = None,
     ) -> None:
         self.config = config

@@ -44,7 +44,9 @@ class SweepConfig:
     metrics: tuple[str, ...] = ("choice",)
     max_new_tokens: int = 100
     batch_size: int = 8
-    model: str | None = None  # None: the embedded model
+    model: str | None = None  # None: the embedded model; with `endpoint`, the served model's name
+    endpoint: str | None = None  # an OpenAI-compatible server's base URL (None: the model runs here)
+    template: str | None = None  # against an endpoint: which chat template renders the prompts
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes kept in the manifest
 
     def __post_init__(self) -> None:
@@ -84,6 +86,8 @@ class SweepConfig:
         "metrics",
         "max_new_tokens",
         "model",
+        "endpoint",
+        "template",
     )
 
 

@@ -6,12 +6,15 @@
 The run is resumable: restarted with the same settings it scores only what results.jsonl does
 not hold yet, on the examples it saved on its first start (examples.jsonl.gz), so a killed run
 loses at most the batch it was scoring and duplicates nothing.
-Batches run in this process, or on Ray workers (one model replica each) with `ray_address`.
+Batches run in this process, on Ray workers (one model replica each) with `ray_address`, or
+against an OpenAI-compatible server with `remote` (`eval.sweep.remote`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,8 +29,10 @@ from rag_mspoe.eval.runs.results import RESULTS_FILE, SWEEP_KEY, Key
 from rag_mspoe.eval.runs.units import Scorer
 from rag_mspoe.eval.sweep.batch_scorer import BatchScorer
 from rag_mspoe.eval.sweep.plan import Batch, Example, SweepConfig, load_examples, plan_batches
+from rag_mspoe.eval.sweep.remote import RemoteEngines, RemoteRun, RemoteTarget, connect
 from rag_mspoe.methods.method_spec import ResolvedMethod, resolve_all
 from rag_mspoe.models.loading import source_name
+from rag_mspoe.remote_client import Endpoint
 
 EXAMPLES_FILE = "examples.jsonl.gz"
 DEFAULT_METHODS = ["none", "pi", "mspoe", "layerwise", "longcontextreorder"]
@@ -81,6 +86,7 @@ class Sweep(Evaluation):
     methods: Sequence[ResolvedMethod]
     examples: list[Example] = field(default_factory=list)
     folder: Path | None = None  # set by plan: scorers look up records of the same prompt there
+    remote: RemoteRun | None = None  # the model runs on an endpoint (config.endpoint)
 
     @classmethod
     def report(cls, folder: Path, options: argparse.Namespace) -> str:
@@ -148,6 +154,33 @@ class Sweep(Evaluation):
             help="fan out over Ray: alone for a local Ray, or a cluster address (ray://host:10001 or auto)",
         )
         parser.add_argument("--ray-workers", type=int, default=2, help="Ray workers, one model replica each")
+        remote = parser.add_argument_group(
+            "remote endpoint",
+            "score a model served elsewhere (vLLM, llama.cpp's server, rag-mspoe serve): --model is then "
+            "the served model's name",
+        )
+        remote.add_argument(
+            "--endpoint", default=None, metavar="URL", help="an OpenAI-compatible API's base URL (.../v1)"
+        )
+        remote.add_argument(
+            "--api-key-env", default=None, metavar="VAR", help="environment variable holding the API key"
+        )
+        remote.add_argument(
+            "--tokenizer",
+            default=None,
+            metavar="PATH_OR_NAME",
+            help="the served model's tokenizer (folder, hub id or embedded model name): its chat template "
+            "renders prompts for /v1/completions, which scores them; without it the server's chat "
+            "endpoint renders them, for --metrics generate only",
+        )
+        remote.add_argument("--concurrency", type=int, default=4, help="requests in flight at once")
+        remote.add_argument("--retries", type=int, default=4, help="further attempts of a failed request")
+        remote.add_argument(
+            "--max-requests",
+            type=int,
+            default=None,
+            help="stop after this many requests (retries included); rerun the same command to go on",
+        )
         parser.add_argument(
             "--budget-hours",
             type=float,
@@ -157,10 +190,14 @@ class Sweep(Evaluation):
 
     @classmethod
     def run_command(cls, args: argparse.Namespace) -> int:
+        target = remote_target(args)
+        if target is not None and args.ray is not None:
+            raise ValueError("--endpoint runs the model on that server; drop --ray (use --concurrency).")
         outcome = run_sweep(
             sweep_config(args),
             args.out,
-            **model_load_options(args),
+            remote=target,
+            **({} if target else model_load_options(args)),
             ray_address=args.ray,
             ray_workers=args.ray_workers,
             progress=not args.no_progress,
@@ -197,6 +234,14 @@ class Sweep(Evaluation):
         engines = EngineSet(model, tokenizer)
         return BatchScorer(self.config, self.examples, self.methods, engines, results).score
 
+    def remote_scorer(self) -> tuple[Scorer, dict[str, Any]] | None:
+        if self.remote is None:
+            return None
+        results = None if self.folder is None else self.folder / RESULTS_FILE
+        engines = RemoteEngines(self.remote.engine)
+        scorer = BatchScorer(self.config, self.examples, self.methods, engines, results).score
+        return self.remote.scorer(scorer), self.remote.facts()
+
     def expected(self) -> set[Key]:
         return {
             (m.name, p, ex.id) for m in self.methods for p in self.config.positions for ex in self.examples
@@ -208,15 +253,27 @@ def run_sweep(
     folder: str | Path,
     *,
     report: bool = True,
+    remote: RemoteTarget | None = None,
     **options: Any,
 ) -> SweepOutcome:
     """Score every pending (method, position, example) of `config` into `folder`.
 
-    options: those of `run_evaluation` (model, tokenizer, threads, device, dtype, ray_address,
-    ray_workers, progress).
+    remote: the endpoint whose model scores (`eval.sweep.remote`); config.model is then the served
+    model's name. options: those of `run_evaluation` (model, tokenizer, threads, device, dtype,
+    ray_address, ray_workers, progress, budget_hours).
     """
-    sweep = Sweep(config, resolve_all(config.methods, source_name(config.model)))
-    outcome = run_evaluation(sweep, folder, **options)
+    methods = resolve_all(config.methods, source_name(config.model))
+    if remote is not None:
+        config = dataclasses.replace(config, endpoint=remote.endpoint.base, template=remote.template)
+    elif config.endpoint is not None:
+        raise ValueError(f"This sweep's model runs at {config.endpoint}; pass remote= to reach it.")
+    connected = None if remote is None else connect(remote, methods, config.metrics)
+    sweep = Sweep(config, methods, remote=connected)
+    try:
+        outcome = run_evaluation(sweep, folder, **options)
+    finally:
+        if connected is not None:
+            connected.engine.client.close()
     if report:
         write_report(outcome.folder)
     expected = sweep.expected()
@@ -241,6 +298,28 @@ def sweep_config(args: argparse.Namespace) -> SweepConfig:
         batch_size=args.batch_size,
         model=args.model,
     )
+
+
+def remote_target(args: argparse.Namespace) -> RemoteTarget | None:
+    """The endpoint the options name, or None for a local model."""
+    if args.endpoint is None:
+        return None
+    if not args.model:
+        raise ValueError("--endpoint needs --model NAME: the model's name on that server (its /v1/models).")
+    api_key = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            raise ValueError(f"--api-key-env {args.api_key_env}: that environment variable is not set.")
+    endpoint = Endpoint(
+        args.endpoint,
+        args.model,
+        api_key=api_key,
+        concurrency=args.concurrency,
+        retries=args.retries,
+        max_requests=args.max_requests,
+    )
+    return RemoteTarget(endpoint, args.tokenizer)
 
 
 def _table(folder: Path) -> str:
