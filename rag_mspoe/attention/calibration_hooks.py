@@ -43,13 +43,9 @@ class AttentionCalibrationHooks(DocumentAttentionHooks):
         config: Any = model.config
         self.num_layers: int = config.num_hidden_layers
         self.num_heads: int = config.num_attention_heads
-        self._layers = method.layer_indices(self.num_layers)
         self._bias: PositionalBias | None = None
         # While estimating the bias: per layer, the [heads, K] attention mass of each slot.
         self.recorded: dict[int, torch.Tensor] | None = None
-
-    def layers(self) -> list[int]:
-        return self._layers
 
     def attend(
         self,

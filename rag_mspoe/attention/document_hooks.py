@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from rag_mspoe.attention.spans import DocumentSpans, Span
-from rag_mspoe.methods.method_config import MethodConfig
+from rag_mspoe.methods.method_config import MethodConfig, chosen_layers
 from rag_mspoe.rope.hooks import ModelHooks, kv_cache
 
 HOOKS_ATTR = "_rag_mspoe_document_hooks"
@@ -44,11 +44,25 @@ class RowDocuments:
         return self.spans[-1][1]
 
 
+class DocumentAttentionMethod(MethodConfig):
+    """What the config of a method these hooks run declares: it needs the documents' spans, and it
+    runs in the layers of its `layers` field (None: every layer)."""
+
+    layers: list[int] | None
+
+    def needs_document_spans(self) -> bool:
+        return True
+
+    def layer_indices(self, num_layers: int) -> list[int]:
+        return chosen_layers(type(self).__name__, self.layers, num_layers)
+
+
 class DocumentAttentionHooks(ModelHooks):
     """Routes the attention of the method's layers to `attend`; tracks spans, padding and positions."""
 
-    def __init__(self, model: nn.Module, method: MethodConfig) -> None:
+    def __init__(self, model: nn.Module, method: DocumentAttentionMethod) -> None:
         super().__init__(model, method)
+        self._layers = method.layer_indices(len(self.decoder.layers))
         self._spans: DocumentSpans | None = None
         # Spans given since the last prefill: the next forward reads them even if the cache it
         # continues was filled before (by the unmodified model, for a method that leaves the rows
@@ -76,7 +90,7 @@ class DocumentAttentionHooks(ModelHooks):
 
     def layers(self) -> list[int]:
         """The layers whose attention goes to `attend`."""
-        raise NotImplementedError
+        return self._layers
 
     def attend(
         self,

@@ -37,7 +37,6 @@ class PineHooks(DocumentAttentionHooks):
     def __init__(self, model: nn.Module, method: Any) -> None:
         super().__init__(model, method)
         config: Any = model.config
-        self._layers = method.layer_indices(len(self.decoder.layers))
         self.bidirectional: bool = method.bidirectional
         self.important_first: bool = method.important_first
         self.softness: float = method.softness
@@ -55,9 +54,6 @@ class PineHooks(DocumentAttentionHooks):
                 "attention-calibration."
             )
         self.rotate_half = self.arch.module().rotate_half
-
-    def layers(self) -> list[int]:
-        return self._layers
 
     def attend(
         self,
