@@ -44,6 +44,33 @@ class RowDocuments:
         return self.spans[-1][1]
 
 
+@dataclass(frozen=True)
+class AttentionCall:
+    """One layer's call of the attention function: q, k and v as [B, heads, T, D] (after RoPE and
+    the KV-cache update), the mask and the other arguments the layer passed (`kwargs`), and the
+    model's own attention function (`original`), for the rows a method leaves as they are."""
+
+    layer: int
+    module: Any
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    attention_mask: Any
+    kwargs: dict[str, Any]
+    original: Callable[..., Any]
+
+    def model_attention(self, rows: int | None = None) -> torch.Tensor:
+        """[B, rows, H, D]: the model's own attention output of the first `rows` query rows (None:
+        all). Causal rows read no key after their own, so only the keys up to the last row are read."""
+        query, key, value, mask = self.query, self.key, self.value, self.attention_mask
+        if rows is not None:
+            width = key.shape[2] - query.shape[2] + rows
+            query, key, value = query[:, :, :rows], key[:, :, :width], value[:, :, :width]
+            mask = None if mask is None else mask[:, :, :rows, :width]
+        output: torch.Tensor = self.original(self.module, query, key, value, mask, **self.kwargs)[0]
+        return output
+
+
 class DocumentAttentionMethod(MethodConfig):
     """What the config of a method these hooks run declares: it needs the documents' spans, and it
     runs in the layers of its `layers` field (None: every layer)."""
@@ -92,21 +119,8 @@ class DocumentAttentionHooks(ModelHooks):
         """The layers whose attention goes to `attend`."""
         return self._layers
 
-    def attend(
-        self,
-        layer: int,
-        module: Any,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attention_mask: Any,
-        original: Callable[..., Any],
-        **kwargs: Any,
-    ) -> torch.Tensor:
-        """The attention output [B, Tq, H, D] of one layer (q, k, v as [B, heads, T, D]).
-
-        `original(module, query, key, value, attention_mask, **kwargs)` is the model's own attention
-        function, for the rows a method leaves as they are; kwargs are what the layer passed."""
+    def attend(self, call: AttentionCall) -> torch.Tensor:
+        """The attention output [B, Tq, H, D] of one layer's call."""
         raise NotImplementedError
 
     def _install(self) -> None:
@@ -262,17 +276,8 @@ def _dispatch(
         )
     if hooks is None or all(row is None for row in hooks.rows):
         return original(module, query, key, value, attention_mask, **kwargs)  # type: ignore[no-any-return]
-    output = hooks.attend(
-        module.layer_idx,
-        module,
-        query,
-        key,
-        value,
-        attention_mask=attention_mask,
-        original=original,
-        **kwargs,
-    )
-    return output, None
+    call = AttentionCall(module.layer_idx, module, query, key, value, attention_mask, kwargs, original)
+    return hooks.attend(call), None
 
 
 def attention_scaling(module: Any, query: torch.Tensor, kwargs: dict[str, Any]) -> float:
