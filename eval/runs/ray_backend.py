@@ -35,22 +35,14 @@ def _import_ray() -> Any:
 class Worker:
     """One model replica scoring units of an evaluation (the body of a Ray actor).
 
-    The evaluation arrives pickled with its methods already resolved: nothing is parsed here."""
+    The evaluation arrives pickled with its methods already resolved: nothing is parsed here;
+    load_options: what `load_model` takes besides the model (device, dtype, threads, quantize)."""
 
-    def __init__(
-        self,
-        evaluation: UnitScoring,
-        threads: int | None,
-        device: str | None = "auto",
-        dtype: str | None = None,
-        quantize: str | None = None,
-    ) -> None:
+    def __init__(self, evaluation: UnitScoring, load_options: dict[str, Any]) -> None:
         from rag_mspoe import load_model
         from rag_mspoe.eval.runs.manifest import model_facts
 
-        model, tokenizer = load_model(
-            evaluation.config.model, device=device, dtype=dtype, threads=threads or 1, quantize=quantize
-        )
+        model, tokenizer = load_model(evaluation.config.model, **load_options)
         self.facts = model_facts(model)
         self.scorer = releasing(evaluation.scorer(model, tokenizer))
 
@@ -107,7 +99,8 @@ class WorkerPool:
         self._ray = _import_ray()
         self._started_here = connect(address, workers)
         actor = self._ray.remote(num_cpus=1)(Worker)
-        self._replicas = [actor.remote(evaluation, threads, device, dtype, quantize) for _ in range(workers)]
+        load_options = {"device": device, "dtype": dtype, "threads": threads or 1, "quantize": quantize}
+        self._replicas = [actor.remote(evaluation, load_options) for _ in range(workers)]
         try:
             self.facts: dict[str, Any] = self._ray.get(self._replicas[0].model_facts.remote())
         except BaseException:

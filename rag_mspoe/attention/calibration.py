@@ -30,20 +30,15 @@ from rag_mspoe.attention.bias import (
     cached_layouts,
 )
 from rag_mspoe.attention.calibration_hooks import AttentionCalibrationHooks
+from rag_mspoe.attention.document_hooks import DocumentAttentionMethod
 from rag_mspoe.attention.spans import document_spans, prompt_with_spans
-from rag_mspoe.methods.method_config import (
-    MethodConfig,
-    check_finite,
-    check_layers,
-    chosen_layers,
-    number_argument,
-)
+from rag_mspoe.methods.method_config import MethodConfig, check_finite, check_layers, number_argument
 from rag_mspoe.models.loading import model_display_name
 from rag_mspoe.rope.rescaling import STATE_ATTR, rescaled
 
 
 @dataclass
-class AttentionCalibration(MethodConfig):
+class AttentionCalibration(DocumentAttentionMethod):
     """Rescale each document's share of attention by its position-calibrated relevance.
 
     For a calibrated query row, head and layer, let A_k be the attention on document k's tokens,
@@ -101,9 +96,6 @@ class AttentionCalibration(MethodConfig):
     def from_argument(cls, part: str, argument: str) -> MethodConfig:
         return cls(temperature=number_argument(part, argument))
 
-    def needs_document_spans(self) -> bool:
-        return True
-
     def keeps_rows_through_documents(self) -> bool:
         return True  # only rows after the last document are calibrated
 
@@ -112,9 +104,6 @@ class AttentionCalibration(MethodConfig):
         model's cache lacks (one forward each, once per model and number)."""
         if self.bias == REFERENCE_BIAS:
             ensure_reference_bias(model, tokenizer, spans)
-
-    def layer_indices(self, num_layers: int) -> list[int]:
-        return chosen_layers("AttentionCalibration", self.layers, num_layers)
 
 
 def ensure_reference_bias(model: Any, tokenizer: Any, spans: Iterable[Sequence[Any] | None]) -> None:

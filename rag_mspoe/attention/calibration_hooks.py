@@ -9,7 +9,6 @@ token), so the cost over the unmodified model is small; decoding reads the KV ca
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -18,6 +17,7 @@ from torch import nn
 
 from rag_mspoe.attention.bias import REFERENCE_BIAS, ZERO_BIAS, PositionalBias, bias_cache_path
 from rag_mspoe.attention.document_hooks import (
+    AttentionCall,
     DocumentAttentionHooks,
     attention_scaling,
     by_key_head,
@@ -43,37 +43,24 @@ class AttentionCalibrationHooks(DocumentAttentionHooks):
         config: Any = model.config
         self.num_layers: int = config.num_hidden_layers
         self.num_heads: int = config.num_attention_heads
-        self._layers = method.layer_indices(self.num_layers)
         self._bias: PositionalBias | None = None
         # While estimating the bias: per layer, the [heads, K] attention mass of each slot.
         self.recorded: dict[int, torch.Tensor] | None = None
 
-    def layers(self) -> list[int]:
-        return self._layers
-
-    def attend(
-        self,
-        layer: int,
-        module: Any,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attention_mask: Any,
-        original: Callable[..., Any],
-        **kwargs: Any,
-    ) -> torch.Tensor:
+    def attend(self, call: AttentionCall) -> torch.Tensor:
+        layer, query, key, value = call.layer, call.query, call.key, call.value
         queries, keys = query.shape[2], key.shape[2]
         first = self._first_calibrated(queries, keys)
         start = int(first.min())
         # When every row is calibrated (decoding), the original attention would be thrown away.
         every_row = bool((first == 0).all())
-        output = None if every_row else original(module, query, key, value, attention_mask, **kwargs)[0]
+        output = None if every_row else call.model_attention()
         if output is not None and start >= queries:
             return output
         device = query.device
-        scaling = attention_scaling(module, query, kwargs)
+        scaling = attention_scaling(call.module, query, call.kwargs)
         logits = by_key_head(query[:, :, start:].float(), key.float().transpose(-1, -2)) * scaling
-        weights = self.last_rows_weights(module, logits).nan_to_num(0.0)  # a padded row sees no key
+        weights = self.last_rows_weights(call.module, logits).nan_to_num(0.0)  # a padded row sees no key
 
         if "member" not in self.per_forward:
             self.per_forward["member"] = row_membership(self.rows, keys, device)

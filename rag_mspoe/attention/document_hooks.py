@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from rag_mspoe.attention.spans import DocumentSpans, Span
-from rag_mspoe.methods.method_config import MethodConfig
+from rag_mspoe.methods.method_config import MethodConfig, chosen_layers
 from rag_mspoe.rope.hooks import ModelHooks, kv_cache
 
 HOOKS_ATTR = "_rag_mspoe_document_hooks"
@@ -44,11 +44,52 @@ class RowDocuments:
         return self.spans[-1][1]
 
 
+@dataclass(frozen=True)
+class AttentionCall:
+    """One layer's call of the attention function: q, k and v as [B, heads, T, D] (after RoPE and
+    the KV-cache update), the mask and the other arguments the layer passed (`kwargs`), and the
+    model's own attention function (`original`), for the rows a method leaves as they are."""
+
+    layer: int
+    module: Any
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    attention_mask: Any
+    kwargs: dict[str, Any]
+    original: Callable[..., Any]
+
+    def model_attention(self, rows: int | None = None) -> torch.Tensor:
+        """[B, rows, H, D]: the model's own attention output of the first `rows` query rows (None:
+        all). Causal rows read no key after their own, so only the keys up to the last row are read."""
+        query, key, value, mask = self.query, self.key, self.value, self.attention_mask
+        if rows is not None:
+            width = key.shape[2] - query.shape[2] + rows
+            query, key, value = query[:, :, :rows], key[:, :, :width], value[:, :, :width]
+            mask = None if mask is None else mask[:, :, :rows, :width]
+        output: torch.Tensor = self.original(self.module, query, key, value, mask, **self.kwargs)[0]
+        return output
+
+
+class DocumentAttentionMethod(MethodConfig):
+    """What the config of a method these hooks run declares: it needs the documents' spans, and it
+    runs in the layers of its `layers` field (None: every layer)."""
+
+    layers: list[int] | None
+
+    def needs_document_spans(self) -> bool:
+        return True
+
+    def layer_indices(self, num_layers: int) -> list[int]:
+        return chosen_layers(type(self).__name__, self.layers, num_layers)
+
+
 class DocumentAttentionHooks(ModelHooks):
     """Routes the attention of the method's layers to `attend`; tracks spans, padding and positions."""
 
-    def __init__(self, model: nn.Module, method: MethodConfig) -> None:
+    def __init__(self, model: nn.Module, method: DocumentAttentionMethod) -> None:
         super().__init__(model, method)
+        self._layers = method.layer_indices(len(self.decoder.layers))
         self._spans: DocumentSpans | None = None
         # Spans given since the last prefill: the next forward reads them even if the cache it
         # continues was filled before (by the unmodified model, for a method that leaves the rows
@@ -76,23 +117,10 @@ class DocumentAttentionHooks(ModelHooks):
 
     def layers(self) -> list[int]:
         """The layers whose attention goes to `attend`."""
-        raise NotImplementedError
+        return self._layers
 
-    def attend(
-        self,
-        layer: int,
-        module: Any,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attention_mask: Any,
-        original: Callable[..., Any],
-        **kwargs: Any,
-    ) -> torch.Tensor:
-        """The attention output [B, Tq, H, D] of one layer (q, k, v as [B, heads, T, D]).
-
-        `original(module, query, key, value, attention_mask, **kwargs)` is the model's own attention
-        function, for the rows a method leaves as they are; kwargs are what the layer passed."""
+    def attend(self, call: AttentionCall) -> torch.Tensor:
+        """The attention output [B, Tq, H, D] of one layer's call."""
         raise NotImplementedError
 
     def _install(self) -> None:
@@ -248,17 +276,8 @@ def _dispatch(
         )
     if hooks is None or all(row is None for row in hooks.rows):
         return original(module, query, key, value, attention_mask, **kwargs)  # type: ignore[no-any-return]
-    output = hooks.attend(
-        module.layer_idx,
-        module,
-        query,
-        key,
-        value,
-        attention_mask=attention_mask,
-        original=original,
-        **kwargs,
-    )
-    return output, None
+    call = AttentionCall(module.layer_idx, module, query, key, value, attention_mask, kwargs, original)
+    return hooks.attend(call), None
 
 
 def attention_scaling(module: Any, query: torch.Tensor, kwargs: dict[str, Any]) -> float:

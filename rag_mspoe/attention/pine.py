@@ -5,18 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from rag_mspoe.attention.document_hooks import DocumentAttentionMethod
 from rag_mspoe.attention.pine_hooks import PineHooks
-from rag_mspoe.methods.method_config import (
-    MethodConfig,
-    check_finite,
-    check_layers,
-    chosen_layers,
-    number_argument,
-)
+from rag_mspoe.methods.method_config import MethodConfig, check_finite, check_layers, number_argument
 
 
 @dataclass
-class Pine(MethodConfig):
+class Pine(DocumentAttentionMethod):
     """Make the model's output independent of the order of the documents.
 
     In every layer and head: (1) documents attend to each other in both directions (causally
@@ -77,11 +72,5 @@ class Pine(MethodConfig):
     def from_argument(cls, part: str, argument: str) -> MethodConfig:
         return cls(softness=number_argument(part, argument))
 
-    def needs_document_spans(self) -> bool:
-        return True
-
     def keeps_rows_through_documents(self) -> bool:
         return not self.bidirectional  # then only the rows after the documents change
-
-    def layer_indices(self, num_layers: int) -> list[int]:
-        return chosen_layers("Pine", self.layers, num_layers)

@@ -17,13 +17,13 @@ Rows are done in chunks, so memory stays O(chunk x keys) per head.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
 from rag_mspoe.attention.document_hooks import (
+    AttentionCall,
     DocumentAttentionHooks,
     RowDocuments,
     attention_scaling,
@@ -37,7 +37,6 @@ class PineHooks(DocumentAttentionHooks):
     def __init__(self, model: nn.Module, method: Any) -> None:
         super().__init__(model, method)
         config: Any = model.config
-        self._layers = method.layer_indices(len(self.decoder.layers))
         self.bidirectional: bool = method.bidirectional
         self.important_first: bool = method.important_first
         self.softness: float = method.softness
@@ -56,36 +55,21 @@ class PineHooks(DocumentAttentionHooks):
             )
         self.rotate_half = self.arch.module().rotate_half
 
-    def layers(self) -> list[int]:
-        return self._layers
-
-    def attend(
-        self,
-        layer: int,
-        module: Any,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attention_mask: Any,
-        original: Callable[..., Any],
-        **kwargs: Any,
-    ) -> torch.Tensor:
+    def attend(self, call: AttentionCall) -> torch.Tensor:
+        layer, query, key, value = call.layer, call.query, call.key, call.value
         batch, heads, queries, dim = query.shape
         keys = key.shape[2]
         past = keys - queries
         # When every row is recomputed (decoding), the original attention would be thrown away.
         every_row = all(row is not None and self._first_row(row) <= past for row in self.rows)
-        if every_row:
-            output = query.new_empty(batch, queries, heads, dim)
-        else:
-            output = self._rows_left_alone(module, query, key, value, attention_mask, original, kwargs)
+        output = query.new_empty(batch, queries, heads, dim) if every_row else self._rows_left_alone(call)
         device = query.device
         # Scores in fp32 at least; an fp64 model gets fp64 (PINE's sort of the documents by
         # importance flips on near-ties under rounding, so only fp64 shows its exact invariance).
         compute = torch.promote_types(query.dtype, torch.float32)
         positions = self.positions(keys, device).to(compute)
         padding = self.key_padding(batch, keys, device)
-        scaling = attention_scaling(module, query, kwargs)
+        scaling = attention_scaling(call.module, query, call.kwargs)
         layer_type = self._layer_type(layer)
         wide_keys, wide_values = key.to(compute), value.to(compute)
         for b, row in enumerate(self.rows):
@@ -109,20 +93,12 @@ class PineHooks(DocumentAttentionHooks):
                 output[b, first:last] = attended.transpose(0, 1).to(output.dtype)
         return output
 
-    def _rows_left_alone(
-        self,
-        module: Any,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attention_mask: Any,
-        original: Callable[..., Any],
-        kwargs: dict[str, Any],
-    ) -> torch.Tensor:
+    def _rows_left_alone(self, call: AttentionCall) -> torch.Tensor:
         """[B, queries, H, D]: the model's own attention in the rows before every batch row's
         first recomputed one; later rows are for `_rows` to fill."""
-        batch, heads, queries, dim = query.shape
-        past = key.shape[2] - queries
+        attention_mask = call.attention_mask
+        batch, heads, queries, dim = call.query.shape
+        past = call.key.shape[2] - queries
         if any(row is None for row in self.rows):
             kept = queries
         else:
@@ -133,15 +109,10 @@ class PineHooks(DocumentAttentionHooks):
             isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4
         )
         if kept >= queries or not sliceable:
-            whole: torch.Tensor = original(module, query, key, value, attention_mask, **kwargs)[0]
-            return whole.clone()
-        output = query.new_empty(batch, queries, heads, dim)
+            return call.model_attention().clone()
+        output = call.query.new_empty(batch, queries, heads, dim)
         if kept:
-            width = past + kept
-            mask = None if attention_mask is None else attention_mask[:, :, :kept, :width]
-            output[:, :kept] = original(
-                module, query[:, :, :kept], key[:, :, :width], value[:, :, :width], mask, **kwargs
-            )[0]
+            output[:, :kept] = call.model_attention(kept)
         return output
 
     def _first_row(self, row: RowDocuments) -> int:

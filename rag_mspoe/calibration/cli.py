@@ -17,8 +17,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
+import inspect
 import time
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,11 +41,14 @@ def register(subparsers: Any) -> None:
         description="Calibrate a method for one model on generated examples; writes a method config.",
     )
     commands = parser.add_subparsers(dest="calibration", metavar="WHAT", required=True)
-    _register_layers(commands)
-    _register_heads(commands)
-    _register_hidden(commands)
-    _register_search(commands)
-    _register_ranking(commands)
+    for run, add_options in (
+        (_layers, _layers_options),
+        (_heads, _heads_options),
+        (_hidden, _hidden_options),
+        (_search, _search_options),
+        (_ranking, _ranking_options),
+    ):
+        add_options(_command(commands, run))
 
 
 # -- shared options ---------------------------------------------------------------------------------
@@ -144,6 +150,64 @@ def _engine(args: argparse.Namespace) -> Any:
     return Engine.load(args.model, **model_load_options(args))
 
 
+def _command(commands: Any, run: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+    """The parser of the subcommand `run` runs, named as it is (`_layers`: `layers`); its docstring's
+    first paragraph is the command's help, the rest its description."""
+    help_text, _, description = (inspect.getdoc(run) or "").partition("\n\n")
+    parser: argparse.ArgumentParser = commands.add_parser(
+        run.__name__.lstrip("_"), help=" ".join(help_text.split()), description=description
+    )
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _config_path(args: argparse.Namespace) -> Path:
+    return Path(args.out) / "rag_mspoe_method.json"
+
+
+def _timed(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """`run`, then the wall time of the run printed after all it printed (not when it fails)."""
+
+    @functools.wraps(run)
+    def timed(args: argparse.Namespace) -> int:
+        started = time.monotonic()
+        code = run(args)
+        print(f"wall time of this run: {time.monotonic() - started:.0f} s")
+        return code
+
+    return timed
+
+
+def _print_written(args: argparse.Namespace, found: str | None, none_found: str) -> None:
+    """What a search on real questions found and where its config is, or that it wrote none."""
+    if found is None:
+        print(f"{none_found}; no config written.")
+    else:
+        print(f"{found} -> {_config_path(args)}")
+
+
+@dataclasses.dataclass
+class _Fitted:
+    """A method fitted on the calibration split, with what its report records of the fit."""
+
+    engine: EngineLike
+    heldout: CalibrationSplit | None
+    result: Any
+    wall_s: float
+    facts: dict[str, Any]  # wall time and the calibration split, for report.json
+
+
+def _fit(args: argparse.Namespace, fit: Callable[[EngineLike, CalibrationSplit], Any]) -> _Fitted:
+    """`fit(engine, calibration split)` timed, on the model and splits the options name."""
+    calibration_split, heldout_split = _splits(args)
+    engine = _engine(args)
+    started = time.monotonic()
+    result = fit(engine, calibration_split)
+    wall_s = time.monotonic() - started
+    facts = {"wall_s": wall_s, "calibration_split": calibration_split.identity()}
+    return _Fitted(engine, heldout_split, result, wall_s, facts)
+
+
 def _print_rows(rows: list[dict[str, Any]]) -> None:
     from rag_mspoe.calibration.report import comparison_markdown
 
@@ -151,14 +215,7 @@ def _print_rows(rows: list[dict[str, Any]]) -> None:
 
 
 # -- layers -----------------------------------------------------------------------------------------
-def _register_layers(commands: Any) -> None:
-    parser = commands.add_parser(
-        "layers",
-        help="per-layer RoPE factors from a Bezier curve, searched by the constrained GA (and CMA-ES)",
-        description="Search the control points of a Bezier curve of per-layer interpolation factors "
-        "(layer-specific scaling paper, Section 3.3) with each optimiser at the same budget of fitness "
-        "evaluations, then compare the picks with none, pi and mspoe on a held-out split.",
-    )
+def _layers_options(parser: argparse.ArgumentParser) -> None:
     _common_options(parser, task="qa", examples=16, heldout=48)
     search = parser.add_argument_group("search")
     search.add_argument(
@@ -174,15 +231,20 @@ def _register_layers(commands: Any) -> None:
     search.add_argument("--workers", type=int, default=2, help="Ray workers, each with its own model copy")
     add_dataclass_options(parser, GASettings, title="genetic algorithm and grid (Algorithm 1, Table 1)")
     add_dataclass_options(parser, CMAESSettings, prefix="cmaes_", title="CMA-ES")
-    parser.set_defaults(func=_layers)
 
 
+@_timed
 def _layers(args: argparse.Namespace) -> int:
+    """per-layer RoPE factors from a Bezier curve, searched by the constrained GA (and CMA-ES)
+
+    Search the control points of a Bezier curve of per-layer interpolation factors (layer-specific
+    scaling paper, Section 3.3) with each optimiser at the same budget of fitness evaluations, then
+    compare the picks with none, pi and mspoe on a held-out split.
+    """
     from rag_mspoe.calibration.fitness import LocalEvaluator, RayEvaluator, start_ray_workers
     from rag_mspoe.calibration.report import write_report
     from rag_mspoe.calibration.search import LayerSearch, SearchSettings
 
-    started = time.monotonic()
     settings = SearchSettings(
         optimizers=tuple(name.strip() for name in args.optimizers.split(",")),
         metric=args.metric,
@@ -226,78 +288,71 @@ def _layers(args: argparse.Namespace) -> int:
             f"{result.evaluations} evaluations, {result.wall_s:.0f} s"
         )
     _print_rows(rows)
-    print(f"config: {Path(args.out) / 'rag_mspoe_method.json'}\nreport: {summary}")
-    print(f"wall time of this run: {time.monotonic() - started:.0f} s")
+    print(f"config: {_config_path(args)}\nreport: {summary}")
     return 0
 
 
 # -- heads ------------------------------------------------------------------------------------------
-def _register_heads(commands: Any) -> None:
+def _heads_options(parser: argparse.ArgumentParser) -> None:
     from rag_mspoe.methods import MsPoE
 
-    parser = commands.add_parser(
-        "heads",
-        help="static Ms-PoE: head order from position-awareness averaged over calibration prompts",
-        description="Average Ms-PoE's position-awareness scores over the calibration prompts and freeze "
-        "the head order, so generation skips the per-prompt ranking.",
-    )
     _common_options(parser, task="qa", examples=16, heldout=0)
     add_dataclass_options(parser, MsPoE, title="Ms-PoE settings of the frozen method")
-    parser.set_defaults(func=_heads)
 
 
 def _heads(args: argparse.Namespace) -> int:
+    """static Ms-PoE: head order from position-awareness averaged over calibration prompts
+
+    Average Ms-PoE's position-awareness scores over the calibration prompts and freeze the head order,
+    so generation skips the per-prompt ranking.
+    """
     from rag_mspoe.calibration.heads import calibrate_head_order
     from rag_mspoe.methods import MsPoE
 
-    calibration_split, heldout_split = _splits(args)
-    engine = _engine(args)
-    started = time.monotonic()
-    prompts = [item.prompt for item in calibration_split.items()]
-    config, report = calibrate_head_order(engine, prompts, base=dataclass_from_args(MsPoE, args))
-    wall_s = time.monotonic() - started
-    _save(
-        args, engine, config, {**report, "wall_s": wall_s, "calibration_split": calibration_split.identity()}
-    )
+    def fit(engine: EngineLike, split: CalibrationSplit) -> Any:
+        return calibrate_head_order(
+            engine, [item.prompt for item in split.items()], base=dataclass_from_args(MsPoE, args)
+        )
+
+    fitted = _fit(args, fit)
+    config, report = fitted.result
+    _save(args, fitted.engine, config, {**report, **fitted.facts})
     lines = [f"| {layer} | {' '.join(map(str, order))} |" for layer, order in enumerate(report["head_order"])]
     _write_markdown(
         args,
         "Static Ms-PoE head order",
         ["| layer | heads, most position-aware first |", "|---|---|", *lines],
-        wall_s,
+        fitted.wall_s,
     )
-    _compare(args, engine, heldout_split, [("mspoe", MsPoE()), ("mspoe-static", config)])
+    _compare(args, fitted.engine, fitted.heldout, [("mspoe", MsPoE()), ("mspoe-static", config)])
     return 0
 
 
 # -- hidden -----------------------------------------------------------------------------------------
-def _register_hidden(commands: Any) -> None:
+def _hidden_options(parser: argparse.ArgumentParser) -> None:
     from rag_mspoe.calibration.hidden_dims import DimensionSearchSettings
 
-    parser = commands.add_parser(
-        "hidden",
-        help="positional hidden dimension and factor for HiddenScale",
-        description="Find the hidden dimension whose value tracks position, and the factor that lowers "
-        "the gold answers' loss on the calibration split; writes no config if none beats the "
-        "unmodified model.",
-    )
     _common_options(parser, task="kv", examples=16, heldout=0)
     add_dataclass_options(parser, DimensionSearchSettings, prefix="dim_", title="dimension search")
-    parser.set_defaults(func=_hidden)
 
 
 def _hidden(args: argparse.Namespace) -> int:
+    """positional hidden dimension and factor for HiddenScale
+
+    Find the hidden dimension whose value tracks position, and the factor that lowers the gold answers'
+    loss on the calibration split; writes no config if none beats the unmodified model.
+    """
     from rag_mspoe.calibration.hidden_dims import DimensionSearchSettings, search_positional_dimension
 
-    calibration_split, heldout_split = _splits(args)
-    engine = _engine(args)
-    started = time.monotonic()
-    validation = [(item.prompt, item.gold) for item in calibration_split.items()]
-    result = search_positional_dimension(
-        engine, validation, dataclass_from_args(DimensionSearchSettings, args, "dim_")
-    )
-    wall_s = time.monotonic() - started
-    report = {**result.to_dict(), "wall_s": wall_s, "calibration_split": calibration_split.identity()}
+    def fit(engine: EngineLike, split: CalibrationSplit) -> Any:
+        validation = [(item.prompt, item.gold) for item in split.items()]
+        return search_positional_dimension(
+            engine, validation, dataclass_from_args(DimensionSearchSettings, args, "dim_")
+        )
+
+    fitted = _fit(args, fit)
+    result = fitted.result
+    report = {**result.to_dict(), **fitted.facts}
     lines = ["| dimension | monotone layers | smoothness | loss per factor |", "|---|---|---|---|"]
     lines += [
         f"| {c['dimension']} | {c['monotone_layers']} | {c['smoothness']:.3g} | "
@@ -308,12 +363,12 @@ def _hidden(args: argparse.Namespace) -> int:
     lines.insert(0, f"Unmodified model's loss: {result.baseline_loss:.4f}. Chosen: {result.config}\n")
     if result.config is None:
         _write_json(Path(args.out) / "report.json", report)
-        _write_markdown(args, "Positional hidden dimension", lines, wall_s)
+        _write_markdown(args, "Positional hidden dimension", lines, fitted.wall_s)
         print("No dimension and factor beat the unmodified model; no config written.")
         return 0
-    _save(args, engine, result.config, report)
-    _write_markdown(args, "Positional hidden dimension", lines, wall_s)
-    _compare(args, engine, heldout_split, [("hidden", result.config)])
+    _save(args, fitted.engine, result.config, report)
+    _write_markdown(args, "Positional hidden dimension", lines, fitted.wall_s)
+    _compare(args, fitted.engine, fitted.heldout, [("hidden", result.config)])
     return 0
 
 
@@ -328,18 +383,9 @@ def _real_question_options(parser: argparse.ArgumentParser, what: str) -> None:
     )
 
 
-def _register_search(commands: Any) -> None:
+def _search_options(parser: argparse.ArgumentParser) -> None:
     from rag_mspoe.calibration.spaces import SPACES
 
-    parser = commands.add_parser(
-        "search",
-        help="a method's settings on real questions: successive halving over a search space",
-        description="Score every candidate of a search space on a few questions of --data (gold "
-        "log-likelihood at each gold position, against the unmodified model), keep the best and score "
-        "them on new questions, rung after rung. Budgeted and resumable: rerun the same command to go "
-        "on. Writes rag_mspoe_method.json only when the winner beats the unmodified model; validate it "
-        "on questions it was not searched on with `rag-mspoe sweep`.",
-    )
     _real_question_options(parser, "search")
     parser.add_argument("--space", required=True, choices=sorted(SPACES), help="the candidates' method")
     parser.add_argument(
@@ -357,10 +403,18 @@ def _register_search(commands: Any) -> None:
     )
     add_model_options(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    parser.set_defaults(func=_search)
 
 
+@_timed
 def _search(args: argparse.Namespace) -> int:
+    """a method's settings on real questions: successive halving over a search space
+
+    Score every candidate of a search space on a few questions of --data (gold log-likelihood at each
+    gold position, against the unmodified model), keep the best and score them on new questions, rung
+    after rung. Budgeted and resumable: rerun the same command to go on. Writes rag_mspoe_method.json
+    only when the winner beats the unmodified model; validate it on questions it was not searched on
+    with `rag-mspoe sweep`.
+    """
     from rag_mspoe import load_model
     from rag_mspoe.calibration.halving import HalvingSearch, HalvingSettings
     from rag_mspoe.calibration.spaces import space_candidates
@@ -375,7 +429,6 @@ def _search(args: argparse.Namespace) -> int:
         worst_weight=args.worst_weight,
         model=args.model,
     )
-    started = time.monotonic()
     model, tokenizer = load_model(args.model, **model_load_options(args))
     search = HalvingSearch(
         args.out, settings, space_candidates(args.space, int(model.config.num_hidden_layers))
@@ -384,39 +437,37 @@ def _search(args: argparse.Namespace) -> int:
         budget_hours=args.budget_hours, model=model, tokenizer=tokenizer, progress=not args.no_progress
     )
     print((Path(args.out) / "ranking.md").read_text(), end="")
-    done = len(tables) == len(settings.rungs)
-    winner = search.winner(tables)
-    if not done:
+    if len(tables) != len(settings.rungs):
         print(f"{len(tables)} of {len(settings.rungs)} rungs done; rerun the same command to go on.")
-    elif winner is None:
-        print("No candidate beats the unmodified model on the search questions; no config written.")
-    else:
-        print(f"Winner: {winner.label} -> {Path(args.out) / 'rag_mspoe_method.json'}")
-    print(f"wall time of this run: {time.monotonic() - started:.0f} s")
+        return 0
+    winner = search.winner(tables)
+    _print_written(
+        args,
+        None if winner is None else f"Winner: {winner.label}",
+        "No candidate beats the unmodified model on the search questions",
+    )
     return 0
 
 
 # -- ranking ----------------------------------------------------------------------------------------
-def _register_ranking(commands: Any) -> None:
-    parser = commands.add_parser(
-        "ranking",
-        help="calibrated reordering's layers and bias strength: how often its ranking puts the gold first",
-        description="One pass per prompt records the question's attention on each document in every "
-        "layer; every band of layers and bias strength is then scored by how often it ranks the gold "
-        "document first. Resumable (attention.jsonl). Writes rag_mspoe_method.json when a setting "
-        "beats the default's ranking (paired p < 0.05); validate it on other questions with "
-        "`rag-mspoe sweep`.",
-    )
+def _ranking_options(parser: argparse.ArgumentParser) -> None:
     _real_question_options(parser, "study")
     parser.add_argument("--samples", type=int, default=40, help="questions (default 40)")
     parser.add_argument("--blocks", type=int, default=8, help="layer bands are runs of this many blocks")
     parser.add_argument("--strengths", default="0,0.5,1,1.5,2", help="bias strengths, comma-separated")
     parser.add_argument("--no-progress", action="store_true", help="no line per recorded prompt")
     add_model_options(parser)
-    parser.set_defaults(func=_ranking)
 
 
+@_timed
 def _ranking(args: argparse.Namespace) -> int:
+    """calibrated reordering's layers and bias strength: how often its ranking puts the gold first
+
+    One pass per prompt records the question's attention on each document in every layer; every band of
+    layers and bias strength is then scored by how often it ranks the gold document first. Resumable
+    (attention.jsonl). Writes rag_mspoe_method.json when a setting beats the default's ranking (paired p
+    < 0.05); validate it on other questions with `rag-mspoe sweep`.
+    """
     from rag_mspoe.calibration.ranking import study
     from rag_mspoe.eval.sweep.plan import SweepConfig, load_examples
 
@@ -428,7 +479,6 @@ def _ranking(args: argparse.Namespace) -> int:
         samples=args.samples,
         metrics=("loglik",),
     )
-    started = time.monotonic()
     table, best = study(
         _engine(args),
         load_examples(config),
@@ -439,11 +489,11 @@ def _ranking(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
     )
     print(table, end="")
-    if best is None:
-        print("No setting ranks the gold first significantly more often than the default; no config written.")
-    else:
-        print(f"Best: {best.label} -> {Path(args.out) / 'rag_mspoe_method.json'}")
-    print(f"wall time of this run: {time.monotonic() - started:.0f} s")
+    _print_written(
+        args,
+        None if best is None else f"Best: {best.label}",
+        "No setting ranks the gold first significantly more often than the default",
+    )
     return 0
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import torch
 
@@ -18,6 +18,14 @@ from rag_mspoe.prompts.chat_template import Prompt
 from rag_mspoe.rope.rescaling import frozen_head_order, head_scores
 
 _LOGIT_ROWS = 256
+
+
+class ScoringOptions(TypedDict, total=False):
+    """The keyword options of `score_continuations` (see there), which `loglikelihood` passes on."""
+
+    prefix: str
+    raw: bool
+    method: CallMethod
 
 
 def _is_token_ids(prompt: Any) -> bool:
@@ -38,20 +46,14 @@ class ScoringEngine(EngineBase):
     """Scores without generating: `loglikelihood`, `score_continuations`, `prefill`."""
 
     def loglikelihood(
-        self,
-        prompt: Prompt,
-        continuations: Sequence[str],
-        *,
-        prefix: str = "",
-        raw: bool = False,
-        method: CallMethod = ENGINE_DEFAULT,
+        self, prompt: Prompt, continuations: Sequence[str], **options: Unpack[ScoringOptions]
     ) -> list[float]:
         """Log-probability of each continuation right after the prompt (and the answer prefix).
 
         For picking among fixed options (multiple choice, enums, booleans); the sums of
-        `score_continuations`.
+        `score_continuations`, which takes the same options (prefix, raw, method).
         """
-        scored = self.score_continuations(prompt, continuations, prefix=prefix, raw=raw, method=method)
+        scored = self.score_continuations(prompt, continuations, **options)
         return [total for total, _ in scored]
 
     def score_continuations(
