@@ -12,7 +12,7 @@ from typing import Any
 # As rag_mspoe.devices.DTYPE_CHOICES and rag_mspoe.quantization.QUANTIZE_CHOICES (a test keeps
 # them equal); importing torch would slow --help.
 DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
-QUANTIZE_CHOICES = ("int8",)
+QUANTIZE_CHOICES = ("int4", "int8", "int8-dynamic")
 
 # (module, function) pairs; each function takes the subparsers object and adds its commands.
 # Modules are imported lazily so `rag-mspoe --help` stays fast and optional extras stay optional.

@@ -1,6 +1,13 @@
-"""Opt-in int8 inference on the CPU: dynamic quantisation of most Linear layers.
+"""Opt-in quantised inference on the CPU: weight-only int4/int8, or dynamic int8.
 
-`quantize_model(model, "int8")` replaces the attention projections and the MLP's gate and up
+- "int4" and "int8" (weight-only, `rag_mspoe.weight_only`): every Linear layer, the output layer
+  and the MLP's down projection included, holds int4 (groups of 32) or int8 (one scale per output
+  channel) weights and decodes through torch's weight-only kernels; activations stay in the
+  model's dtype, so the scores move little. Prefill de-quantises one layer at a time. Measured
+  speed, memory and drift: docs/cpu-inference.md.
+- "int8-dynamic": the earlier scheme, below. It quantises the activations too.
+
+Dynamic int8 replaces the attention projections and the MLP's gate and up
 projections with torch's dynamically quantised Linear: weights stored in int8, one scale per
 output channel; each call quantises its input to 8 bits on the fly (one scale for the whole
 input) and multiplies in integers. Everything else (embeddings, norms, attention, the MLP's
@@ -43,10 +50,15 @@ from typing import Any
 import torch
 from torch import nn
 
-QUANTIZE_CHOICES = ("int8",)
+from rag_mspoe.weight_only import WeightOnlyLinear
+
+QUANTIZE_CHOICES = ("int4", "int8", "int8-dynamic")
+# Weight-only schemes and their bits (`rag_mspoe.weight_only`).
+_WEIGHT_ONLY_BITS = {"int4": 4, "int8": 8}
+INT4_GROUP_SIZE = 32  # as GGUF's Q4_K / Q4_1 groups
 # Where `quantize_model` notes the scheme on the model, for run manifests.
 _ATTRIBUTE = "_rag_mspoe_quantization"
-# Module names (last part) left unquantised, see the module docstring.
+# Module names (last part) dynamic int8 leaves unquantised, see the module docstring.
 _UNQUANTISED = ("lm_head", "down_proj")
 # The dtypes the rest of a quantised model may compute in.
 _REST_DTYPES = ("auto", "bfloat16", "bf16", "float32", "fp32", "float")
@@ -66,7 +78,7 @@ def check_quantize(scheme: str | None, device: torch.device, dtype: torch.dtype 
         )
     if device.type != "cpu":
         raise QuantizationError(
-            f"quantize={scheme!r} runs on the CPU only (torch's dynamic int8 kernels have no {device.type} "
+            f"quantize={scheme!r} runs on the CPU only (torch's {scheme} kernels used here have no {device.type} "
             f"version), but the model would load on {device}. Pass --device cpu, or drop --quantize and "
             "use --dtype bfloat16 or float16 on the GPU."
         )
@@ -90,13 +102,18 @@ class Int8Linear(nn.Module):
 
 
 def quantize_model(model: Any, scheme: str | None) -> Any:
-    """The model with most Linear layers quantised in place (see the module docstring); None: unchanged."""
+    """The model with its Linear layers quantised in place (see the module docstring); None: unchanged."""
     if scheme is None:
         return model
     check_quantize(scheme, next(model.parameters()).device, next(model.parameters()).dtype)
+    bits = _WEIGHT_ONLY_BITS.get(scheme)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and name not in _UNQUANTISED:
+            if type(child) is not nn.Linear:
+                continue
+            if bits is not None and (bits == 8 or child.in_features % INT4_GROUP_SIZE == 0):
+                setattr(parent, name, WeightOnlyLinear(child, bits, INT4_GROUP_SIZE))
+            elif bits is None and name not in _UNQUANTISED:
                 setattr(parent, name, Int8Linear(_quantized(child)))
     setattr(model, _ATTRIBUTE, scheme)
     return model

@@ -1,4 +1,6 @@
-"""int8 Linear layers on the CPU: scores close to float32, the methods still apply, clear refusals."""
+"""Dynamic int8 Linear layers on the CPU: scores close to float32, the methods still apply, clear refusals.
+
+The weight-only int4/int8 schemes: tests/test_weight_only.py."""
 
 from __future__ import annotations
 
@@ -38,12 +40,12 @@ def token_logprobs(model, ids):
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_int8_keeps_the_output_layer_and_scores_close_to_fp32(arch):
     model = tiny_model(arch)
-    quantized = quantize_model(copy.deepcopy(model), "int8")
+    quantized = quantize_model(copy.deepcopy(model), "int8-dynamic")
     modules = quantized.named_modules()
     linears = {name.rpartition(".")[2] for name, module in modules if type(module) is nn.Linear}
     assert linears == {"down_proj", "lm_head"}  # see rag_mspoe.quantization on why these stay as they are
     assert sum(isinstance(module, Int8Linear) for module in quantized.modules()) == 4 * 6
-    assert quantization_of(quantized) == "int8" and quantization_of(model) is None
+    assert quantization_of(quantized) == "int8-dynamic" and quantization_of(model) is None
     ids = prompt_ids(length=40)
     reference, scores = token_logprobs(model, ids), token_logprobs(quantized, ids)
     moved = (scores - reference).abs().mean().item()
@@ -54,7 +56,7 @@ def test_int8_keeps_the_output_layer_and_scores_close_to_fp32(arch):
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_methods_change_the_int8_model_as_they_change_fp32(arch, name):
     model = tiny_model(arch)
-    quantized = quantize_model(copy.deepcopy(model), "int8")
+    quantized = quantize_model(copy.deepcopy(model), "int8-dynamic")
     ids = prompt_ids(length=40)
     with rescaled(model, METHODS[name]):
         reference = token_logprobs(model, ids)
@@ -67,11 +69,11 @@ def test_methods_change_the_int8_model_as_they_change_fp32(arch, name):
 
 def test_int8_is_refused_on_a_gpu_and_with_another_dtype_with_the_fix():
     with pytest.raises(QuantizationError, match="CPU only.*--device cpu"):
-        check_quantize("int8", torch.device("cuda", 0))
+        check_quantize("int8-dynamic", torch.device("cuda", 0))
     with pytest.raises(QuantizationError, match="bfloat16 or float32, not float16; drop --dtype"):
         check_quantize("int8", torch.device("cpu"), "float16")
-    with pytest.raises(QuantizationError, match="one of: int8"):
-        check_quantize("int4", torch.device("cpu"))
+    with pytest.raises(QuantizationError, match="one of: int4, int8, int8-dynamic"):
+        check_quantize("int2", torch.device("cpu"))
     check_quantize("int8", torch.device("cpu"), "float32")
     check_quantize("int8", torch.device("cpu"), torch.bfloat16)
     check_quantize(None, torch.device("cuda", 0), "bfloat16")
@@ -82,12 +84,12 @@ def test_load_model_quantizes_and_the_manifest_says_so(tmp_path):
     tiny_tokenizer().save_pretrained(tmp_path / "m")
     before = torch.get_num_threads()
     try:
-        model, tokenizer = load_model(tmp_path / "m", threads=1, quantize="int8")
+        model, tokenizer = load_model(tmp_path / "m", threads=1, quantize="int8-dynamic")
     finally:
         torch.set_num_threads(before)
     facts = model_facts(model)
     dtype = str(default_dtype("cpu")).removeprefix("torch.")  # the layers int8 leaves alone
-    assert facts["quantization"] == "int8" and facts["dtype"] == dtype
+    assert facts["quantization"] == "int8-dynamic" and facts["dtype"] == dtype
     result = Engine(model, tokenizer, method="mspoe").generate("abc", raw=True, max_new_tokens=3)
     assert result.completion_tokens == 3
 
@@ -95,7 +97,7 @@ def test_load_model_quantizes_and_the_manifest_says_so(tmp_path):
 @pytest.mark.slow
 def test_embedded_int8_model_answers_and_scores_close_to_fp32_under_methods():
     fp32, tokenizer = load_model(dtype=torch.float32, threads=1)
-    int8, _ = load_model(threads=1, quantize="int8")
+    int8, _ = load_model(threads=1, quantize="int8-dynamic")
     question, answer = "What is the capital of France?", "The capital of France is Paris."
     for method in ("none", "mspoe", "layerwise"):
         engine = Engine(int8, tokenizer, method=method)
