@@ -13,7 +13,7 @@ that log-likelihood per token against bf16. llama.cpp (llama-cpp-python) runs th
 model's GGUF file as it is, on the same token ids, when the package is installed.
 
 --memory NAME loads the model in a fresh process per path (bf16, then each quantisation) and
-reports its resident memory once loaded, and the peak while loading.
+reports the bytes of its weights, its resident memory once loaded, and the peak while loading.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import argparse
 import copy
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -35,14 +34,18 @@ PATHS = ("bf16", "int8", "int4", "int8-dynamic")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
     parser.add_argument("--quick", action="store_true", help="4 prompts, 32 new tokens, bf16/int8/int4")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--paths", nargs="+", choices=PATHS, default=["bf16", "int8", "int4"])
-    parser.add_argument("--memory", metavar="MODEL", help="only measure this model's resident memory per path")
+    parser.add_argument(
+        "--memory", metavar="MODEL", help="only measure this model's resident memory per path"
+    )
     args = parser.parse_args()
     if args.memory:
         print(json.dumps(memory(args.memory, args.paths)), flush=True)
@@ -115,7 +118,7 @@ def _ours(model: Any) -> Any:
 
 
 def _llama_cpp(name: str, threads: int) -> Any:
-    """A runner of the model's GGUF file in llama.cpp (same token ids, greedy), or None without the package."""
+    """A runner of the model's GGUF file in llama.cpp (same token ids, greedy), None if not installed."""
     try:
         import llama_cpp
     except ImportError:
@@ -125,7 +128,12 @@ def _llama_cpp(name: str, threads: int) -> Any:
     stack = joined_gguf(name)
     gguf = stack.__enter__()  # kept joined for the whole run; the process ends with it
     llm = llama_cpp.Llama(
-        model_path=str(gguf), n_ctx=4096, n_batch=512, n_threads=threads, n_threads_batch=threads, verbose=False
+        model_path=str(gguf),
+        n_ctx=4096,
+        n_batch=512,
+        n_threads=threads,
+        n_threads_batch=threads,
+        verbose=False,
     )
 
     def run(ids: Any, steps: int) -> tuple[float, float]:
@@ -147,7 +155,9 @@ from rag_mspoe import load_model
 path = sys.argv[2]
 model, _ = load_model(sys.argv[1], dtype="bfloat16", threads=1, quantize=None if path == "bf16" else path)
 gc.collect()
-print(json.dumps({"rss_mib": round(psutil.Process().memory_info().rss / 2**20),
+tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}.values()
+print(json.dumps({"weights_mib": round(sum(t.numel() * t.element_size() for t in tensors) / 2**20),
+                  "rss_mib": round(psutil.Process().memory_info().rss / 2**20),
                   "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}))
 """
 

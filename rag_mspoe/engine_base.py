@@ -76,11 +76,12 @@ class EngineBase:
         threads: int | None = None,
         device: str | torch.device | None = "auto",
         compile: bool | Literal["auto"] = "auto",
-        quantize: str | None = None,
+        quantize: str | None = "auto",
     ) -> Self:
         """Load a model (None: the embedded SmolLM2-135M-Instruct) and wrap it.
 
-        device ("auto", "cpu", "cuda", "cuda:N"), dtype and quantize as `load_model` takes them;
+        device ("auto", "cpu", "cuda", "cuda:N"), dtype and quantize as `load_model` takes them
+        (quantize "auto": the weight-only scheme made the default for generating on the CPU);
         compile as `Engine` takes it.
         """
         model, tokenizer = loading.load_model(

@@ -52,7 +52,13 @@ from torch import nn
 
 from rag_mspoe.weight_only import WeightOnlyLinear
 
-QUANTIZE_CHOICES = ("int4", "int8", "int8-dynamic")
+SCHEMES = ("int4", "int8", "int8-dynamic")
+# "auto": GENERATION_DEFAULT on the CPU, nothing elsewhere; "none": no quantisation.
+QUANTIZE_CHOICES = ("auto", "none", *SCHEMES)
+# The quickest scheme that keeps the gold answers' log-likelihood within 0.05 nats per token of
+# bf16 on real 10-document prompts (docs/cpu-inference.md): the default of the commands and
+# adapters that generate on the CPU. Evaluations default to no quantisation.
+GENERATION_DEFAULT = "int4"
 # Weight-only schemes and their bits (`rag_mspoe.weight_only`).
 _WEIGHT_ONLY_BITS = {"int4": 4, "int8": 8}
 INT4_GROUP_SIZE = 32  # as GGUF's Q4_K / Q4_1 groups
@@ -68,26 +74,43 @@ class QuantizationError(ValueError):
     """A quantisation that cannot be done here; the message names the fix."""
 
 
+def resolve_quantize(
+    scheme: str | None, device: torch.device, dtype: torch.dtype | str | None = None
+) -> str | None:
+    """The scheme to apply: "auto" is GENERATION_DEFAULT on the CPU with a dtype it runs in (else
+    none), "none" is None; a scheme this device or dtype cannot run is refused (`check_quantize`)."""
+    if scheme == "auto":
+        named = _dtype_name(dtype)
+        return GENERATION_DEFAULT if device.type == "cpu" and named in _REST_DTYPES else None
+    scheme = None if scheme == "none" else scheme
+    check_quantize(scheme, device, dtype)
+    return scheme
+
+
 def check_quantize(scheme: str | None, device: torch.device, dtype: torch.dtype | str | None = None) -> None:
     """Refuse, before any weights load, a scheme this device or dtype cannot run."""
-    if scheme is None:
+    if scheme is None or scheme in ("auto", "none"):
         return
-    if scheme not in QUANTIZE_CHOICES:
+    if scheme not in SCHEMES:
         raise QuantizationError(
-            f"quantize={scheme!r} is not supported; use one of: {', '.join(QUANTIZE_CHOICES)} (or none)."
+            f"quantize={scheme!r} is not supported; use one of: {', '.join(QUANTIZE_CHOICES)}."
         )
     if device.type != "cpu":
         raise QuantizationError(
-            f"quantize={scheme!r} runs on the CPU only (torch's {scheme} kernels used here have no {device.type} "
-            f"version), but the model would load on {device}. Pass --device cpu, or drop --quantize and "
-            "use --dtype bfloat16 or float16 on the GPU."
+            f"quantize={scheme!r} runs on the CPU only (the {scheme} kernels used here have no "
+            f"{device.type} version), but the model would load on {device}. Pass --device cpu, or drop "
+            "--quantize and use --dtype bfloat16 or float16 on the GPU."
         )
-    named = str(dtype).strip().lower().removeprefix("torch.") if dtype is not None else "auto"
+    named = _dtype_name(dtype)
     if named not in _REST_DTYPES:
         raise QuantizationError(
             f"quantize={scheme!r} runs the layers it does not quantise in bfloat16 or float32, not "
             f"{named}; drop --dtype (bf16 where the CPU computes it natively) or pass one of those."
         )
+
+
+def _dtype_name(dtype: torch.dtype | str | None) -> str:
+    return str(dtype).strip().lower().removeprefix("torch.") if dtype is not None else "auto"
 
 
 class Int8Linear(nn.Module):
@@ -102,8 +125,8 @@ class Int8Linear(nn.Module):
 
 
 def quantize_model(model: Any, scheme: str | None) -> Any:
-    """The model with its Linear layers quantised in place (see the module docstring); None: unchanged."""
-    if scheme is None:
+    """The model with its Linear layers quantised in place (module docstring); None or "none": unchanged."""
+    if scheme is None or scheme == "none":
         return model
     check_quantize(scheme, next(model.parameters()).device, next(model.parameters()).dtype)
     bits = _WEIGHT_ONLY_BITS.get(scheme)

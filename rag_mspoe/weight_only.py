@@ -6,8 +6,9 @@ dtype (no activation quantisation, unlike `quantize="int8-dynamic"`). They run a
 loop per row, though: fast for a few rows, 17-19x slower than the bf16 matmul for a 1,300-row
 prefill (one thread, 1300 x 896 x 4864: bf16 10 ms, int8 177 ms, int4 196 ms). So a call with
 more than `kernel_rows` rows de-quantises the weight into the input's dtype and runs the plain
-matmul instead: that costs about 0.2x a 1,300-row matmul for int8 and 1.5x for int4 (the int4
-layout is unpacked through a transpose), and no memory beyond one layer's weight at a time.
+matmul instead: that costs about 0.2x a 1,300-row matmul for int8 and 0.7x for int4, and no
+memory beyond one layer's weight at a time (keeping a bf16 copy for prefill would cost more
+memory than the bf16 model itself).
 
 - int8: symmetric, one scale per output channel: w = q * scale, q in [-128, 127].
 - int4: asymmetric, one scale and one offset per group of `group_size` inputs of a row:
@@ -30,10 +31,16 @@ _INT4_BLOCK = 64
 # Rows up to which a call uses the kernel, from one-thread timings on a 4864 x 896 layer: the
 # kernels cost ~0.1 ms a row, de-quantising ~1.7 ms (int8) or ~8-15 ms (int4) plus the matmul.
 KERNEL_ROWS = {8: 16, 4: 64}
+# Rows quantised at a time (a multiple of 64): bounds the float32 temporaries of a large output
+# layer, so quantising at load adds little to the load's peak memory.
+_CHUNK_ROWS = 4096
 
 
 class WeightOnlyLinear(nn.Module):
     """`linear` with its weight in `bits` (4 or 8) bits; see the module docstring."""
+
+    packed: torch.Tensor
+    scales: torch.Tensor
 
     def __init__(self, linear: nn.Linear, bits: int, group_size: int = 32) -> None:
         super().__init__()
@@ -47,10 +54,11 @@ class WeightOnlyLinear(nn.Module):
         self.bits, self.group_size = bits, group_size
         self.kernel_rows = KERNEL_ROWS[bits]
         weight = linear.weight.detach()
-        packed, scales = (_int8(weight) if bits == 8 else _int4(weight, group_size))
+        packed, scales = _int8(weight) if bits == 8 else _int4(weight, group_size)
         self.register_buffer("packed", packed)
         self.register_buffer("scales", scales)
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+        bias = linear.bias
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
 
     def extra_repr(self) -> str:
         group = f", group_size={self.group_size}" if self.bits == 4 else ""
@@ -59,7 +67,9 @@ class WeightOnlyLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         if rows.shape[0] > self.kernel_rows:
-            return functional.linear(x, self.dequantized(x.dtype), self.bias)
+            # x @ W.T with W.T built contiguous: int4's layout unpacks to it with no element-wise transpose.
+            out = torch.matmul(x, self._dequantized_t(x.dtype))
+            return out if self.bias is None else out + self.bias
         flat = rows.to(self.scales.dtype).contiguous()
         if self.bits == 8:
             out = torch.ops.aten._weight_int8pack_mm(flat, self.packed, self.scales)
@@ -71,22 +81,30 @@ class WeightOnlyLinear(nn.Module):
         return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def dequantized(self, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """The weight the layer computes with, [out_features, in_features], in `dtype` (default: the scales')."""
-        dtype = dtype or self.scales.dtype
+        """The weight the layer computes with, [out_features, in_features], in `dtype` (default: scales')."""
+        return self._dequantized_t(dtype or self.scales.dtype).T
+
+    def _dequantized_t(self, dtype: torch.dtype) -> torch.Tensor:
+        """The transposed weight, [in_features, out_features], contiguous."""
         if self.bits == 8:
-            return self.packed.to(dtype) * self.scales.to(dtype)[:, None]
-        rows, k, g = self.packed.shape[0], self.in_features, self.group_size
-        blocks = self.packed.view(rows // _INT4_BLOCK, k, _INT4_BLOCK // 2)
+            return (self.packed.to(dtype) * self.scales.to(dtype)[:, None]).T.contiguous()
+        k, g = self.in_features, self.group_size
+        blocks = self.packed.view(-1, k, _INT4_BLOCK // 2)
         # The kernel's layout: per block of 64 channels and per input, byte j holds channel j in its
-        # low nibble and channel j + 32 in its high one.
-        codes = torch.cat([blocks & 15, blocks >> 4], -1).transpose(1, 2).reshape(rows, k // g, g).to(dtype)
-        scale, zero = self.scales[..., 0].T.to(dtype), self.scales[..., 1].T.to(dtype)
-        weight = torch.addcmul((zero - 8 * scale).unsqueeze(-1), codes, scale.unsqueeze(-1))
-        return weight.reshape(rows, k)[: self.out_features]
+        # low nibble and channel j + 32 in its high one; so moving whole blocks of 64 gives W.T.
+        codes = torch.cat([blocks & 15, blocks >> 4], -1).to(dtype).transpose(0, 1).reshape(k // g, g, -1)
+        scale, zero = self.scales[..., 0].to(dtype).unsqueeze(1), self.scales[..., 1].to(dtype).unsqueeze(1)
+        weight = torch.addcmul(zero - 8 * scale, codes, scale).view(k, -1)
+        return weight[:, : self.out_features]
 
 
 def _int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(int8 codes [N, K], scales [N] in the weight's dtype), one symmetric scale per row."""
+    parts = [_int8_rows(rows) for rows in weight.split(_CHUNK_ROWS)]
+    return torch.cat([codes for codes, _ in parts]), torch.cat([scales for _, scales in parts])
+
+
+def _int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scales = (weight.float().abs().amax(1) / 127).clamp(min=torch.finfo(torch.float32).tiny).to(weight.dtype)
     codes = torch.round(weight.float() / scales.float()[:, None]).clamp(-128, 127).to(torch.int8)
     return codes, scales
@@ -94,14 +112,19 @@ def _int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(the kernel's packed codes, [K / group, N_padded, 2] scale and zero in the weight's dtype)."""
+    padded = functional.pad(weight, (0, 0, 0, -weight.shape[0] % _INT4_BLOCK))
+    # Blocks of 64 rows pack independently, so chunks of rows concatenate into the whole layer's.
+    parts = [_int4_rows(rows, group_size) for rows in padded.split(_CHUNK_ROWS)]
+    return torch.cat([packed for packed, _ in parts]), torch.cat([scales for _, scales in parts], 1)
+
+
+def _int4_rows(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     n, k = weight.shape
-    padded = -n % _INT4_BLOCK
-    groups = functional.pad(weight.float(), (0, 0, 0, padded)).view(n + padded, k // group_size, group_size)
+    groups = weight.float().view(n, k // group_size, group_size)
     low, high = groups.amin(-1), groups.amax(-1)
     # Round scale and zero to the stored dtype first, so the codes fit the grid the kernel uses.
     scale = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny).to(weight.dtype).float()
     zero = (low + 8 * scale).to(weight.dtype).float()
     codes = torch.round((groups - (zero - 8 * scale)[..., None]) / scale[..., None]).clamp(0, 15)
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.view(n + padded, k).to(torch.int32), 1)
-    scales = torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(weight.dtype)
-    return packed, scales
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.view(n, k).to(torch.int32), 1)
+    return packed, torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(weight.dtype)

@@ -12,7 +12,15 @@ import transformers
 from tiny_models import tiny_config, tiny_model, tiny_tokenizer
 
 from rag_mspoe import DeviceError, devices, load_model, quantization
-from rag_mspoe.cli import DTYPE_CHOICES, QUANTIZE_CHOICES, build_parser, engine_options, main
+from rag_mspoe.cli import (
+    DTYPE_CHOICES,
+    QUANTIZE_CHOICES,
+    build_parser,
+    engine_options,
+    main,
+    model_load_options,
+)
+from rag_mspoe.quantization import GENERATION_DEFAULT
 
 
 @pytest.fixture
@@ -156,9 +164,13 @@ def test_engine_commands_take_compile():
         "device": "cpu",
         "dtype": None,
         "threads": None,
-        "quantize": None,
+        "quantize": GENERATION_DEFAULT,  # generating on the CPU decodes quantised unless told otherwise
         "compile": False,
     }
+    args = build_parser().parse_args(["serve", "--device", "cpu", "--quantize", "none"])
+    assert engine_options(args)["quantize"] is None
+    args = build_parser().parse_args(["sweep", "--out", "run", "--device", "cpu"])
+    assert model_load_options(args)["quantize"] is None  # evaluations stay unquantised
 
 
 @pytest.mark.parametrize(

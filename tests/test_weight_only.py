@@ -65,7 +65,9 @@ def dequantised_copy(model, quantized):
 def models():
     tokenizer = embedded_tokenizer()
     # Large random weights give a peaked, varied distribution, so each method's change shows.
-    model = tiny_model("llama", vocab_size=len(tokenizer), max_position_embeddings=2048, initializer_range=0.3)
+    model = tiny_model(
+        "llama", vocab_size=len(tokenizer), max_position_embeddings=2048, initializer_range=0.3
+    )
     pairs = {}
     for scheme in ("int4", "int8"):
         quantized = quantize_model(copy.deepcopy(model), scheme)
