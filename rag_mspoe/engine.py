@@ -99,7 +99,7 @@ def shared_engine(
     dtype: torch.dtype | str | None = None,
 ) -> Engine:
     """The process-wide engine for a model source (None: the embedded model) on a device and in a
-    dtype (as `load_model` takes them), loaded on first use, quantised as `Engine.load` does by default.
+    dtype (as `load_model` takes them), loaded on first use.
 
     Adapters built from a source name share it, so a second chat model does not load the
     weights again.

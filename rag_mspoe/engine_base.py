@@ -76,12 +76,11 @@ class EngineBase:
         threads: int | None = None,
         device: str | torch.device | None = "auto",
         compile: bool | Literal["auto"] = "auto",
-        quantize: str | None = "auto",
+        quantize: str | None = None,
     ) -> Self:
         """Load a model (None: the embedded SmolLM2-135M-Instruct) and wrap it.
 
-        device ("auto", "cpu", "cuda", "cuda:N"), dtype and quantize as `load_model` takes them
-        (quantize "auto": the weight-only scheme made the default for generating on the CPU);
+        device ("auto", "cpu", "cuda", "cuda:N"), dtype and quantize as `load_model` takes them;
         compile as `Engine` takes it.
         """
         model, tokenizer = loading.load_model(

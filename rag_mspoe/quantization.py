@@ -53,12 +53,9 @@ from torch import nn
 from rag_mspoe.weight_only import WeightOnlyLinear
 
 SCHEMES = ("int4", "int8", "int8-dynamic")
-# "auto": GENERATION_DEFAULT on the CPU, nothing elsewhere; "none": no quantisation.
-QUANTIZE_CHOICES = ("auto", "none", *SCHEMES)
-# The quickest scheme that keeps the gold answers' log-likelihood within 0.05 nats per token of
-# bf16 on real 10-document prompts (docs/cpu-inference.md): the default of the commands and
-# adapters that generate on the CPU. Evaluations default to no quantisation.
-GENERATION_DEFAULT = "int4"
+# No scheme kept the gold answers' log-likelihood within 0.05 nats per token of bf16 on real
+# 10-document prompts (docs/cpu-inference.md), so none is the default everywhere.
+QUANTIZE_CHOICES = ("none", *SCHEMES)
 # Weight-only schemes and their bits (`rag_mspoe.weight_only`).
 _WEIGHT_ONLY_BITS = {"int4": 4, "int8": 8}
 INT4_GROUP_SIZE = 32  # as GGUF's Q4_K / Q4_1 groups
@@ -77,11 +74,7 @@ class QuantizationError(ValueError):
 def resolve_quantize(
     scheme: str | None, device: torch.device, dtype: torch.dtype | str | None = None
 ) -> str | None:
-    """The scheme to apply: "auto" is GENERATION_DEFAULT on the CPU with a dtype it runs in (else
-    none), "none" is None; a scheme this device or dtype cannot run is refused (`check_quantize`)."""
-    if scheme == "auto":
-        named = _dtype_name(dtype)
-        return GENERATION_DEFAULT if device.type == "cpu" and named in _REST_DTYPES else None
+    """The scheme to apply ("none": None); one this device or dtype cannot run is refused."""
     scheme = None if scheme == "none" else scheme
     check_quantize(scheme, device, dtype)
     return scheme
@@ -89,7 +82,7 @@ def resolve_quantize(
 
 def check_quantize(scheme: str | None, device: torch.device, dtype: torch.dtype | str | None = None) -> None:
     """Refuse, before any weights load, a scheme this device or dtype cannot run."""
-    if scheme is None or scheme in ("auto", "none"):
+    if scheme is None or scheme == "none":
         return
     if scheme not in SCHEMES:
         raise QuantizationError(
@@ -101,16 +94,12 @@ def check_quantize(scheme: str | None, device: torch.device, dtype: torch.dtype 
             f"{device.type} version), but the model would load on {device}. Pass --device cpu, or drop "
             "--quantize and use --dtype bfloat16 or float16 on the GPU."
         )
-    named = _dtype_name(dtype)
+    named = str(dtype).strip().lower().removeprefix("torch.") if dtype is not None else "auto"
     if named not in _REST_DTYPES:
         raise QuantizationError(
             f"quantize={scheme!r} runs the layers it does not quantise in bfloat16 or float32, not "
             f"{named}; drop --dtype (bf16 where the CPU computes it natively) or pass one of those."
         )
-
-
-def _dtype_name(dtype: torch.dtype | str | None) -> str:
-    return str(dtype).strip().lower().removeprefix("torch.") if dtype is not None else "auto"
 
 
 class Int8Linear(nn.Module):

@@ -294,7 +294,7 @@ def test_ray_workers_score_as_the_local_engine(tiny_folder):
 
     split = CalibrationSplit(num_documents=3, num_examples=1, seed=3)
     methods = [None, Uniform(2.0), LayerWise(control_points=[(0, 2.0), (3, 1.0)])]
-    local_engine = Engine.load(str(tiny_folder), threads=1, quantize="none")  # as the workers load it
+    local_engine = Engine.load(str(tiny_folder), threads=1)
     local = LocalEvaluator(local_engine, split, progress=False)
     expected = dict(local.evaluate(methods))
     # The same replicas then score another split, as a search reuses them every generation.

@@ -20,7 +20,6 @@ from rag_mspoe.cli import (
     main,
     model_load_options,
 )
-from rag_mspoe.quantization import GENERATION_DEFAULT
 
 
 @pytest.fixture
@@ -164,13 +163,11 @@ def test_engine_commands_take_compile():
         "device": "cpu",
         "dtype": None,
         "threads": None,
-        "quantize": GENERATION_DEFAULT,  # generating on the CPU decodes quantised unless told otherwise
+        "quantize": None,
         "compile": False,
     }
-    args = build_parser().parse_args(["serve", "--device", "cpu", "--quantize", "none"])
-    assert engine_options(args)["quantize"] is None
-    args = build_parser().parse_args(["sweep", "--out", "run", "--device", "cpu"])
-    assert model_load_options(args)["quantize"] is None  # evaluations stay unquantised
+    args = build_parser().parse_args(["sweep", "--out", "run", "--device", "cpu", "--quantize", "int4"])
+    assert model_load_options(args)["quantize"] == "int4"
 
 
 @pytest.mark.parametrize(

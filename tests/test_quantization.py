@@ -17,7 +17,6 @@ from rag_mspoe.engine import Engine
 from rag_mspoe.eval.runs.manifest import model_facts
 from rag_mspoe.methods import Compose
 from rag_mspoe.quantization import (
-    GENERATION_DEFAULT,
     Int8Linear,
     QuantizationError,
     check_quantize,
@@ -74,18 +73,16 @@ def test_int8_is_refused_on_a_gpu_and_with_another_dtype_with_the_fix():
         check_quantize("int8-dynamic", torch.device("cuda", 0))
     with pytest.raises(QuantizationError, match="bfloat16 or float32, not float16; drop --dtype"):
         check_quantize("int8", torch.device("cpu"), "float16")
-    with pytest.raises(QuantizationError, match="one of: auto, none, int4, int8, int8-dynamic"):
+    with pytest.raises(QuantizationError, match="one of: none, int4, int8, int8-dynamic"):
         check_quantize("int2", torch.device("cpu"))
     check_quantize("int8", torch.device("cpu"), "float32")
     check_quantize("int8", torch.device("cpu"), torch.bfloat16)
     check_quantize(None, torch.device("cuda", 0), "bfloat16")
 
 
-def test_auto_quantizes_only_on_the_cpu_in_a_dtype_the_kernels_take():
+def test_none_names_no_quantisation_and_the_schemes_are_checked():
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
-    assert resolve_quantize("auto", cpu) == resolve_quantize("auto", cpu, "float32") == GENERATION_DEFAULT
-    assert resolve_quantize("auto", gpu) is None and resolve_quantize("auto", cpu, "float16") is None
-    assert resolve_quantize("none", cpu) is None and resolve_quantize("int8", cpu) == "int8"
+    assert resolve_quantize("none", gpu) is None and resolve_quantize("int8", cpu) == "int8"
     with pytest.raises(QuantizationError, match="CPU only"):
         resolve_quantize("int4", gpu)
 
