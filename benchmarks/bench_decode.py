@@ -1,7 +1,7 @@
 """Decoding speed and score drift of weight-only int4/int8 against bf16 (and llama.cpp where installed).
 
     python benchmarks/bench_decode.py --quick                 # 0.5B, 1 thread, 4 prompts: one JSON line
-    python benchmarks/bench_decode.py --prompts 20 --paths bf16 int8 int4 int8-dynamic
+    python benchmarks/bench_decode.py --prompts 20 --new-tokens 4     # the drift on 20 prompts
     python benchmarks/bench_decode.py --memory qwen2.5-coder-1.5b-instruct
 
 Prompts are real 10-document NQ-open prompts (`bench_cpu_inference.py` builds them: gold document
@@ -30,7 +30,7 @@ from typing import Any
 
 from bench_cpu_inference import DATA, GOLD_POSITION, prefill_and_decode, progress, prompt_ids, rates
 
-PATHS = ("bf16", "int8", "int4", "int8-dynamic")
+PATHS = ("bf16", "int8", "int4")
 
 
 def main() -> None:

@@ -101,8 +101,8 @@ def load_model(
     is not there, a dtype it cannot compute or weights larger than its free memory raise
     `DeviceError` before any weights load. threads sets torch's CPU thread count (default:
     the CPUs the load average shows free, `default_threads`). quantize: None or "none", "int4" or
-    "int8" (weight-only: faster decoding on the CPU; scores move, int8 least), or "int8-dynamic";
-    see `rag_mspoe.quantization` and docs/cpu-inference.md.
+    "int8" (weight-only: faster decoding on the CPU, but scores move); see `rag_mspoe.quantization`
+    and docs/cpu-inference.md.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 

@@ -2,7 +2,7 @@
 
 Decoding reads every weight once per token, so its speed follows the bytes read: torch's
 weight-only CPU kernels read 4- or 8-bit weights and multiply them with the input in its own
-dtype (no activation quantisation, unlike `quantize="int8-dynamic"`). They run a matrix-vector
+dtype (no activation quantisation). They run a matrix-vector
 loop per row, though: fast for a few rows, 17-19x slower than the bf16 matmul for a 1,300-row
 prefill (one thread, 1300 x 896 x 4864: bf16 10 ms, int8 177 ms, int4 196 ms). So a call with
 more than `kernel_rows` rows de-quantises the weight into the input's dtype and runs the plain
