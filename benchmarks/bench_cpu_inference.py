@@ -134,7 +134,7 @@ def dtypes(
     from rag_mspoe.models.quantization import quantize_model
 
     bf16 = copy.deepcopy(model).to(torch.bfloat16)
-    # int8 as load_model(quantize="int8") gives it: the layers it leaves alone in bf16.
+    # int8 as load_model(quantize="int8") gives it: weight-only, embeddings and norms in bf16.
     int8 = quantize_model(copy.deepcopy(bf16), "int8")
     variants: dict[str, Any] = {"fp32": model, "bf16": bf16, "int8": int8}
     if torchao:
@@ -176,7 +176,7 @@ def ratios(path: dict[str, float], reference: dict[str, float]) -> dict[str, flo
 
 def torchao_int8(model: Any) -> Any:
     """The model with torchao's dynamic int8 activations (one scale per token) and int8 weights,
-    in the Linear layers `quantize="int8"` quantises."""
+    in the attention projections and the MLP's gate and up projections (as the earlier dynamic int8 did)."""
     from torch import nn
     from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
 

@@ -11,8 +11,16 @@ import torch
 import transformers
 from tiny_models import tiny_config, tiny_model, tiny_tokenizer
 
-from rag_mspoe import DeviceError, devices, load_model, quantization
-from rag_mspoe.cli import DTYPE_CHOICES, QUANTIZE_CHOICES, build_parser, engine_options, main
+from rag_mspoe import DeviceError, load_model
+from rag_mspoe.cli import (
+    DTYPE_CHOICES,
+    QUANTIZE_CHOICES,
+    build_parser,
+    engine_options,
+    main,
+    model_load_options,
+)
+from rag_mspoe.models import devices, quantization
 
 
 @pytest.fixture
@@ -159,6 +167,8 @@ def test_engine_commands_take_compile():
         "quantize": None,
         "compile": False,
     }
+    args = build_parser().parse_args(["sweep", "--out", "run", "--device", "cpu", "--quantize", "int4"])
+    assert model_load_options(args)["quantize"] == "int4"
 
 
 @pytest.mark.parametrize(

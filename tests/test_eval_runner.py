@@ -238,7 +238,7 @@ def test_manifest_records_dtype_quantization_and_threads_of_a_loaded_model(tmp_p
     )
     run_sweep(config, tmp_path / "run", threads=1, quantize="int8", progress=False, report=False)
     model = json.loads((tmp_path / "run" / "manifest.json").read_text())["model"]
-    dtype = str(default_dtype("cpu")).removeprefix("torch.")  # the layers int8 leaves alone
+    dtype = str(default_dtype("cpu")).removeprefix("torch.")  # the embeddings and norms
     assert (model["dtype"], model["quantization"], model["threads"]) == (dtype, "int8", 1)
 
 

@@ -183,7 +183,7 @@ class EngineBase:
         return lambda token_id: self.tokenizer.decode([token_id]).encode("utf-8")
 
     def _vocab_size(self) -> int:
-        return int(self.model.get_output_embeddings().weight.shape[0])  # the width of the logits
+        return int(self.model.get_output_embeddings().out_features)  # the width of the logits
 
     @property
     def document_prefixes(self) -> DocumentPrefixCache:

@@ -14,7 +14,7 @@ import torch
 from rag_mspoe.models import embedded_models
 from rag_mspoe.models.devices import place, resolve_device
 from rag_mspoe.models.model_cache import ModelLoadError, convert_gguf
-from rag_mspoe.models.quantization import check_quantize, quantize_model
+from rag_mspoe.models.quantization import quantize_model, resolve_quantize
 
 
 def source_name(source: str | os.PathLike[str] | None) -> str:
@@ -100,14 +100,14 @@ def load_model(
     with native bf16 (else fp32), or a name ("bfloat16", "float16", "float32"). A device that
     is not there, a dtype it cannot compute or weights larger than its free memory raise
     `DeviceError` before any weights load. threads sets torch's CPU thread count (default:
-    the CPUs the load average shows free, `default_threads`). quantize: None, or "int8" for
-    most Linear layers in int8 on the CPU (`rag_mspoe.models.quantization`: faster than bf16, but
-    log-likelihoods move).
+    the CPUs the load average shows free, `default_threads`). quantize: None or "none", "int4" or
+    "int8" (weight-only: faster decoding on the CPU, but scores move); see `rag_mspoe.models.quantization`
+    and docs/cpu-inference.md.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     target = resolve_device(device)
-    check_quantize(quantize, target, dtype)
+    quantize = resolve_quantize(quantize, target, dtype)
     if target.type == "cpu" or threads is not None:
         set_threads(threads)
     folder, name = resolve_source(source)

@@ -1,0 +1,130 @@
+"""A Linear layer with int4 or int8 weights for CPU decoding (`WeightOnlyLinear`).
+
+Decoding reads every weight once per token, so its speed follows the bytes read: torch's
+weight-only CPU kernels read 4- or 8-bit weights and multiply them with the input in its own
+dtype (no activation quantisation). They run a matrix-vector
+loop per row, though: fast for a few rows, 17-19x slower than the bf16 matmul for a 1,300-row
+prefill (one thread, 1300 x 896 x 4864: bf16 10 ms, int8 177 ms, int4 196 ms). So a call with
+more than `kernel_rows` rows de-quantises the weight into the input's dtype and runs the plain
+matmul instead: that costs about 0.2x a 1,300-row matmul for int8 and 0.7x for int4, and no
+memory beyond one layer's weight at a time (keeping a bf16 copy for prefill would cost more
+memory than the bf16 model itself).
+
+- int8: symmetric, one scale per output channel: w = q * scale, q in [-128, 127].
+- int4: asymmetric, one scale and one offset per group of `group_size` inputs of a row:
+  w = (q - 8) * scale + zero, q in [0, 15] (the kernel's convention). A group's scale and
+  offset come from its minimum and maximum, so a row of a GGUF Q4_K/Q4_1 file (4-bit codes with
+  a scale and a minimum per group of 32) that uses its full code range comes back on the file's
+  own grid.
+Scales are kept in the layer's dtype (bf16 for a bf16 model), as the kernels take them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional
+
+BITS = (4, 8)
+# The int4 kernel packs output channels in blocks of this many; rows are padded up to it.
+_INT4_BLOCK = 64
+# Rows up to which a call uses the kernel, from one-thread timings on a 4864 x 896 layer: the
+# kernels cost ~0.1 ms a row, de-quantising ~1.7 ms (int8) or ~8-15 ms (int4) plus the matmul.
+KERNEL_ROWS = {8: 16, 4: 64}
+# Rows quantised at a time (a multiple of 64): bounds the float32 temporaries of a large output
+# layer, so quantising at load adds little to the load's peak memory.
+_CHUNK_ROWS = 4096
+
+
+class WeightOnlyLinear(nn.Module):
+    """`linear` with its weight in `bits` (4 or 8) bits; see the module docstring."""
+
+    packed: torch.Tensor
+    scales: torch.Tensor
+
+    def __init__(self, linear: nn.Linear, bits: int, group_size: int = 32) -> None:
+        super().__init__()
+        if bits not in BITS:
+            raise ValueError(f"bits must be one of {BITS}, got {bits}")
+        if bits == 4 and linear.in_features % group_size:
+            raise ValueError(
+                f"int4 groups of {group_size} need in_features divisible by it; got {linear.in_features}"
+            )
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.bits, self.group_size = bits, group_size
+        self.kernel_rows = KERNEL_ROWS[bits]
+        weight = linear.weight.detach()
+        packed, scales = _int8(weight) if bits == 8 else _int4(weight, group_size)
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales", scales)
+        bias = linear.bias
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+
+    def extra_repr(self) -> str:
+        group = f", group_size={self.group_size}" if self.bits == 4 else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}{group}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        if rows.shape[0] > self.kernel_rows:
+            # x @ W.T with W.T built contiguous: int4's layout unpacks to it with no element-wise transpose.
+            out = torch.matmul(x, self._dequantized_t(x.dtype))
+            return out if self.bias is None else out + self.bias
+        flat = rows.to(self.scales.dtype).contiguous()
+        if self.bits == 8:
+            out = torch.ops.aten._weight_int8pack_mm(flat, self.packed, self.scales)
+        else:
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, self.group_size, self.scales)
+            out = out[:, : self.out_features]
+        if self.bias is not None:
+            out = out + self.bias
+        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def dequantized(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The weight the layer computes with, [out_features, in_features], in `dtype` (default: scales')."""
+        return self._dequantized_t(dtype or self.scales.dtype).T
+
+    def _dequantized_t(self, dtype: torch.dtype) -> torch.Tensor:
+        """The transposed weight, [in_features, out_features], contiguous."""
+        if self.bits == 8:
+            return (self.packed.to(dtype) * self.scales.to(dtype)[:, None]).T.contiguous()
+        k, g = self.in_features, self.group_size
+        blocks = self.packed.view(-1, k, _INT4_BLOCK // 2)
+        # The kernel's layout: per block of 64 channels and per input, byte j holds channel j in its
+        # low nibble and channel j + 32 in its high one; so moving whole blocks of 64 gives W.T.
+        codes = torch.cat([blocks & 15, blocks >> 4], -1).to(dtype).transpose(0, 1).reshape(k // g, g, -1)
+        scale, zero = self.scales[..., 0].to(dtype).unsqueeze(1), self.scales[..., 1].to(dtype).unsqueeze(1)
+        weight = torch.addcmul(zero - 8 * scale, codes, scale).view(k, -1)
+        return weight[:, : self.out_features]
+
+
+def _int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 codes [N, K], scales [N] in the weight's dtype), one symmetric scale per row."""
+    parts = [_int8_rows(rows) for rows in weight.split(_CHUNK_ROWS)]
+    return torch.cat([codes for codes, _ in parts]), torch.cat([scales for _, scales in parts])
+
+
+def _int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    scales = (weight.float().abs().amax(1) / 127).clamp(min=torch.finfo(torch.float32).tiny).to(weight.dtype)
+    codes = torch.round(weight.float() / scales.float()[:, None]).clamp(-128, 127).to(torch.int8)
+    return codes, scales
+
+
+def _int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the kernel's packed codes, [K / group, N_padded, 2] scale and zero in the weight's dtype)."""
+    padded = functional.pad(weight, (0, 0, 0, -weight.shape[0] % _INT4_BLOCK))
+    # Blocks of 64 rows pack independently, so chunks of rows concatenate into the whole layer's.
+    parts = [_int4_rows(rows, group_size) for rows in padded.split(_CHUNK_ROWS)]
+    return torch.cat([packed for packed, _ in parts]), torch.cat([scales for _, scales in parts], 1)
+
+
+def _int4_rows(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    n, k = weight.shape
+    groups = weight.float().view(n, k // group_size, group_size)
+    low, high = groups.amin(-1), groups.amax(-1)
+    # Round scale and zero to the stored dtype first, so the codes fit the grid the kernel uses.
+    scale = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny).to(weight.dtype).float()
+    zero = (low + 8 * scale).to(weight.dtype).float()
+    codes = torch.round((groups - (zero - 8 * scale)[..., None]) / scale[..., None]).clamp(0, 15)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.view(n, k).to(torch.int32), 1)
+    return packed, torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(weight.dtype)
