@@ -8,11 +8,11 @@ import pytest
 import torch
 from fake_endpoint import FakeBehaviour, fake_endpoint
 
+from rag_mspoe.engine.remote_client import Endpoint
 from rag_mspoe.eval.runs.results import RESULTS_FILE, read_records
 from rag_mspoe.eval.sweep.plan import SweepConfig
 from rag_mspoe.eval.sweep.remote import RemoteTarget
 from rag_mspoe.eval.sweep.run import run_sweep
-from rag_mspoe.remote_client import Endpoint
 
 MODEL = "smollm2-135m-instruct"
 SMALL = {"num_documents": 3, "positions": (0, 2), "samples": 2, "batch_size": 4}
@@ -143,7 +143,7 @@ def test_failed_requests_are_retried_and_a_spent_budget_stops_a_run_that_resumes
 
 
 def test_a_wrong_address_fails_at_the_probe_with_the_servers_answer_and_no_retries(tokenizer, tmp_path):
-    from rag_mspoe.remote_client import EndpointError
+    from rag_mspoe.engine.remote_client import EndpointError
 
     behaviour = FakeBehaviour()
     with fake_endpoint(behaviour, tokenizer) as url:

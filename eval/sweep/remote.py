@@ -1,7 +1,7 @@
 """A sweep whose model runs on an OpenAI-compatible server (`rag-mspoe sweep --endpoint URL`).
 
 The batches, records, resumption and report are the local sweep's: only the engine differs
-(`rag_mspoe.remote_engine.RemoteEngine` in place of the local one, through the same calls).
+(`rag_mspoe.engine.remote_engine.RemoteEngine` in place of the local one, through the same calls).
 At the start one probe asks whether the server scores a prompt's own tokens; the methods and
 metrics that cannot run against it are refused then, with what can.
 """
@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rag_mspoe.engine.remote_client import Endpoint, RemoteClient, RequestBudgetSpent, has_prompt_logprobs
+from rag_mspoe.engine.remote_engine import UNSCORED_METHODS, RemoteEngine, remote_method_problem
 from rag_mspoe.eval.runs.loop import RunStopped
 from rag_mspoe.eval.runs.units import Scorer
 from rag_mspoe.methods.method_spec import ResolvedMethod
-from rag_mspoe.remote_client import Endpoint, RemoteClient, RequestBudgetSpent, has_prompt_logprobs
-from rag_mspoe.remote_engine import UNSCORED_METHODS, RemoteEngine, remote_method_problem
 
 CHAT_ENDPOINT = "server-chat"
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_mspoe.cli import model_load_options
+from rag_mspoe.engine.remote_client import Endpoint
 from rag_mspoe.eval.cli import parse_positions
 from rag_mspoe.eval.method_engines import EngineSet
 from rag_mspoe.eval.report import METRICS, TABLE_FILE, write_report
@@ -32,7 +33,6 @@ from rag_mspoe.eval.sweep.plan import Batch, Example, SweepConfig, load_examples
 from rag_mspoe.eval.sweep.remote import RemoteEngines, RemoteRun, RemoteTarget, connect
 from rag_mspoe.methods.method_spec import ResolvedMethod, resolve_all
 from rag_mspoe.models.loading import source_name
-from rag_mspoe.remote_client import Endpoint
 
 EXAMPLES_FILE = "examples.jsonl.gz"
 DEFAULT_METHODS = ["none", "pi", "mspoe", "layerwise", "longcontextreorder"]

@@ -24,10 +24,10 @@ from typing import Any
 from rag_mspoe.attention.invariant_reorder import InvariantReorder
 from rag_mspoe.attention.reorder import document_texts, prompt_with_documents
 from rag_mspoe.engine.prefix_scoring import Score, shared_length
+from rag_mspoe.engine.remote_client import RemoteClient, prompt_logprobs
 from rag_mspoe.methods.method_config import method_name
 from rag_mspoe.prompts.chat_template import DOCUMENT_SPANS, Prompt, as_messages, render_text
 from rag_mspoe.prompts.document_prompts import find_document_lines
-from rag_mspoe.remote_client import RemoteClient, prompt_logprobs
 
 # What runs on a remote model: these method specs, alone or with a document order.
 REMOTE_METHODS = "none, longcontextreorder, random, invariant-reorder (score 'question', any keep/best)"
