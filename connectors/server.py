@@ -43,6 +43,7 @@ from rag_mspoe.calibrated import calibrated_config_path
 from rag_mspoe.connectors import openai_schema as schema
 from rag_mspoe.connectors.batching import RequestBatcher
 from rag_mspoe.connectors.request_guard import LOOPBACK_HOSTS, UNEXPECTED, GuardSettings, RequestGuard
+from rag_mspoe.chat_template import PromptError
 from rag_mspoe.document_prompts import MissingDocumentSpans
 from rag_mspoe.engine import (
     ENGINE_DEFAULT,
@@ -291,6 +292,8 @@ def create_app(
             raise too_long(prompt_field) from exc
         except MissingDocumentSpans as exc:
             raise ApiError(400, str(exc), param=prompt_field, code="document_spans_missing") from exc
+        except PromptError as exc:  # a message, tool call or document span the model cannot be given
+            raise ApiError(400, str(exc), param=prompt_field) from exc
         except TemplateError as exc:  # e.g. a template that wants user and assistant turns to alternate
             raise ApiError(
                 400, f"The model's chat template refused these messages: {exc}", param=prompt_field
