@@ -40,10 +40,10 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rag_mspoe.calibrated import calibrated_config_path
+from rag_mspoe.chat_template import PromptError
 from rag_mspoe.connectors import openai_schema as schema
 from rag_mspoe.connectors.batching import RequestBatcher
 from rag_mspoe.connectors.request_guard import LOOPBACK_HOSTS, UNEXPECTED, GuardSettings, RequestGuard
-from rag_mspoe.chat_template import PromptError
 from rag_mspoe.document_prompts import MissingDocumentSpans
 from rag_mspoe.engine import (
     ENGINE_DEFAULT,

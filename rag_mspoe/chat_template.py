@@ -115,7 +115,7 @@ def _tool_call(call: Any, index: int) -> dict[str, Any]:
         except json.JSONDecodeError as exc:
             raise PromptError(
                 f"Message {index}: the arguments of the call of {function['name']!r} are not JSON: "
-                f"{arguments!r}; send them as a JSON object's text, e.g. '{{\"city\": \"Paris\"}}'."
+                f'{arguments!r}; send them as a JSON object\'s text, e.g. \'{{"city": "Paris"}}\'.'
             ) from exc
     if not isinstance(arguments, Mapping):
         raise PromptError(
