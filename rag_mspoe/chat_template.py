@@ -2,8 +2,9 @@
 
 A string becomes one user turn of the model's chat template; a list of {"role", "content"} dicts
 is rendered as a conversation. `raw=True` skips the template for plain text continuation.
-Only the template writes special tokens: text in messages, tools and the prefix that spells one
-('<|im_start|>') is encoded as plain text (`rag_mspoe.template_encoding`).
+Only the template writes control tokens: text in messages, tools (their keys included), tool
+calls and the prefix that spells an added token ('<|im_start|>', '<tool_call>') is encoded as
+plain text (`rag_mspoe.template_encoding`).
 
 Tool use follows the OpenAI message shapes: an assistant message may carry `tool_calls`
 ([{"id", "type": "function", "function": {"name", "arguments"}}]) and a "tool" message answers
