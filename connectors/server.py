@@ -12,8 +12,9 @@ under concurrency equal answers one at a time. With max_batch_size > 1, greedy r
 equal settings that wait together run as one batch (`rag_mspoe.connectors.batching`): more
 throughput under load, at the price of bf16 answers that can drift from a request alone.
 
-With `tools`, calls come back in the OpenAI shape; streamed, as `delta.tool_calls` chunks (index,
-id, type and name first, then the arguments' JSON in fragments) ending in finish_reason "tool_calls".
+With `tools`, calls come back in the OpenAI shape; streamed, each call as one `delta.tool_calls`
+chunk (index, id, type, name and arguments) once it is written whole, ending in finish_reason
+"tool_calls"; an answer max_tokens cuts off ends in "length", without the call it was writing.
 Every request first passes `request_guard` (Host, Origin, API key, body size and deadline).
 A client that goes away has its generation stopped at the next token, or never started.
 `logprobs` (chat: with `top_logprobs`, up to 20 alternatives; completions: up to 5) gives each
