@@ -226,6 +226,26 @@ def test_response_format_json_schema_closes_objects_that_do_not_say(client):
         jsonschema.validate(json.loads(reply.choices[0].message.content), CITY)
 
 
+def test_response_format_with_a_satisfiable_all_of_is_answered(client):
+    # pydantic's way of extending a model: its definition and the new keys, one object together.
+    named = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 8}},
+        "required": ["name"],
+    }
+    schema = {"$defs": {"Named": named}, "allOf": [{"$ref": "#/$defs/Named"}, {"required": ["zone"]}]}
+    reply = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Who?"}],
+        response_format={"type": "json_schema", "json_schema": {"name": "who", "schema": schema}},
+        max_tokens=120,
+        temperature=0,
+    )
+    answer = json.loads(reply.choices[0].message.content)
+    jsonschema.validate(answer, schema)
+    assert set(answer) == {"name", "zone"}
+
+
 def test_chat_openai_bind_tools_against_the_server(base_url):
     from langchain_openai import ChatOpenAI
 
