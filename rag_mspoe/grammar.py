@@ -141,7 +141,8 @@ def _closed(schema: Any, root: Any, close: bool, inlined: frozenset[str]) -> Any
             copy[key] = _closed(copy[key], root, True, inlined)
     names = _named_keys(copy)
     if close and names is not None and "additionalProperties" not in copy:
-        own = copy.get("properties") if isinstance(copy.get("properties"), Mapping) else {}
+        listed = copy.get("properties")
+        own: Mapping[str, Any] = listed if isinstance(listed, Mapping) else {}
         copy["properties"] = {**{name: {} for name in names if name not in own}, **own}
         copy["additionalProperties"] = False
     return copy
