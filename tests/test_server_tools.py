@@ -237,7 +237,8 @@ def test_response_format_with_a_satisfiable_all_of_is_answered(client):
         "properties": {"name": {"type": "string", "maxLength": 8}},
         "required": ["name"],
     }
-    schema = {"$defs": {"Named": named}, "allOf": [{"$ref": "#/$defs/Named"}, {"required": ["zone"]}]}
+    zoned = {"properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}
+    schema = {"$defs": {"Named": named}, "allOf": [{"$ref": "#/$defs/Named"}, zoned]}
     answer = structured_answer(client, schema, temperature=0)
     jsonschema.validate(answer, schema)
     assert isinstance(answer, dict) and set(answer) == {"name", "zone"}
