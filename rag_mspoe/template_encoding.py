@@ -71,23 +71,23 @@ class SpecialTextMask:
 
     def encode(self, rendered: str) -> list[int]:
         """Token ids of rendered text: the template's markers control tokens, each placeholder plain text."""
-        return [token for token, _ in self._encoded(self._rendered_pieces(rendered), offsets=False)]
+        return self._encoded(self._rendered_pieces(rendered), None)
 
     def encode_with_offsets(self, rendered: str) -> tuple[list[int], list[tuple[int, int]]]:
         """`encode`'s ids and each token's character range [start, end) in `rendered` (a
         placeholder's tokens all cover the placeholder). Needs a fast tokenizer."""
-        encoded = self._encoded(self._rendered_pieces(rendered), offsets=True)
-        return [token for token, _ in encoded], [offset for _, offset in encoded]
+        offsets: list[tuple[int, int]] = []
+        return self._encoded(self._rendered_pieces(rendered), offsets), offsets
 
     def encode_plain(self, text: str) -> list[int]:
         """Token ids of untrusted text on its own, every added token's text as plain text."""
-        return [token for token, _ in self._encoded(self._plain_pieces(text), offsets=False)]
+        return self._encoded(self._plain_pieces(text), None)
 
     def encode_plain_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """`encode_plain`'s ids and each token's character range in `text` (the tokens of an added
         token's text all cover it). Needs a fast tokenizer."""
-        encoded = self._encoded(self._plain_pieces(text), offsets=True)
-        return [token for token, _ in encoded], [offset for _, offset in encoded]
+        offsets: list[tuple[int, int]] = []
+        return self._encoded(self._plain_pieces(text), offsets), offsets
 
     def _plain_pieces(self, text: str) -> Iterator[tuple[int, int, str, bool]]:
         """`_rendered_pieces` of untrusted text: its added tokens' texts are the pieces to spell out."""
@@ -111,35 +111,49 @@ class SpecialTextMask:
             cursor = end
 
     def _encoded(
-        self, pieces: Iterator[tuple[int, int, str, bool]], offsets: bool
-    ) -> list[tuple[int, tuple[int, int]]]:
-        tokens: list[tuple[int, tuple[int, int]]] = []
-        for start, end, text, spelled in pieces:
-            if not text:
-                continue
+        self, pieces: Iterator[tuple[int, int, str, bool]], offsets: list[tuple[int, int]] | None
+    ) -> list[int]:
+        """The ids of the pieces in turn; each token's character range appended to `offsets`
+        unless it is None. The template's pieces are encoded in one batch, each added token's
+        text once."""
+        kept = [piece for piece in pieces if piece[2]]
+        texts = [text for _, _, text, spelled in kept if not spelled]
+        encoded: Any = {"input_ids": [], "offset_mapping": []}
+        if texts:
+            encoded = (
+                self._with_offsets(texts)
+                if offsets is not None
+                else self.tokenizer(texts, add_special_tokens=False)
+            )
+        spelled_ids: dict[str, list[int]] = {}
+        template_piece = 0
+        ids: list[int] = []
+        for start, end, text, spelled in kept:
             if spelled:
-                tokens += [(token, (start, end)) for token in base_vocabulary_ids(self.tokenizer, text)]
-            elif not offsets:
-                ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-                tokens += [(token, (start, end)) for token in ids]
+                if text not in spelled_ids:
+                    spelled_ids[text] = base_vocabulary_ids(self.tokenizer, text)
+                piece_ids = spelled_ids[text]
+                piece_offsets = [(start, end)] * len(piece_ids)
             else:
-                encoded = self._with_offsets(text)
-                tokens += [
-                    (token, (start + first, start + last))
-                    for token, (first, last) in zip(
-                        encoded["input_ids"], encoded["offset_mapping"], strict=True
-                    )
-                ]
-        return tokens
+                piece_ids = encoded["input_ids"][template_piece]
+                if offsets is not None:
+                    piece_offsets = [
+                        (start + a, start + b) for a, b in encoded["offset_mapping"][template_piece]
+                    ]
+                template_piece += 1
+            ids += piece_ids
+            if offsets is not None:
+                offsets += piece_offsets
+        return ids
 
-    def _with_offsets(self, text: str) -> Any:
+    def _with_offsets(self, texts: list[str]) -> Any:
         if not getattr(self.tokenizer, "is_fast", False):
             raise TypeError(
                 "Finding where documents are in a prompt needs a fast tokenizer (one with offset "
                 f"mappings); {type(self.tokenizer).__name__} is not. Load the model's tokenizer with "
                 "use_fast=True."
             )
-        return self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        return self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
 
 
 def encode_untrusted(tokenizer: Any, render: Callable[[SpecialTextMask], str], prefix: str = "") -> list[int]:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rag_mspoe.grammar import closed_objects
-from rag_mspoe.stopping import unfinished_tail
+from rag_mspoe.text_markers import unfinished_tail
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 RESULT_OPEN, RESULT_CLOSE = "<tool_response>", "</tool_response>"
@@ -166,7 +166,8 @@ def parse_calls(
 
 def unclosed_call(body: str) -> ParsedCall | None:
     """The call of a tagged call's text that ends without its closing tag (perhaps half of it)."""
-    return call_of(body[: len(body) - unfinished_tail(body.rstrip(), (CALL_CLOSE,))].strip())
+    body = body.rstrip()
+    return call_of(body[: len(body) - unfinished_tail(body, (CALL_CLOSE,))].strip())
 
 
 def may_be_bare_call(answer: str) -> bool:

@@ -24,7 +24,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from rag_mspoe.stopping import unfinished_tail
+from rag_mspoe.text_markers import unfinished_tail
 from rag_mspoe.tool_format import (
     CALL_CLOSE,
     CALL_OPEN,
