@@ -8,7 +8,9 @@ for the answer when a whole request is waiting for one.
 A client that closed completely sends the same end-of-file, and its generation must still stop.
 To tell them apart the server sends an interim `100 Continue` (every HTTP/1.1 client skips 1xx
 answers it did not ask for): a socket that is gone answers it with a reset, which the server
-notices within `PROBE_INTERVAL_S` and treats as the disconnect it is.
+notices within `PROBE_INTERVAL_S` and treats as the disconnect it is. HTTP/1.0 has no interim
+answers, so an HTTP/1.0 client that half-closed cannot be told from one that left: its answer is
+generated and sent all the same.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 PROBE_INTERVAL_S = 0.05
+_REQUEST_SENT = (h11.DONE, h11.MUST_CLOSE)  # the client's states once its request is whole
 _TCP_CLOSE = 7  # Linux tcp_states.h: the state a connection enters when a reset arrives
 
 
@@ -29,7 +32,9 @@ class HalfCloseProtocol(H11Protocol):
 
     def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio.Protocol allows True
         cycle = self.cycle
-        if cycle is None or cycle.response_complete or self.conn.their_state is not h11.DONE:
+        # A request that said it is the last one (`Connection: close`, HTTP/1.0) leaves the client
+        # in MUST_CLOSE rather than DONE once it is whole: it waits for its answer all the same.
+        if cycle is None or cycle.response_complete or self.conn.their_state not in _REQUEST_SENT:
             return None  # no whole request waits for an answer: close, as uvicorn does
         cycle.keep_alive = False  # nothing more can arrive: close once the answer is out
         if self.scope.get("http_version") == "1.1" and not cycle.response_started:

@@ -11,8 +11,8 @@ template, stop strings, streaming, token counts and the lock that keeps concurre
 Tools (`bind_tools`) reach the model through its chat template, and its calls are decoded under
 a grammar that admits only calls with arguments valid for their tool (`rag_mspoe.tools.tool_calls`);
 they come back as `AIMessage.tool_calls`, and `ToolMessage`s carry the results back in.
-Streaming with bound tools sends text as it is written and each call as `tool_call_chunks` (id
-and name first, then the arguments' JSON in fragments); the chunks add up to `invoke`'s calls.
+Streaming with bound tools sends text as it is written and each call as one `tool_call_chunks`
+entry once it is written whole; the chunks add up to `invoke`'s calls, cut off by max_tokens or not.
 Structured output (`with_structured_output`) is grammar-constrained too: "json_schema" and
 "json_mode" decode JSON valid for the schema (`rag_mspoe.tools.json_output`), "function_calling" forces
 a call of the schema as a tool, so the answer always parses.

@@ -415,32 +415,21 @@ def _logprobs(
 
 
 class _StreamedAnswer:
-    """A tool-calling answer as its stream goes: the text so far, and the calls whose arguments
-    are complete (LlamaIndex reads calls from every streamed response, and parses their arguments)."""
+    """A tool-calling answer as its stream goes: the text so far, and the calls written so far
+    (LlamaIndex reads calls from every streamed response; `tool_stream` sends each call whole)."""
 
     def __init__(self) -> None:
         self.text = ""
-        self._calls: dict[int, dict[str, Any]] = {}
+        self._calls: list[dict[str, Any]] = []
 
     def add(self, event: str | ToolCallDelta) -> str:
-        """Take one event of the stream; returns its text (empty for a piece of a call)."""
+        """Take one event of the stream; returns its text (empty for a call)."""
         if isinstance(event, str):
             self.text += event
             return event
-        if event.id is not None:
-            function = {"name": event.name, "arguments": ""}
-            self._calls[event.index] = {"id": event.id, "type": "function", "function": function}
-        self._calls[event.index]["function"]["arguments"] += event.arguments
+        function = {"name": event.name, "arguments": event.arguments}
+        self._calls.append({"id": event.id, "type": "function", "function": function})
         return ""
 
     def finished_calls(self) -> list[dict[str, Any]]:
-        # Arguments that parse are whole: no fragment follows them.
-        return [call for call in self._calls.values() if _is_json(call["function"]["arguments"])]
-
-
-def _is_json(text: str) -> bool:
-    try:
-        json.loads(text)
-    except json.JSONDecodeError:
-        return False
-    return True
+        return list(self._calls)

@@ -274,14 +274,12 @@ def tool_call_completion(answer: ToolAnswer, model: str) -> dict[str, Any]:
 
 
 def tool_stream_delta(event: str | ToolCallDelta) -> dict[str, Any]:
-    """The stream delta of a piece of a tool-calling answer: text, or a piece of one call (its first
-    with id, type and name, each with a fragment of the arguments), as the OpenAI API streams them."""
+    """The stream delta of a piece of a tool-calling answer: text, or one whole call (index, id,
+    type, name and arguments), in the shape the OpenAI API streams them."""
     if isinstance(event, str):
         return {"content": event}
-    call: dict[str, Any] = {"index": event.index, "function": {"arguments": event.arguments}}
-    if event.id is not None:
-        call.update(id=event.id, type="function", function={"name": event.name, "arguments": event.arguments})
-    return {"tool_calls": [call]}
+    function = {"name": event.name, "arguments": event.arguments}
+    return {"tool_calls": [{"index": event.index, "id": event.id, "type": "function", "function": function}]}
 
 
 def after_prefix(tokens: tuple[TokenLogprob, ...], prefix: str) -> tuple[TokenLogprob, ...]:

@@ -12,8 +12,9 @@ under concurrency equal answers one at a time. With max_batch_size > 1, greedy r
 equal settings that wait together run as one batch (`rag_mspoe.connectors.batching`): more
 throughput under load, at the price of bf16 answers that can drift from a request alone.
 
-With `tools`, calls come back in the OpenAI shape; streamed, as `delta.tool_calls` chunks (index,
-id, type and name first, then the arguments' JSON in fragments) ending in finish_reason "tool_calls".
+With `tools`, calls come back in the OpenAI shape; streamed, each call as one `delta.tool_calls`
+chunk (index, id, type, name and arguments) once it is written whole, ending in finish_reason
+"tool_calls"; an answer max_tokens cuts off ends in "length", without the call it was writing.
 Every request first passes `request_guard` (Host, Origin, API key, body size and deadline).
 A client that goes away has its generation stopped at the next token, or never started.
 `logprobs` (chat: with `top_logprobs`, up to 20 alternatives; completions: up to 5) gives each
@@ -55,6 +56,7 @@ from rag_mspoe.engine.text_stream import AsyncTextStream, TextPiece
 from rag_mspoe.engine.token_logprobs import TokenLogprob, openai_chat_logprobs, openai_text_logprobs
 from rag_mspoe.methods import CALIBRATED, NAMED_METHODS, MethodConfig, method_name, parse_method
 from rag_mspoe.models.loading import model_display_name
+from rag_mspoe.prompts.chat_template import PromptError
 from rag_mspoe.prompts.document_prompts import MissingDocumentSpans
 from rag_mspoe.tools.tool_calls import AsyncToolStream, ToolAnswer, plan_tools
 
@@ -293,6 +295,8 @@ def create_app(
             raise too_long(prompt_field) from exc
         except MissingDocumentSpans as exc:
             raise ApiError(400, str(exc), param=prompt_field, code="document_spans_missing") from exc
+        except PromptError as exc:  # a message, tool call or document span the model cannot be given
+            raise ApiError(400, str(exc), param=prompt_field) from exc
         except TemplateError as exc:  # e.g. a template that wants user and assistant turns to alternate
             raise ApiError(
                 400, f"The model's chat template refused these messages: {exc}", param=prompt_field

@@ -10,12 +10,13 @@ from collections.abc import Iterator
 from typing import Annotated, Literal
 
 import jsonschema
+import llguidance
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 from tiny_models import tiny_model
 
 from rag_mspoe.engine import Engine
-from rag_mspoe.tools.grammar import Grammar, GrammarError, closed_objects
+from rag_mspoe.tools.grammar import Grammar, GrammarError, closed_objects, grammar_tokenizer
 from rag_mspoe.tools.json_output import UnsupportedSchemaError, check_schema, describe, generate_json
 
 
@@ -183,3 +184,71 @@ def test_structured_output_objects_take_only_their_listed_keys(tiny):
             tiny, "?", {**schema, "required": ["inner"]}, max_new_tokens=60, temperature=1.0, seed=seed
         )
         assert set(json.loads(result.text)) <= {"inner", "free"}
+
+
+def accepts(engine: Engine, schema: dict, text: str) -> bool:
+    """Whether the structured-output grammar of `schema` takes `text` as a whole answer."""
+    vocabulary = grammar_tokenizer(engine.tokenizer, len(engine.tokenizer), [engine.tokenizer.eos_token_id])
+    matcher = llguidance.LLMatcher(vocabulary, check_schema(schema).compiled(), log_level=0)
+    tokens = engine.tokenizer(text, add_special_tokens=False)["input_ids"]
+    return all(matcher.consume_token(token) for token in tokens) and matcher.is_accepting()
+
+
+def test_an_object_that_only_requires_keys_takes_exactly_those(tiny):
+    schema = {"type": "object", "required": ["city", "year"]}
+    closed = closed_objects(schema)
+    assert closed["properties"] == {"city": {}, "year": {}} and closed["additionalProperties"] is False
+    assert accepts(tiny, schema, '{"city": "Rome", "year": [1]}')
+    for text in ('{"city": "Rome"}', "{}", '{"city": "Rome", "year": 1, "mayor": "x"}'):
+        assert not accepts(tiny, schema, text), text  # the extra key was allowed before
+
+
+NAMED = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}}, "required": ["name"]}
+AGED = {"type": "object", "properties": {"age": {"type": "integer", "minimum": 0}}, "required": ["age"]}
+ALL_OF = [
+    {"allOf": [NAMED, AGED]},
+    {"$defs": {"Named": NAMED}, "allOf": [{"$ref": "#/$defs/Named"}, AGED]},  # how pydantic extends
+    {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 8}},
+        "allOf": [{"required": ["name"]}],
+    },
+    {"type": "integer", "allOf": [{"minimum": 1}, {"maximum": 5}]},
+]
+
+
+@pytest.mark.parametrize("schema", ALL_OF)
+def test_a_satisfiable_all_of_is_one_closed_object(tiny, schema):
+    check_schema(schema)  # was "Unsatisfiable schema": each part closed alone forbade the others' keys
+    keys = {"name", "age"}
+    for seed in range(3):
+        answer = json.loads(
+            generate_json(tiny, "?", schema, max_new_tokens=60, temperature=1.0, seed=seed).text
+        )
+        jsonschema.validate(answer, schema)
+        assert not isinstance(answer, dict) or set(answer) <= keys, answer
+
+
+def test_unsatisfiable_all_of_is_still_refused_by_name():
+    with pytest.raises(UnsupportedSchemaError, match="Unsatisfiable"):
+        check_schema({"allOf": [{"type": "string"}, {"type": "integer"}]})
+
+
+def test_tool_parameters_with_all_of_and_bare_required_give_valid_calls(tiny):
+    from rag_mspoe.tools.tool_calls import generate_with_tools
+
+    tools = [
+        {"type": "function", "function": {"name": "person", "parameters": ALL_OF[1]}},
+        {
+            "type": "function",
+            "function": {"name": "where", "parameters": {"type": "object", "required": ["city"]}},
+        },
+    ]
+    for seed in range(3):
+        answer = generate_with_tools(tiny, "?", tools, tool_choice="required", max_new_tokens=120, seed=seed)
+        for call in answer.tool_calls:
+            parameters = next(
+                t["function"]["parameters"] for t in tools if t["function"]["name"] == call.name
+            )
+            jsonschema.validate(call.arguments, parameters)
+            assert set(call.arguments) == ({"name", "age"} if call.name == "person" else {"city"})

@@ -94,8 +94,8 @@ def test_streamed_call_chunks_add_up_to_the_invoked_calls(chat, settings):
     assert full.usage_metadata["output_tokens"] > 0
     assert full.response_metadata["finish_reason"] == "tool_calls"
     pieces = [c for c in chunks if c.tool_call_chunks]
-    assert len(pieces) > len(full.tool_calls)  # the arguments came in fragments
-    assert all(c.tool_call_chunks[0]["name"] for c in pieces if c.tool_call_chunks[0]["id"])
+    assert len(pieces) == len(full.tool_calls)  # each call whole, once written (none cut off)
+    assert all(c.tool_call_chunks[0]["name"] and c.tool_call_chunks[0]["id"] for c in pieces)
 
 
 def test_async_stream_adds_up_to_the_same_calls(chat):

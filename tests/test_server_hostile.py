@@ -392,22 +392,28 @@ def read_final_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes
             return status, headers, body
 
 
+@pytest.mark.parametrize("closing", ["keep-alive", "Connection: close", "HTTP/1.0"])
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
-def test_a_client_that_half_closes_after_its_request_gets_its_answer(engine, path):
+def test_a_client_that_half_closes_after_its_request_gets_its_answer(engine, path, closing):
     body = chat(engine) if path.endswith("chat/completions") else {"model": engine.name, "prompt": "hi"}
+    headers = {"Connection": "close"} if closing == "Connection: close" else {}
+    request = request_bytes(path, json.dumps({**body, "max_tokens": 4}).encode(), headers)
+    if closing == "HTTP/1.0":
+        request = request.replace(b"HTTP/1.1", b"HTTP/1.0", 1)
     with running(create_app(engine)) as url, connect(url) as sock:
-        sock.sendall(request_bytes(path, json.dumps({**body, "max_tokens": 4}).encode()))
+        sock.sendall(request)
         sock.shutdown(socket.SHUT_WR)  # nothing more to send; still reading
         status, headers, reply = read_final_response(sock)
         assert status == 200 and json.loads(reply)["usage"]["completion_tokens"] == 4
         assert sock.recv(1) == b""  # and then the server closes
 
 
-def test_a_client_that_closes_completely_still_has_its_generation_stopped(engine):
+@pytest.mark.parametrize("headers", [{}, {"Connection": "close"}])
+def test_a_client_that_closes_completely_still_has_its_generation_stopped(engine, headers):
     with running(create_app(engine, max_tokens_limit=LONG)) as url, forward_lengths(engine.model) as lengths:
         sock = connect(url)
         body = json.dumps(chat(engine, max_tokens=LONG)).encode()
-        sock.sendall(request_bytes("/v1/chat/completions", body))
+        sock.sendall(request_bytes("/v1/chat/completions", body, headers))
         time.sleep(0.3)  # generating
         sock.close()
         assert settles(lengths) and len(lengths) < LONG / 2

@@ -147,9 +147,10 @@ def test_streamed_tool_calls_assemble_to_the_same_calls(client):
     assert [(c["name"], json.loads(c["arguments"])) for c in streamed.values()] == [
         (c.function.name, json.loads(c.function.arguments)) for c in whole
     ]
-    firsts = [call for call in pieces if call.id]
-    assert len(firsts) == len(whole) and all(c.type == "function" and c.function.name for c in firsts)
-    assert len(pieces) > 2 * len(whole)  # the arguments came in fragments as they were generated
+    # Each call in one chunk, once written whole: a chunk cannot be taken back if max_tokens cuts it.
+    assert len(pieces) == len(whole) and all(
+        c.id and c.type == "function" and c.function.name for c in pieces
+    )
 
 
 def test_smollm2_streams_the_calls_it_answers(embedded):
@@ -209,20 +210,38 @@ def test_response_format_json_schema_and_json_object(client):
     assert anything.choices[0].message.content.startswith("{")
 
 
+def structured_answer(client, schema: dict, **settings) -> object:
+    """The JSON the server answers for a json_schema response_format."""
+    reply = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Answer."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}},
+        max_tokens=120,
+        **settings,
+    )
+    return json.loads(reply.choices[0].message.content)
+
+
 def test_response_format_json_schema_closes_objects_that_do_not_say(client):
     # additionalProperties is left out, as most clients send it; the library's rule applies.
     open_city = copy.deepcopy(CITY)
     del open_city["additionalProperties"]
     for seed in range(3):
-        reply = client.chat.completions.create(
-            model="tiny",
-            messages=[{"role": "user", "content": "A city?"}],
-            response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": open_city}},
-            max_tokens=120,
-            temperature=1.0,
-            seed=seed,
-        )
-        jsonschema.validate(json.loads(reply.choices[0].message.content), CITY)
+        jsonschema.validate(structured_answer(client, open_city, temperature=1.0, seed=seed), CITY)
+
+
+def test_response_format_with_a_satisfiable_all_of_is_answered(client):
+    # pydantic's way of extending a model: its definition and the new keys, one object together.
+    named = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 8}},
+        "required": ["name"],
+    }
+    zoned = {"properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}
+    schema = {"$defs": {"Named": named}, "allOf": [{"$ref": "#/$defs/Named"}, zoned]}
+    answer = structured_answer(client, schema, temperature=0)
+    jsonschema.validate(answer, schema)
+    assert isinstance(answer, dict) and set(answer) == {"name", "zone"}
 
 
 def test_chat_openai_bind_tools_against_the_server(base_url):
@@ -268,3 +287,41 @@ def test_bad_tool_requests_get_a_400_that_names_the_problem(base_url, extra, mes
     response = httpx.post(f"{base_url}/v1/chat/completions", json=body)
     assert response.status_code == 400
     assert message in response.json()["error"]["message"]
+
+
+def streamed_message(events: list[dict]) -> tuple[str, list[tuple[str, dict]], str | None]:
+    """(content, calls, finish_reason) of a chat stream's chunks, the way a client adds them up."""
+    content, calls, finish = "", {}, None
+    for event in events:
+        choice = event["choices"][0]
+        content += choice["delta"].get("content") or ""
+        for call in choice["delta"].get("tool_calls") or []:
+            entry = calls.setdefault(call["index"], [None, ""])
+            entry[0] = call["function"].get("name") or entry[0]
+            entry[1] += call["function"]["arguments"]
+        finish = choice["finish_reason"] or finish
+    return content, [(name, json.loads(arguments)) for name, arguments in calls.values()], finish
+
+
+def test_a_tool_call_cut_by_max_tokens_streams_what_the_whole_answer_says(base_url):
+    from server_helpers import sse_events
+
+    seen = set()
+    for max_tokens in range(2, 43, 5):  # cut in the tag, the name, the arguments, a second call
+        body = {"model": "tiny", "messages": ASK, "tools": [WEATHER, TIME], "tool_choice": "required"}
+        body.update(max_tokens=max_tokens, seed=0, temperature=1.0)
+        whole = httpx.post(f"{base_url}/v1/chat/completions", json=body).json()["choices"][0]
+        message = whole["message"]
+        calls = [
+            (c["function"]["name"], json.loads(c["function"]["arguments"]))
+            for c in message.get("tool_calls") or []
+        ]
+        streamed = httpx.post(f"{base_url}/v1/chat/completions", json={**body, "stream": True})
+        assert streamed_message(sse_events(streamed.text)) == (
+            message["content"] or "",
+            calls,
+            whole["finish_reason"],
+        )
+        assert "<tool" not in (message["content"] or ""), max_tokens
+        seen.add((whole["finish_reason"], bool(calls)))
+    assert {("length", False), ("length", True)} <= seen  # cut in the first call, and after it

@@ -10,8 +10,9 @@ import json
 import pytest
 from test_tool_calls import TOOLS, tiny  # noqa: F401  # the tiny engine fixture
 
+from rag_mspoe.engine.text_markers import unfinished_tail
 from rag_mspoe.tools.tool_calls import astream_with_tools, generate_with_tools, stream_with_tools
-from rag_mspoe.tools.tool_format import call_text, parse_calls
+from rag_mspoe.tools.tool_format import CALL_CLOSE, CALL_OPEN, call_text, parse_calls
 from rag_mspoe.tools.tool_parsing import parse_answer
 from rag_mspoe.tools.tool_stream import CallSplitter, ToolCallDelta
 
@@ -43,25 +44,20 @@ HERMES_RESPONSE = {
 }
 
 
-def events_of(pieces: list[str]) -> tuple[str, list[ToolCallDelta]]:
+def events_of(pieces: list[str], cut: bool = False) -> tuple[str, list[ToolCallDelta]]:
     splitter = CallSplitter()
-    events = [event for piece in pieces for event in splitter.feed(piece)] + splitter.finish()
+    events = [event for piece in pieces for event in splitter.feed(piece)] + splitter.finish(cut)
     deltas = [e for e in events if isinstance(e, ToolCallDelta)]
     for delta in deltas:
-        assert (delta.id == splitter.ids[delta.index]) if delta.name else delta.id is None
+        assert delta.id == splitter.ids[delta.index]
     return "".join(e for e in events if isinstance(e, str)), deltas
 
 
-def split(pieces: list[str]) -> tuple[str, list[tuple[str, dict]]]:
+def split(pieces: list[str], cut: bool = False) -> tuple[str, list[tuple[str, dict]]]:
     """(the streamed text, the streamed calls assembled) of an answer's pieces."""
-    text, deltas = events_of(pieces)
-    calls: dict[int, list] = {}
-    for delta in deltas:
-        if delta.name is not None:
-            assert delta.index == len(calls)
-            calls[delta.index] = [delta.name, ""]
-        calls[delta.index][1] += delta.arguments
-    return text, [(name, json.loads(arguments)) for name, arguments in calls.values()]
+    text, deltas = events_of(pieces, cut)
+    assert [delta.index for delta in deltas] == list(range(len(deltas)))  # each call once, whole
+    return text, [(delta.name, json.loads(delta.arguments)) for delta in deltas]
 
 
 @pytest.mark.parametrize("text", TEXTS)
@@ -72,19 +68,48 @@ def test_streamed_text_and_calls_equal_the_parsed_answer_however_it_is_cut(text)
         assert (streamed, assembled) == (content, calls)
 
 
-def test_a_call_cut_after_its_name_has_streamed_its_start():
-    # Chunks cannot be taken back; the stream's final answer (parsed whole) has no such call.
+BARE_ADD = '{"name": "add", "arguments": {"a": 1, "b": 2}}'
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"{ADD_1_2}\n{LOOKUP}\n",
+        f"Let me add.\n{ADD_1_2}\nand more < text",
+        BARE_ADD,
+        f"```json\n{BARE_ADD}\n```",
+        f"<think>\nhmm\n</think>\n\n{BARE_ADD}",
+        f"[TOOL_CALLS] [{BARE_ADD}]",
+    ],
+)
+def test_an_answer_cut_anywhere_streams_what_its_parse_gives_and_no_call_markup(text):
+    for end in range(len(text) + 1):
+        answer = text[:end]
+        content, calls = parse_calls(answer, cut=True)
+        assert split(list(answer), cut=True) == (content, calls), answer
+        assert split([answer], cut=True) == (content, calls), answer
+        assert CALL_OPEN not in content and CALL_CLOSE not in content, answer
+        half_tag = unfinished_tail(answer, (CALL_OPEN,))
+        assert not (half_tag and content.endswith(answer[-half_tag:])), answer  # a tag cut in half
+        assert '{"name"' not in content, answer  # nor a bare call's JSON
+        complete = parse_calls(text)[1]
+        assert calls == complete[: len(calls)], answer  # only calls finished before the cut
+
+
+def test_a_cut_call_after_a_whole_one_is_dropped_and_the_whole_one_kept():
     text = f"{ADD_1_2}\n<tool_call>\n" + '{"name": "add", "arguments": {"a":'
-    _, deltas = events_of(list(text))
-    assert [d.name for d in deltas if d.name] == ["add", "add"]
-    assert "".join(d.arguments for d in deltas if d.index == 1) == '{"a":'
+    assert split(list(text), cut=True) == ("", [("add", {"a": 1, "b": 2})])
+    assert parse_calls(text, cut=True) == ("", [("add", {"a": 1, "b": 2})])
+    # Not cut by the token limit (a stop string ended it): the unfinished call stays text, as before.
+    assert parse_calls(text)[0].startswith("<tool_call>") and split(list(text))[0].startswith("<tool_call>")
 
 
-def test_arguments_come_in_fragments_after_the_name():
-    _, deltas = events_of(list(LOOKUP))
-    assert deltas[0] == ToolCallDelta(0, deltas[0].id, "lookup", "")
-    assert len(deltas) > 10 and all(d.name is None for d in deltas[1:])
-    assert "".join(d.arguments for d in deltas) == '{"query": "say \\"hi\\" {[}", "k": 3}'
+def test_a_call_comes_out_whole_once_it_is_written():
+    splitter = CallSplitter()
+    assert [e for piece in LOOKUP[:-1] for e in splitter.feed(piece)] == []  # nothing until it closes
+    (delta,) = splitter.feed(LOOKUP[-1])
+    assert delta == ToolCallDelta(0, splitter.ids[0], "lookup", '{"query": "say \\"hi\\" {[}", "k": 3}')
+    assert splitter.finish() == []
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -100,7 +125,7 @@ def test_the_stream_gives_the_answer_generate_gives(tiny, seed):  # noqa: F811
     calls: dict[int, list[str]] = {}
     for event in events:
         assert isinstance(event, ToolCallDelta)
-        calls.setdefault(event.index, [event.id or "", event.name or "", ""])[2] += event.arguments
+        calls.setdefault(event.index, [event.id, event.name, ""])[2] += event.arguments
     assert [(i, n, json.loads(a)) for i, n, a in calls.values()] == [
         (c.id, c.name, c.arguments) for c in stream.answer.tool_calls
     ]
@@ -189,3 +214,34 @@ def test_generate_and_stream_with_a_declaring_tokenizer_give_the_same_calls(tiny
     expected = [(c.name, c.arguments) for c in plain.tool_calls]
     assert expected and [(c.name, c.arguments) for c in declared.tool_calls] == expected
     assert stream.answer is not None and [(c.name, c.arguments) for c in stream.answer.tool_calls] == expected
+
+
+def streamed_answer(events: list) -> tuple[str, list[tuple[str, dict]]]:
+    """(the text, the calls) of a tool stream's events; every call's arguments parse."""
+    calls = [(e.name, json.loads(e.arguments)) for e in events if isinstance(e, ToolCallDelta)]
+    return "".join(event for event in events if isinstance(event, str)), calls
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"tool_choice": "required", "seed": 0},  # a whole call, then a second one cut from 38 on
+        {"tool_choice": "required", "parallel_tool_calls": False, "seed": 1},
+        {"tool_choice": "auto", "seed": 0},
+    ],
+)
+def test_a_stream_cut_by_max_tokens_gives_what_generate_gives(tiny, settings):  # noqa: F811
+    most_calls = 0
+    for max_new_tokens in range(2, 50, 4):  # cut in the tag, the name, the arguments, the next call
+        kwargs = {**settings, "max_new_tokens": max_new_tokens, "temperature": 1.0}
+        answer = generate_with_tools(tiny, "Help.", TOOLS, **kwargs)
+        stream = stream_with_tools(tiny, "Help.", TOOLS, **kwargs)
+        streamed = streamed_answer(list(stream))
+        assert stream.answer is not None and stream.answer.result == answer.result
+        assert streamed == (answer.content, [(c.name, c.arguments) for c in answer.tool_calls])
+        assert stream.answer.content == answer.content and stream.answer.finish_reason == answer.finish_reason
+        assert "<tool" not in answer.content and '{"name"' not in answer.content, max_new_tokens
+        if answer.result.finish_reason == "length":
+            assert answer.finish_reason == "length"
+        most_calls = max(most_calls, len(answer.tool_calls))
+    assert most_calls >= (settings["tool_choice"] == "required")  # the range reaches whole calls

@@ -25,6 +25,7 @@ from rag_mspoe.tools.grammar import grammar_tokenizer
 
 if TYPE_CHECKING:
     from rag_mspoe.engine.protocol import EngineLike
+from rag_mspoe.prompts.template_encoding import SpecialTextMask
 
 # One lock per model object, shared by every engine that wraps it: rescaling hooks and the
 # KV cache are model state, so two generations on one model must never overlap.
@@ -122,16 +123,16 @@ class EngineBase:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of plain text, without special tokens (a tokenizer for token budgets); text
-        that spells a special token ('<|im_start|>') counts as the plain text the engine sends."""
-        return list(self._plain_tokens(text)["input_ids"])
+        that spells an added token ('<|im_start|>', '<tool_call>') counts as the plain text the
+        engine sends."""
+        with self._tokenizer_lock:
+            return SpecialTextMask(self.tokenizer).encode_plain(text)
 
     def token_starts(self, text: str) -> list[int]:
         """Where each of `encode(text)`'s tokens starts in the text (to cut it between tokens)."""
-        return [start for start, _ in self._plain_tokens(text, return_offsets_mapping=True)["offset_mapping"]]
-
-    def _plain_tokens(self, text: str, **options: Any) -> Any:
         with self._tokenizer_lock:
-            return self.tokenizer(text, add_special_tokens=False, split_special_tokens=True, **options)
+            _, offsets = SpecialTextMask(self.tokenizer).encode_plain_with_offsets(text)
+        return [start for start, _ in offsets]
 
     # -- internals shared by generation and scoring ------------------------------------------------
     def _collect_eos_ids(self) -> set[int]:

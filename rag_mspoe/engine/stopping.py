@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from transformers import StoppingCriteria
 
+from rag_mspoe.engine.text_markers import unfinished_tail
 from rag_mspoe.engine.text_stream import StreamOutlet, TextPiece
 from rag_mspoe.engine.token_logprobs import LogprobRecorder, TokenLogprob
 
@@ -136,17 +137,6 @@ class TextTracker:
         hits = [i for i in (self._text.find(s, search_from) for s in self._stop) if i >= 0]
         if hits:
             self._stop_at = min(hits)
-
-
-def unfinished_tail(text: str, markers: Sequence[str]) -> int:
-    """Length of the longest end of `text` that could still grow into one of `markers` (held
-    back from streaming until the next text decides it)."""
-    longest = max((len(m) for m in markers), default=0)
-    for size in range(min(longest - 1, len(text)), 0, -1):
-        tail = text[-size:]
-        if any(m.startswith(tail) for m in markers):
-            return size
-    return 0
 
 
 class GenerationWatch(StoppingCriteria):

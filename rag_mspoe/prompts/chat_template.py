@@ -2,8 +2,9 @@
 
 A string becomes one user turn of the model's chat template; a list of {"role", "content"} dicts
 is rendered as a conversation. `raw=True` skips the template for plain text continuation.
-Only the template writes special tokens: text in messages, tools and the prefix that spells one
-('<|im_start|>') is encoded as plain text (`rag_mspoe.prompts.template_encoding`).
+Only the template writes control tokens: text in messages, tools (their keys included), tool
+calls and the prefix that spells an added token ('<|im_start|>', '<tool_call>') is encoded as
+plain text (`rag_mspoe.prompts.template_encoding`).
 
 Tool use follows the OpenAI message shapes: an assistant message may carry `tool_calls`
 ([{"id", "type": "function", "function": {"name", "arguments"}}]) and a "tool" message answers
@@ -29,7 +30,13 @@ ROLES = ("system", "user", "assistant", "tool")
 DOCUMENT_SPANS = "document_spans"
 
 
-class EmptyPromptError(ValueError):
+class PromptError(ValueError, TypeError):
+    """A prompt the model cannot be given as it is (a message, a tool call or a document span of
+    the wrong shape); the message names the part and the fix. A server answers it with a 400.
+    A TypeError too, since a part of the wrong type is one such case and callers caught that."""
+
+
+class EmptyPromptError(PromptError):
     """A prompt that gives the model no token at all."""
 
 
@@ -38,28 +45,28 @@ def as_messages(prompt: Prompt) -> list[dict[str, Any]]:
     if isinstance(prompt, str):
         return [{"role": "user", "content": prompt}]
     if not isinstance(prompt, Sequence) or not prompt:
-        raise TypeError(
+        raise PromptError(
             "A prompt is a string or a non-empty list of {'role', 'content'} dicts, "
             f"got {type(prompt).__name__}."
         )
     messages = []
     for i, message in enumerate(prompt):
         if not isinstance(message, Mapping) or "role" not in message or "content" not in message:
-            raise TypeError(f"Message {i} must be a dict with 'role' and 'content' keys, got {message!r}.")
+            raise PromptError(f"Message {i} must be a dict with 'role' and 'content' keys, got {message!r}.")
         role, content = message["role"], message["content"]
         if role not in ROLES:
-            raise ValueError(f"Message {i} has role {role!r}; use one of {', '.join(ROLES)}.")
+            raise PromptError(f"Message {i} has role {role!r}; use one of {', '.join(ROLES)}.")
         calls = message.get("tool_calls") or []
         if role == "assistant" and content is None and calls:
             content = ""  # an assistant turn that only calls tools
         if not isinstance(content, str):
-            raise TypeError(
+            raise PromptError(
                 f"Message {i} content must be a string (this model reads text only), got {content!r}."
             )
         converted: dict[str, Any] = {"role": role, "content": content}
         if calls:
             if role != "assistant":
-                raise ValueError(f"Message {i}: only assistant messages carry tool_calls, not {role!r}.")
+                raise PromptError(f"Message {i}: only assistant messages carry tool_calls, not {role!r}.")
             converted["tool_calls"] = [_tool_call(call, i) for call in calls]
         if role == "tool" and message.get("tool_call_id"):
             converted["tool_call_id"] = str(message["tool_call_id"])
@@ -79,14 +86,14 @@ def _document_spans(spans: Any, content: str, index: int) -> list[tuple[int, int
     if pairs is None or not all(
         isinstance(v, int) and not isinstance(v, bool) for pair in pairs for v in pair
     ):
-        raise TypeError(
+        raise PromptError(
             f"Message {index}: document_spans is a list of [start, end] character offsets into its "
             f"content, got {spans!r}."
         )
     previous_end = 0
     for start, end in pairs:
         if not previous_end <= start < end <= len(content):
-            raise ValueError(
+            raise PromptError(
                 f"Message {index}: the document span [{start}, {end}) is not inside its "
                 f"{len(content)}-character content, or overlaps the one before; give each "
                 "document's [start, end) once, in order."
@@ -98,7 +105,7 @@ def _document_spans(spans: Any, content: str, index: int) -> list[tuple[int, int
 def _tool_call(call: Any, index: int) -> dict[str, Any]:
     function = call.get("function") if isinstance(call, Mapping) else None
     if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
-        raise TypeError(
+        raise PromptError(
             f"Message {index}: a tool call is "
             f"{{'id', 'type': 'function', 'function': {{'name', 'arguments'}}}}, got {call!r}."
         )
@@ -107,7 +114,15 @@ def _tool_call(call: Any, index: int) -> dict[str, Any]:
         try:
             arguments = json.loads(arguments)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"Message {index}: tool call arguments are not JSON: {arguments!r}.") from exc
+            raise PromptError(
+                f"Message {index}: the arguments of the call of {function['name']!r} are not JSON: "
+                f'{arguments!r}; send them as a JSON object\'s text, e.g. \'{{"city": "Paris"}}\'.'
+            ) from exc
+    if not isinstance(arguments, Mapping):
+        raise PromptError(
+            f"Message {index}: the arguments of the call of {function['name']!r} must be a JSON "
+            f"object (named arguments), got {arguments!r}."
+        )
     return {
         "id": str(call.get("id") or ""),
         "type": "function",
@@ -159,12 +174,12 @@ def raw_text(prompt: Prompt, tools: Sequence[Mapping[str, Any]] = ()) -> str:
     """A raw=True prompt: plain text the model continues, without the chat template. It is a
     string, or one message whose content is the text (so it can say where its documents are)."""
     if tools:
-        raise ValueError("raw=True cannot show tools to the model; send messages through the chat template.")
+        raise PromptError("raw=True cannot show tools to the model; send messages through the chat template.")
     if isinstance(prompt, str):
         return prompt
     messages = as_messages(prompt)
     if len(messages) != 1:
-        raise TypeError(
+        raise PromptError(
             f"raw=True takes a plain string prompt or one message, got {len(messages)} messages; pass "
             "them without raw=True to use the chat template."
         )

@@ -21,7 +21,14 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rag_mspoe.prompts.chat_template import DOCUMENT_SPANS, Prompt, as_messages, raw_text, render_text
+from rag_mspoe.prompts.chat_template import (
+    DOCUMENT_SPANS,
+    Prompt,
+    PromptError,
+    as_messages,
+    raw_text,
+    render_text,
+)
 from rag_mspoe.prompts.template_encoding import SpecialTextMask
 
 Span = tuple[int, int]
@@ -38,7 +45,7 @@ HOW_TO_PASS_SPANS = (
 )
 
 
-class MissingDocumentSpans(ValueError):
+class MissingDocumentSpans(PromptError):
     """A method needs to know where the documents are, and the prompt does not say."""
 
 
@@ -115,7 +122,7 @@ def _located(rendered: str, content: str, cursor: int) -> int:
     trimmed = content.strip()
     base = rendered.find(trimmed, cursor) if trimmed else -1
     if base < 0:
-        raise ValueError(
+        raise PromptError(
             "The chat template changed the text of a message with documents, so where its "
             "documents are cannot be found; pass raw=True with the template applied yourself."
         )
@@ -151,7 +158,7 @@ def char_to_token_spans(offsets: Sequence[Sequence[int]], char_spans: Sequence[S
         while last > first and not _overlaps(offsets[last - 1], char_start, char_end):
             last -= 1  # special tokens after the document's last token are not its own
         if last == first:
-            raise ValueError(
+            raise PromptError(
                 f"No token covers the characters [{char_start}, {char_end}); is the span inside the text?"
             )
         spans.append((first, last))

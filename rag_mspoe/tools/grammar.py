@@ -103,32 +103,82 @@ class Grammar:
 
 
 _SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
-_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
 _SCHEMA_VALUES = ("items", "additionalProperties", "not", "contains", "if", "then", "else")
+_LOCAL_DEFINITIONS = ("#/$defs/", "#/definitions/")
 
 
 def closed_objects(schema: Any) -> Any:
-    """A copy of a JSON schema whose objects take only their listed properties, unless a schema
-    says otherwise (`additionalProperties`), as OpenAI's strict mode requires.
+    """A copy of a JSON schema whose objects take only the keys they name (in `properties` or
+    `required`), unless a schema says otherwise (`additionalProperties`), as OpenAI's strict mode
+    requires.
 
     JSON Schema lets objects have any extra key by default; a model decoding under that grammar
-    may invent keys after the real ones, which helps no one reading structured output.
+    may invent keys after the real ones, which helps no one reading structured output. The parts
+    of an `allOf` describe one object together: it is closed once, over the keys all of them name
+    (closing each part alone would let each forbid the others' keys, so no object would fit).
     """
+    return _closed(schema, schema, close=True, inlined=frozenset())
+
+
+def _closed(schema: Any, root: Any, close: bool, inlined: frozenset[str]) -> Any:
+    """`schema` closed (`close`: its own object too, not only the objects inside it)."""
     if not isinstance(schema, Mapping):
         return schema
     copy: dict[str, Any] = dict(schema)
     for key in _SCHEMA_MAPS:
         if isinstance(copy.get(key), Mapping):
-            copy[key] = {name: closed_objects(sub) for name, sub in copy[key].items()}
+            copy[key] = {name: _closed(sub, root, True, inlined) for name, sub in copy[key].items()}
     for key in _SCHEMA_LISTS:
         if isinstance(copy.get(key), list):
-            copy[key] = [closed_objects(sub) for sub in copy[key]]
+            copy[key] = [_closed(sub, root, True, inlined) for sub in copy[key]]
+    if isinstance(copy.get("allOf"), list):
+        copy["allOf"] = [
+            _closed(_inline(sub, root, inlined), root, False, inlined | {_ref(sub)}) for sub in copy["allOf"]
+        ]
     for key in _SCHEMA_VALUES:
         if isinstance(copy.get(key), Mapping):
-            copy[key] = closed_objects(copy[key])
-    if "properties" in copy and "additionalProperties" not in copy:
+            copy[key] = _closed(copy[key], root, True, inlined)
+    names = _named_keys(copy)
+    if close and names is not None and "additionalProperties" not in copy:
+        listed = copy.get("properties")
+        own: Mapping[str, Any] = listed if isinstance(listed, Mapping) else {}
+        copy["properties"] = {**{name: {} for name in names if name not in own}, **own}
         copy["additionalProperties"] = False
     return copy
+
+
+def _ref(schema: Any) -> str:
+    return str(schema.get("$ref", "")) if isinstance(schema, Mapping) else ""
+
+
+def _inline(schema: Any, root: Any, inlined: frozenset[str]) -> Any:
+    """An `allOf` part that is a local `$ref` (with or without other keys), as the definition it
+    names merged with those keys: so the definition's object is closed with the others, not alone."""
+    ref = _ref(schema)
+    if ref in inlined or not ref.startswith(_LOCAL_DEFINITIONS) or not isinstance(root, Mapping):
+        return schema
+    section, _, name = ref[2:].partition("/")
+    definition = (root.get(section) or {}).get(name)
+    if not isinstance(definition, Mapping):
+        return schema  # llguidance names the missing definition
+    rest = {key: value for key, value in schema.items() if key != "$ref"}
+    return {**definition, **rest}
+
+
+def _named_keys(schema: Mapping[str, Any]) -> list[str] | None:
+    """The keys an object schema names, its `allOf` parts' included; None when it names none."""
+    names: list[str] = []
+    named = False
+    for part in [schema, *(p for p in schema.get("allOf") or [] if isinstance(p, Mapping))]:
+        properties, required = part.get("properties"), part.get("required")
+        if isinstance(properties, Mapping):
+            named = True
+            names += [name for name in properties if name not in names]
+        if isinstance(required, list) and required:
+            named = True
+            names += [name for name in required if isinstance(name, str) and name not in names]
+    return names if named else None
 
 
 def grammar_tokenizer(tokenizer: Any, vocab_size: int, eos_ids: Iterable[int]) -> Any:

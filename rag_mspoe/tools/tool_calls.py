@@ -8,8 +8,10 @@ tool_choice, as in the OpenAI API: "auto" (the model answers in text or calls to
 (at least one call), a tool's name or {"type": "function", "function": {"name": ...}} (that tool),
 "none" (text only; the tools are still shown, as the conversation may refer to them).
 
-`stream_with_tools` streams the same answer: text as it is written and, once the model writes a
-call, its id and name, then its arguments' JSON in fragments (`tool_stream.ToolCallDelta`).
+`stream_with_tools` streams the same answer: text as it is written and each call, with its id,
+name and arguments, once the model has written it whole (`tool_stream.ToolCallDelta`). An answer
+the token limit cuts off (finish reason "length") holds the calls it finished and no part of the
+one it was writing, streamed or not.
 
     for event in stream_with_tools(engine, "Weather in Paris?", [weather_tool]):
         ...                                    # str, or ToolCallDelta(index, id, name, arguments)
@@ -149,7 +151,7 @@ class ToolPlan:
         if "grammar" not in self.settings:
             return ToolAnswer(result.text, (), result)
         content, calls = tool_parsing.parse_answer(
-            self.engine.tokenizer, result.text, self.prompt, self.tools
+            self.engine.tokenizer, result.text, self.prompt, self.tools, cut=result.finish_reason == "length"
         )
         ids = list(splitter.ids if splitter is not None else ())
         named = ids[: len(calls)] + [new_call_id() for _ in calls[len(ids) :]]
@@ -256,9 +258,9 @@ class ToolStream:
                 yield from self._splitter.feed(piece) if self._splitter else [piece]
         finally:
             self._stream.close()
-        if self._splitter is not None:
-            yield from self._splitter.finish()
         assert self._stream.result is not None
+        if self._splitter is not None:
+            yield from self._splitter.finish(cut=self._stream.result.finish_reason == "length")
         self.answer = self._plan.answer(self._stream.result, self._splitter)
 
     def close(self) -> None:
@@ -279,9 +281,10 @@ class AsyncToolStream:
                     yield event
         finally:
             self._stream.close()
-        for event in self._splitter.finish() if self._splitter else []:
-            yield event
         assert self._stream.result is not None
+        cut = self._stream.result.finish_reason == "length"
+        for event in self._splitter.finish(cut) if self._splitter else []:
+            yield event
         self.answer = self._plan.answer(self._stream.result, self._splitter)
 
     def close(self) -> None:

@@ -26,6 +26,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rag_mspoe.engine.text_markers import unfinished_tail
 from rag_mspoe.tools.grammar import closed_objects
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -37,6 +38,10 @@ _FENCE = re.compile(r"```(?:json)?\s*\n(.*?)\n?\s*```", re.DOTALL)
 _THINKING = re.compile(r"\s*" + re.escape(THINK_OPEN) + r".*?" + re.escape(THINK_CLOSE), re.DOTALL)
 # Text dropped before a call's JSON in bare form: markers some formats put there.
 BARE_MARKERS = ("[TOOL_CALLS]", "<|python_tag|>")
+# How an answer that is a call's bare JSON starts, whitespace removed (markers dropped or not).
+_BARE_OPENINGS = tuple(
+    start + body for start in ("", "```json", "```", *BARE_MARKERS) for body in ('{"name":', '[{"name":')
+)
 
 
 @dataclass(frozen=True)
@@ -123,19 +128,28 @@ def fold_into_text(
 ParsedCall = tuple[str, dict[str, Any]]
 
 
-def parse_calls(text: str, tool_names: Collection[str] | None = None) -> tuple[str, list[ParsedCall]]:
+def parse_calls(
+    text: str, tool_names: Collection[str] | None = None, *, cut: bool = False
+) -> tuple[str, list[ParsedCall]]:
     """(the text outside the calls, [(name, arguments), ...]) from a model's answer.
 
     Tagged calls are read anywhere; an answer that is only JSON is a call when that JSON is a call
     (or a list of calls) of a tool in `tool_names` (any name when None). A tagged call whose JSON
     does not parse, or lacks a name, stays in the text.
+
+    cut: the answer was cut off by the token limit. Then a call it was still writing is neither a
+    call nor text (as the OpenAI API does, with finish reason "length"): an unclosed tagged call
+    whose JSON is unfinished, a bare call's unfinished JSON, a call tag half written at the end.
     """
+    if cut:
+        text = text[: len(text) - unfinished_tail(text, (CALL_OPEN,))]
     calls: list[ParsedCall] = []
 
     def take(match: re.Match[str]) -> str:
-        call = call_of(match.group(1))
+        closed = match.group(0).endswith(CALL_CLOSE)
+        call = call_of(match.group(1)) if closed else unclosed_call(match.group(1))
         if call is None:
-            return match.group(0)
+            return "" if cut and not closed else match.group(0)
         calls.append(call)
         return ""
 
@@ -145,7 +159,27 @@ def parse_calls(text: str, tool_names: Collection[str] | None = None) -> tuple[s
         bare = bare_calls(answer, tool_names)
         if bare:
             return thinking.strip(), bare
+        if cut and unfinished_bare_call(answer):
+            return thinking.strip(), []
     return rest.strip(), calls
+
+
+def unclosed_call(body: str) -> ParsedCall | None:
+    """The call of a tagged call's text that ends without its closing tag (perhaps half of it)."""
+    body = body.rstrip()
+    return call_of(body[: len(body) - unfinished_tail(body, (CALL_CLOSE,))].strip())
+
+
+def may_be_bare_call(answer: str) -> bool:
+    """Whether an answer starts, or may yet start, like a call's bare JSON (markers and a ```json
+    fence allowed, whitespace ignored)."""
+    squeezed = "".join(answer.split())
+    return any(o.startswith(squeezed) or squeezed.startswith(o) for o in _BARE_OPENINGS)
+
+
+def unfinished_bare_call(answer: str) -> bool:
+    """Whether an answer is the start of a call's bare JSON that never ended."""
+    return CALL_OPEN not in answer and may_be_bare_call(answer) and _bare_payload(answer) is None
 
 
 def split_thinking(text: str) -> tuple[str, str]:
@@ -157,19 +191,26 @@ def split_thinking(text: str) -> tuple[str, str]:
 def bare_calls(answer: str, tool_names: Collection[str] | None = None) -> list[ParsedCall]:
     """The calls of an answer that is only a call's JSON (or a list of them), bare or fenced,
     after any marker token; [] for any other answer."""
-    body = answer.strip()
-    for marker in BARE_MARKERS:
-        body = body.removeprefix(marker).strip()
-    fenced = _FENCE.fullmatch(body)
-    try:
-        payload = json.loads(fenced.group(1) if fenced else body)
-    except json.JSONDecodeError:
+    payload = _bare_payload(answer)
+    if payload is None:
         return []
     entries = payload if isinstance(payload, list) and payload else [payload]
     calls = [call_of(entry) for entry in entries]
     if not all(call is not None and (tool_names is None or call[0] in tool_names) for call in calls):
         return []
     return [call for call in calls if call is not None]
+
+
+def _bare_payload(answer: str) -> Any:
+    """The JSON of an answer that is only JSON, bare or fenced, after any marker; None if it is not."""
+    body = answer.strip()
+    for marker in BARE_MARKERS:
+        body = body.removeprefix(marker).strip()
+    fenced = _FENCE.fullmatch(body)
+    try:
+        return json.loads(fenced.group(1) if fenced else body)
+    except json.JSONDecodeError:
+        return None
 
 
 def call_of(payload: Any) -> ParsedCall | None:

@@ -25,16 +25,18 @@ def response_template(tokenizer: Any) -> Mapping[str, Any] | None:
 
 
 def parse_answer(
-    tokenizer: Any, text: str, prompt: Prompt, tools: Sequence[Mapping[str, Any]]
+    tokenizer: Any, text: str, prompt: Prompt, tools: Sequence[Mapping[str, Any]], cut: bool = False
 ) -> tuple[str, ParsedCalls]:
     """(the answer's text outside calls, [(name, arguments), ...]).
 
     prompt and tools are those the answer was generated for: a response template reads the
     answer after the prompt's text (templates may open part of the answer in the prompt).
+    cut: the token limit ended the answer; our parser then drops a call it was still writing
+    (`tool_format.parse_calls`), a response template reads the answer as it declares.
     """
     template = response_template(tokenizer)
     if template is None:
-        return tool_format.parse_calls(text, [tool["function"]["name"] for tool in tools])
+        return tool_format.parse_calls(text, [tool["function"]["name"] for tool in tools], cut=cut)
     prefix = render_text(tokenizer, prompt, tools=tools)
     parsed = tokenizer.parse_response(text, dict(template), prefix=prefix, tools=[dict(t) for t in tools])
     calls = [_call(entry) for entry in parsed.get("tool_calls") or []]

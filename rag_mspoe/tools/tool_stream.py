@@ -3,47 +3,40 @@
     splitter = CallSplitter()
     for piece in engine.stream(prompt, tools=tools, grammar=grammar):
         for event in splitter.feed(piece):
-            ...    # str: answer text; ToolCallDelta: a piece of one call
-    events = splitter.finish()
+            ...    # str: answer text; ToolCallDelta: one call
+    events = splitter.finish(cut=result.finish_reason == "length")
 
-A tagged call (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`) comes out as a
-first chunk with its index, id and name, then its arguments' JSON text in fragments as they are
-generated, as the OpenAI API streams calls. The constrained grammar writes the name before the
-arguments, so the name is known early; a call written otherwise comes out whole once it closes.
-An answer that starts like a call's bare JSON (the llama3 and mistral formats, or a ```json
+Text outside calls comes out as it is written. A tagged call (`<tool_call>{"name": ...,
+"arguments": {...}}</tool_call>`) comes out as one chunk with its index, id, name and arguments'
+JSON once it has closed: a chunk cannot be taken back, and a call the token limit cuts off is no
+call (finish reason "length", as the OpenAI API answers it), so a call goes out only once it is
+whole. An answer that starts like a call's bare JSON (the llama3 and mistral formats, or a ```json
 fence) is held back and comes out at its end, as calls if `tool_format.parse_calls` reads it as
-calls, else as text. The text outside calls comes out stripped at both ends, as `parse_calls`
-returns it.
+calls, else as text. The events always add up to what `parse_calls` reads in the whole answer (the
+text outside calls stripped at both ends), cut or not.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from rag_mspoe.engine.stopping import unfinished_tail
+from rag_mspoe.engine.text_markers import unfinished_tail
 from rag_mspoe.tools.tool_format import (
-    BARE_MARKERS,
     CALL_CLOSE,
     CALL_OPEN,
     THINK_CLOSE,
     THINK_OPEN,
     bare_calls,
     call_of,
+    may_be_bare_call,
     split_thinking,
+    unclosed_call,
+    unfinished_bare_call,
 )
-
-# How an answer that is a call's bare JSON starts, whitespace removed (markers dropped or not).
-_BARE_OPENINGS = tuple(
-    start + body for start in ("", "```json", "```", *BARE_MARKERS) for body in ('{"name":', '[{"name":')
-)
-
-# The start of a call's JSON up to its arguments, in the order the constrained grammar writes it.
-_HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
 
 
 def new_call_id() -> str:
@@ -52,48 +45,13 @@ def new_call_id() -> str:
 
 @dataclass(frozen=True)
 class ToolCallDelta:
-    """A piece of the call at `index`: its first piece carries id and name, every piece a
-    fragment of the arguments' JSON text (all fragments of a call join into valid JSON)."""
+    """One call of a streamed answer, whole, as an OpenAI stream's `delta.tool_calls` entry: its
+    index among the answer's calls, id, name and arguments' JSON text."""
 
     index: int
-    id: str | None
-    name: str | None
+    id: str
+    name: str
     arguments: str
-
-
-class _OpenCall:
-    """The call being written: its text so far and how much of its arguments went out."""
-
-    def __init__(self) -> None:
-        self.body = ""
-        self.arguments_at: int | None = None  # where the arguments start in body, once the name is read
-        self.scanned = 0  # body[arguments_at:scanned] has gone out
-        self.depth = 0
-        self.in_string = False
-        self.escaped = False
-        self.arguments_done = False
-
-    def arguments_fragment(self, end: int) -> str:
-        """The arguments' text from where the last fragment stopped up to `end` (or their end)."""
-        assert self.arguments_at is not None
-        start = self.scanned
-        for position in range(start, end):
-            if self.arguments_done:
-                break
-            char = self.body[position]
-            self.scanned = position + 1
-            if self.depth == 0 and char.isspace():  # before the arguments' opening brace
-                start = self.scanned
-            elif self.in_string:
-                self.escaped, self.in_string = (False, True) if self.escaped else (char == "\\", char != '"')
-            elif char == '"':
-                self.in_string = True
-            elif char in "{[":
-                self.depth += 1
-            elif char in "}]":
-                self.depth -= 1
-                self.arguments_done = self.depth == 0
-        return self.body[start : self.scanned]
 
 
 class CallSplitter:
@@ -107,7 +65,7 @@ class CallSplitter:
         self._buffer = ""  # text outside calls not yet sent: maybe the start of a call tag
         self._space = ""  # whitespace held back: it goes out only if more text follows it
         self._text_started = False
-        self._call: _OpenCall | None = None
+        self._call: str | None = None  # the text of the tagged call being written, once opened
 
     def feed(self, piece: str) -> list[str | ToolCallDelta]:
         events: list[str | ToolCallDelta] = []
@@ -121,7 +79,7 @@ class CallSplitter:
         if self._call is None:
             self._buffer += piece
         else:
-            self._call.body += piece
+            self._call += piece
         while True:
             if self._call is None:
                 opened = self._buffer.find(CALL_OPEN)
@@ -131,68 +89,46 @@ class CallSplitter:
                     self._buffer = self._buffer[len(self._buffer) - keep :]
                     return events
                 self._text(self._buffer[:opened], events)
-                self._call = _OpenCall()
-                self._call.body, self._buffer = self._buffer[opened + len(CALL_OPEN) :], ""
-            closed = self._call.body.find(CALL_CLOSE)
-            self._call_events(closed if closed >= 0 else len(self._call.body), events)
+                self._call, self._buffer = self._buffer[opened + len(CALL_OPEN) :], ""
+            closed = self._call.find(CALL_CLOSE)
             if closed < 0:
                 return events
-            self._close_call(events)
-            self._buffer = self._call.body[closed + len(CALL_CLOSE) :]
-            self._call = None
+            body = self._call[:closed]
+            parsed = call_of(body.strip())
+            if parsed is None:  # not a call: parse_calls keeps it as text
+                self._text(CALL_OPEN + body + CALL_CLOSE, events)
+            else:
+                self._whole_call(*parsed, events)
+            self._buffer, self._call = self._call[closed + len(CALL_CLOSE) :], None
 
-    def finish(self) -> list[str | ToolCallDelta]:
-        """The events of what is left at the end of the answer."""
+    def finish(self, cut: bool = False) -> list[str | ToolCallDelta]:
+        """The events of what is left at the end of the answer; cut: the token limit ended it, so
+        a call it was still writing is dropped (`parse_calls(..., cut=True)`)."""
         events: list[str | ToolCallDelta] = []
         if self._held is not None:
-            thinking, answer = split_thinking(self._held)
+            held, self._held = self._held, None
+            if cut:
+                held = held[: len(held) - unfinished_tail(held, (CALL_OPEN,))]
+            thinking, answer = split_thinking(held)
             calls = bare_calls(answer, self._tool_names)
-            if calls:
+            if calls or (cut and unfinished_bare_call(answer)):
                 self._text(thinking, events)
                 for name, arguments in calls:
                     self._whole_call(name, arguments, events)
-                self._held = None
                 return events
-            held, self._held = answer, None
             self._text(thinking, events)
-            events += self.feed(held)
-        if self._call is not None and self._call.arguments_at is None:
-            parsed = call_of(self._call.body.strip())  # an unclosed call at the very end
-            if parsed is None:  # whose name never came, and whose JSON is not a call: text
-                self._text(CALL_OPEN + self._call.body, events)
-            else:
+            events += self.feed(answer)
+        if self._call is not None:
+            parsed = unclosed_call(self._call)  # an unclosed call at the very end
+            if parsed is not None:
                 self._whole_call(*parsed, events)
+            elif not cut:  # whose JSON is not a call: text, unless it was cut off
+                self._text(CALL_OPEN + self._call, events)
+        elif cut:
+            self._buffer = self._buffer[: len(self._buffer) - unfinished_tail(self._buffer, (CALL_OPEN,))]
         self._text(self._buffer, events)
         self._call, self._buffer = None, ""
         return events
-
-    def _call_events(self, end: int, events: list[str | ToolCallDelta]) -> None:
-        call = self._call
-        assert call is not None
-        if call.arguments_at is None:
-            header = _HEADER.match(call.body, 0, end)
-            if header is None:
-                return
-            call.arguments_at = call.scanned = header.end()
-            self.ids.append(new_call_id())
-            name = json.loads(header.group(1))
-            events.append(ToolCallDelta(len(self.ids) - 1, self.ids[-1], name, ""))
-        fragment = call.arguments_fragment(end)
-        if fragment:
-            events.append(ToolCallDelta(len(self.ids) - 1, None, None, fragment))
-
-    def _close_call(self, events: list[str | ToolCallDelta]) -> None:
-        """A call that closed before its name was read (keys in another order) goes out whole."""
-        call = self._call
-        assert call is not None
-        if call.arguments_at is not None:
-            return
-        body = call.body[: call.body.find(CALL_CLOSE)]
-        parsed = call_of(body)
-        if parsed is None:
-            self._text(CALL_OPEN + body + CALL_CLOSE, events)  # not a call: parse_calls keeps it as text
-            return
-        self._whole_call(*parsed, events)
 
     def _whole_call(self, name: str, arguments: dict[str, Any], events: list[str | ToolCallDelta]) -> None:
         self.ids.append(new_call_id())
@@ -206,8 +142,7 @@ class CallSplitter:
         thinking = start.startswith(THINK_OPEN) and THINK_CLOSE not in start
         if thinking or (start and THINK_OPEN.startswith(start)):
             return True  # inside (or maybe opening) a thinking block
-        squeezed = "".join(split_thinking(self._held)[1].split())
-        return any(o.startswith(squeezed) or squeezed.startswith(o) for o in _BARE_OPENINGS)
+        return may_be_bare_call(split_thinking(self._held)[1])
 
     def _text(self, text: str, events: list[str | ToolCallDelta]) -> None:
         if not self._text_started:
