@@ -10,7 +10,7 @@ import json
 import pytest
 from test_tool_calls import TOOLS, tiny  # noqa: F401  # the tiny engine fixture
 
-from rag_mspoe.engine.text_markers import unfinished_tail
+from rag_mspoe.tools.text_markers import unfinished_tail
 from rag_mspoe.tools.tool_calls import astream_with_tools, generate_with_tools, stream_with_tools
 from rag_mspoe.tools.tool_format import CALL_CLOSE, CALL_OPEN, call_text, parse_calls
 from rag_mspoe.tools.tool_parsing import parse_answer

@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from transformers import StoppingCriteria
 
-from rag_mspoe.engine.text_markers import unfinished_tail
 from rag_mspoe.engine.text_stream import StreamOutlet, TextPiece
 from rag_mspoe.engine.token_logprobs import LogprobRecorder, TokenLogprob
+from rag_mspoe.tools.text_markers import unfinished_tail
 
 _INCOMPLETE_CHAR = "\ufffd"  # what decode gives for a multi-byte character cut in the middle
 

@@ -7,4 +7,5 @@ tool_grammar     the grammar that lets a model answer in text or call one of the
 tool_parsing     calls read out of a finished answer
 tool_stream      calls read out of a stream, piece by piece
 tool_calls       the engine-level entry points: generate and stream with tools
+text_markers     where streamed text may stop inside a marker not yet whole
 """

@@ -26,8 +26,8 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rag_mspoe.engine.text_markers import unfinished_tail
 from rag_mspoe.tools.grammar import closed_objects
+from rag_mspoe.tools.text_markers import unfinished_tail
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 RESULT_OPEN, RESULT_CLOSE = "<tool_response>", "</tool_response>"

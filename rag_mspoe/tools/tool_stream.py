@@ -24,7 +24,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from rag_mspoe.engine.text_markers import unfinished_tail
+from rag_mspoe.tools.text_markers import unfinished_tail
 from rag_mspoe.tools.tool_format import (
     CALL_CLOSE,
     CALL_OPEN,
