@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rag_mspoe.pipelines.model_fingerprint import fingerprint
+from rag_mspoe.pipelines.model_fingerprint import ModelFiles
 
 if TYPE_CHECKING:
     import torch
@@ -69,16 +69,16 @@ class Embedder:
         self.model = model
         self.name = name
         self.folder = folder
-        self._fingerprint: str | None = None
+        self._files: ModelFiles | None = None
 
     @property
-    def fingerprint(self) -> str | None:
-        """The content hash of the model's weight and tokenizer files (`model_fingerprint`), which an
-        index records; None when the files cannot be found (a model only a hub id names, not cached)."""
-        if self._fingerprint is None:
+    def files(self) -> ModelFiles | None:
+        """The model's files that decide its vectors, with their digests (`model_fingerprint`), which
+        an index records; None when they cannot be found (a model only a hub id names, not cached)."""
+        if self._files is None:
             folder = self.folder or model_folder(self.name)
-            self._fingerprint = fingerprint(folder) if folder is not None else None
-        return self._fingerprint
+            self._files = ModelFiles.of(folder) if folder is not None else None
+        return self._files
 
     @classmethod
     def load(

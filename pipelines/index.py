@@ -30,6 +30,7 @@ import numpy as np
 
 from rag_mspoe.files import LOCK_FILE, atomic_write, folder_lock
 from rag_mspoe.pipelines.chunking import Chunk
+from rag_mspoe.pipelines.model_fingerprint import ModelFiles
 
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
@@ -133,8 +134,12 @@ class IndexSettings:
     hnsw_ef_search: int = 64  # HNSW candidates visited per query
     ivf_lists: int | None = None  # IVF cells; None picks about 4 * sqrt(chunks) at training
     ivf_probe: int = 16  # IVF cells searched per query
-    # Content hash of the embedding model's weight and tokenizer files (pipelines.model_fingerprint);
-    # None in indexes written before it was recorded, until their next write records it.
+    # sha256 of each file of the embedding model that decides its vectors (weights, configs,
+    # pooling and other modules, tokenizer), by path inside the model folder
+    # (pipelines.model_fingerprint); None in indexes written before, until their next write.
+    embedding_files: dict[str, str] | None = None
+    # What indexes written before `embedding_files` recorded instead: one hash over the weight and
+    # tokenizer files (`ModelFiles.legacy_fingerprint`), checked while it is all they hold.
     embedding_fingerprint: str | None = None
 
     def __post_init__(self) -> None:
@@ -234,30 +239,37 @@ class ChunkIndex:
             )
         return index
 
-    def check_embedding_model(self, name: str, fingerprint: str | None = None) -> None:
+    def check_embedding_model(self, name: str, files: ModelFiles | None = None) -> None:
         """Raise IndexMismatchError unless `name` (canonical) is the model this index was built with,
-        and, where both are known, its files have the fingerprint the index recorded."""
+        and, where both are known, its files are the ones the index recorded."""
         if name != self.settings.embedding_model:
             raise IndexMismatchError(
                 f"The index at {self.path} was built with embedding model '{self.settings.embedding_model}', "
                 f"not '{name}'. Use '{self.settings.embedding_model}' (the default when you name none), "
                 f"or rebuild the index into a new folder (--index NEW_FOLDER) with '{name}'."
             )
-        recorded = self.settings.embedding_fingerprint
-        if fingerprint is not None and recorded is not None and fingerprint != recorded:
+        if files is None:
+            return
+        recorded, legacy = self.settings.embedding_files, self.settings.embedding_fingerprint
+        if recorded is not None:
+            changed = "; ".join(files.changes_from(recorded))
+        elif legacy is not None and files.legacy_fingerprint() != legacy:
+            changed = f"its weight or tokenizer files changed (the index recorded fingerprint {legacy[:19]})"
+        else:
+            return
+        if changed:
             raise IndexMismatchError(
-                f"The embedding model at '{name}' is not the one the index at {self.path} was built with: "
-                f"its weight or tokenizer files changed (fingerprint {fingerprint[:19]}, the index "
-                f"recorded {recorded[:19]}), and vectors of two models cannot be compared. Put the "
-                "original model back at that path, or rebuild the index into a new folder (--index "
-                "NEW_FOLDER)."
+                f"The embedding model at '{name}' is not the one the index at {self.path} was built "
+                f"with: {changed}. Each of these changes the vectors, and vectors of two models cannot "
+                "be compared. Put the original files back at that path, or rebuild the index into a "
+                "new folder (--index NEW_FOLDER)."
             )
 
-    def record_fingerprint(self, fingerprint: str | None) -> None:
-        """Record the embedding model's fingerprint in an index written before fingerprints were
-        (saved with the next write); an index that has one keeps it."""
-        if self.settings.embedding_fingerprint is None:
-            self.settings.embedding_fingerprint = fingerprint
+    def record_model_files(self, files: ModelFiles | None) -> None:
+        """Record the embedding model's files in an index written before they were (saved with the
+        next write, after `check_embedding_model` passed); an index that has them keeps them."""
+        if self.settings.embedding_files is None and files is not None:
+            self.settings.embedding_files = dict(files.digests)
 
     def add(self, chunks: Sequence[Chunk], vectors: np.ndarray, documents: dict[str, str]) -> None:
         """Append chunks with their vectors (row i belongs to chunk i) and record their documents.

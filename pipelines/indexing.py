@@ -148,8 +148,8 @@ def _open_or_create(
         index = ChunkIndex.load(index_dir)
         _check_same_settings(index, embedding_model, chunk_size, chunk_overlap, kind)
         embedder = embedder or Embedder.load(index.settings.embedding_model)
-        index.check_embedding_model(embedder.name, embedder.fingerprint)
-        index.record_fingerprint(embedder.fingerprint)
+        index.check_embedding_model(embedder.name, embedder.files)
+        index.record_model_files(embedder.files)
     else:
         embedder = embedder or Embedder.load(embedding_model or DEFAULT_EMBEDDING_MODEL)
         if embedding_model is not None and canonical_model_name(embedding_model) != embedder.name:
@@ -161,7 +161,7 @@ def _open_or_create(
             IndexSettings(
                 embedding_model=embedder.name,
                 dimension=embedder.dimension,
-                embedding_fingerprint=embedder.fingerprint,
+                embedding_files=None if embedder.files is None else embedder.files.digests,
                 kind=kind or "flat",
                 chunk_size=DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size,
                 chunk_overlap=DEFAULT_CHUNK_OVERLAP if chunk_overlap is None else chunk_overlap,

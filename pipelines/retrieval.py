@@ -46,7 +46,7 @@ class Retriever:
     """Embeds a query and returns the closest chunks, best first."""
 
     def __init__(self, index: ChunkIndex, embedder: Embedder) -> None:
-        index.check_embedding_model(embedder.name, embedder.fingerprint)
+        index.check_embedding_model(embedder.name, embedder.files)
         self.index = index
         self.embedder = embedder
 

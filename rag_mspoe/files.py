@@ -1,8 +1,9 @@
-"""Writing files safely: atomic replacement, and one writer per folder."""
+"""Writing files safely (atomic replacement, one writer per folder) and knowing them by content."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import secrets
 from collections.abc import Iterator
@@ -29,6 +30,15 @@ def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """The sha256 of a file's bytes, in hex, read in blocks (a data file may be large)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 @contextlib.contextmanager

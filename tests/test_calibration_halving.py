@@ -114,7 +114,7 @@ def test_a_search_folder_resumes_where_it_moves_with_its_data(tmp_path):
     HalvingSearch(tmp_path / "clone" / "runs" / "search", moved, candidates)  # resumes
     other = tmp_path / "other.jsonl"
     save_jsonl(other, generate_invented_qa(4, 6, seed=4))
-    with pytest.raises(ValueError, match="differ in data"):
+    with pytest.raises(ValueError, match="is not the data the search in .* started on"):
         HalvingSearch(
             tmp_path / "clone" / "runs" / "search",
             HalvingSettings(**{**settings.__dict__, "data": str(other)}),

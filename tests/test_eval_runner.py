@@ -281,13 +281,17 @@ def test_a_budget_stops_between_batches_and_a_rerun_goes_on(tiny, tmp_path):
         run_sweep(config, tmp_path, budget_hours=0, **options)
 
 
-def test_examples_are_frozen_in_the_run_folder(tiny, tmp_path):
+def test_examples_are_frozen_in_the_run_folder_and_a_changed_data_file_is_refused(tiny, tmp_path):
     data = tmp_path / "data.jsonl"
     save_jsonl(data, generate_invented_qa(5, 3, seed=1))
+    original = data.read_bytes()
     config = SweepConfig(data=str(data), num_documents=5, positions=(0, 4), samples=3)
     run_sweep(config, tmp_path / "run", model=tiny[0], tokenizer=tiny[1], progress=False, report=False)
     save_jsonl(data, generate_invented_qa(5, 3, seed=2))  # the data file changes under a stopped run
     more = SweepConfig(data=str(data), num_documents=5, positions=(0, 2, 4), samples=3)
+    with pytest.raises(ValueError, match="changed since the run in"):
+        run_sweep(more, tmp_path / "run", model=tiny[0], tokenizer=tiny[1], progress=False, report=False)
+    data.write_bytes(original)
     run_sweep(more, tmp_path / "run", model=tiny[0], tokenizer=tiny[1], progress=False, report=False)
     records = read_records(tmp_path / "run" / "results.jsonl")
     assert {r["example_id"] for r in records} == {"invented-1-0", "invented-1-1", "invented-1-2"}

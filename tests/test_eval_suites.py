@@ -251,7 +251,10 @@ def test_suite_refuses_changed_data_other_settings_and_reordering(tiny, data, tm
     own = SuiteConfig(files=(DataFile("mmlu", str(changed)),), methods=("none",), samples=1)
     run_suite(own, tmp_path / "own", model=tiny[0], tokenizer=tiny[1], progress=False)
     changed.write_text(changed.read_text().replace("capital", "Capital"))
-    with pytest.raises(ValueError, match="changed since this run started"):
+    with pytest.raises(
+        ValueError,
+        match="copy.jsonl changed since the run in .* it has sha256 [0-9a-f]{64} now, the run recorded",
+    ):
         run_suite(own, tmp_path / "own", model=tiny[0], tokenizer=tiny[1], progress=False)
     with pytest.raises(ValueError, match="binds the method name 'none' to another method"):
         run_suite(suite_config(data, samples=1, methods=("none=pi:2",)), tmp_path, model=tiny[0],

@@ -219,13 +219,13 @@ def test_another_embedding_model_at_the_same_path_is_refused(tmp_path):
     second = write_corpus(tmp_path / "second", {"b.txt": "The ferry Skua was built in 1964."})
     index_dir = tmp_path / "index"
     index_documents(first, index_dir, embedding_model=str(model), progress=False)
-    assert ChunkIndex.load(index_dir).settings.embedding_fingerprint.startswith("sha256:")
+    assert ChunkIndex.load(index_dir).settings.embedding_files["model.safetensors"].startswith("sha256:")
     _tiny_embedding_model(model, seed=1)  # other weights, same dimension, same path
     before = checksums(index_dir)
 
-    with pytest.raises(IndexMismatchError, match="its weight or tokenizer files changed") as refused:
+    with pytest.raises(IndexMismatchError, match=f"{model / 'model.safetensors'} changed") as refused:
         index_documents(second, index_dir, embedding_model=str(model), progress=False)
-    assert "Put the original model back at that path, or rebuild the index" in str(refused.value)
+    assert "Put the original files back at that path, or rebuild the index" in str(refused.value)
     with pytest.raises(IndexMismatchError, match="is not the one the index at"):
         Retriever.load(index_dir)
     assert checksums(index_dir) == before
@@ -235,28 +235,121 @@ def test_another_embedding_model_at_the_same_path_is_refused(tmp_path):
     tokenizer_config = model / "tokenizer_config.json"
     lowered = tokenizer_config.read_text().replace('"do_lower_case": true', '"do_lower_case": false')
     tokenizer_config.write_text(lowered)
-    with pytest.raises(IndexMismatchError, match="its weight or tokenizer files changed"):
+    with pytest.raises(IndexMismatchError, match=f"{tokenizer_config} changed"):
         Retriever.load(index_dir)  # the tokenizer counts as much as the weights
 
 
-def test_an_index_written_before_fingerprints_records_one_at_its_next_write(tmp_path):
+def test_an_index_with_only_the_older_fingerprint_is_checked_by_it_then_records_its_files(tmp_path):
     import json
 
     from rag_mspoe.pipelines.index import META_FILE, IndexMismatchError
+    from rag_mspoe.pipelines.model_fingerprint import ModelFiles
 
     model = _tiny_embedding_model(tmp_path / "model", seed=0)
     index_dir = tmp_path / "index"
     index_documents(write_corpus(tmp_path / "a", {"a.txt": "Rye."}), index_dir, embedding_model=str(model))
     meta = json.loads((index_dir / META_FILE).read_text())
-    del meta["settings"]["embedding_fingerprint"]  # as an older version wrote it
+    del meta["settings"]["embedding_files"]  # as an older version wrote it: one hash, no files
+    meta["settings"]["embedding_fingerprint"] = ModelFiles.of(model).legacy_fingerprint()
     (index_dir / META_FILE).write_text(json.dumps(meta))
-    assert ChunkIndex.load(index_dir).settings.embedding_fingerprint is None
 
-    index_documents(write_corpus(tmp_path / "b", {"b.txt": "Oats."}), index_dir, progress=False)
-    assert ChunkIndex.load(index_dir).settings.embedding_fingerprint.startswith("sha256:")
     _tiny_embedding_model(model, seed=1)
     with pytest.raises(IndexMismatchError, match="its weight or tokenizer files changed"):
-        index_documents(write_corpus(tmp_path / "c", {"c.txt": "Barley."}), index_dir, progress=False)
+        index_documents(write_corpus(tmp_path / "b", {"b.txt": "Oats."}), index_dir, progress=False)
+    _tiny_embedding_model(model, seed=0)
+    index_documents(write_corpus(tmp_path / "c", {"c.txt": "Barley."}), index_dir, progress=False)
+    assert ChunkIndex.load(index_dir).settings.embedding_files == ModelFiles.of(model).digests
+    (model / "config.json").write_text((model / "config.json").read_text().replace('"gelu"', '"relu"'))
+    with pytest.raises(IndexMismatchError, match=f"{model / 'config.json'} changed"):
+        index_documents(write_corpus(tmp_path / "d", {"d.txt": "Spelt."}), index_dir, progress=False)
+
+
+def _sentence_transformer(folder: Path) -> Path:
+    """The tiny model as a full sentence-transformers folder: modules (Transformer, mean Pooling,
+    Normalize), their configs and a model card."""
+    import json
+
+    _tiny_embedding_model(folder, seed=0)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": 256, "do_lower_case": False})
+    )
+    (folder / "1_Pooling").mkdir()
+    pooling = {
+        "word_embedding_dimension": 32,
+        "pooling_mode_mean_tokens": True,
+        "pooling_mode_cls_token": False,
+    }
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    (folder / "README.md").write_text("A tiny model.\n")
+    return folder
+
+
+def _edit_json(path: Path, **changes: object) -> None:
+    import json
+
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+@pytest.mark.parametrize(
+    ("file", "edit"),
+    [
+        ("1_Pooling/config.json", {"pooling_mode_mean_tokens": False, "pooling_mode_cls_token": True}),
+        ("config.json", {"num_attention_heads": 4}),
+        ("sentence_bert_config.json", {"max_seq_length": 4}),
+    ],
+)
+def test_an_embedding_model_whose_configs_change_is_refused_naming_the_file(tmp_path, file, edit):
+    from rag_mspoe.pipelines.index import IndexMismatchError
+    from rag_mspoe.pipelines.retrieval import Retriever
+
+    model = _sentence_transformer(tmp_path / "model")
+    index_dir = tmp_path / "index"
+    index_documents(write_corpus(tmp_path / "a", {"a.txt": "The windmill of Tarsk grinds rye."}), index_dir,
+                    embedding_model=str(model), progress=False)  # fmt: skip
+    original = (model / file).read_bytes()
+    (model / "README.md").write_text("Documentation changes no vector.\n")
+    assert Retriever.load(index_dir).retrieve("windmill", k=1)
+
+    _edit_json(model / file, **edit)
+    files = checksums(index_dir)
+    with pytest.raises(IndexMismatchError, match=f"{model / file} changed") as refused:
+        Retriever.load(index_dir)
+    assert "Put the original files back at that path, or rebuild the index" in str(refused.value)
+    with pytest.raises(IndexMismatchError, match=f"{model / file} changed"):
+        index_documents(write_corpus(tmp_path / "b", {"b.txt": "Oats."}), index_dir, progress=False)
+    assert checksums(index_dir) == files
+
+    (model / file).write_bytes(original)
+    assert Retriever.load(index_dir).retrieve("windmill", k=1)[0].chunk.text.startswith("The windmill")
+
+
+def test_a_module_added_to_an_embedding_model_is_refused_naming_its_files(tmp_path):
+    import json
+
+    from rag_mspoe.pipelines.index import IndexMismatchError
+    from rag_mspoe.pipelines.retrieval import Retriever
+
+    model = _sentence_transformer(tmp_path / "model")
+    index_dir = tmp_path / "index"
+    index_documents(write_corpus(tmp_path / "a", {"a.txt": "Rye."}), index_dir, embedding_model=str(model))
+    from sentence_transformers.models import Dense
+
+    (model / "3_Dense").mkdir()
+    Dense(32, 32).save(str(model / "3_Dense"))
+    modules = json.loads((model / "modules.json").read_text())
+    modules.append({"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"})
+    (model / "modules.json").write_text(json.dumps(modules))
+
+    with pytest.raises(IndexMismatchError) as refused:
+        Retriever.load(index_dir)
+    assert f"{model / 'modules.json'} changed" in str(refused.value)
+    assert f"{model / '3_Dense' / 'config.json'} is new" in str(refused.value)
 
 
 def test_a_link_inside_the_documents_to_a_file_outside_is_skipped_and_named(tmp_path):

@@ -4,13 +4,16 @@ under existing results is refused with the file and the fix, and the folder is l
 
 from __future__ import annotations
 
+import hashlib
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 from cli_helpers import checksums, run_cli
 from eval_run_helpers import save_tiny_chat_model
 
+from rag_mspoe.eval.data.loaders import save_jsonl
 from rag_mspoe.eval.data.synthetic import generate_invented_qa
 from rag_mspoe.eval.runs.results import read_records
 
@@ -113,12 +116,26 @@ def test_a_sweep_whose_manifest_was_deleted_refuses_to_resume(model_dir, tmp_pat
     assert checksums(tmp_path) == before
 
 
-@pytest.mark.parametrize("spec", ["none=pi", "pi=mspoe", "mspoe+"])
-def test_a_new_sweep_refuses_a_relabelled_method_name_or_an_empty_part(model_dir, tmp_path, spec):
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("none=pi", "binds the method name 'none' to another method"),
+        ("pi=mspoe", "binds the method name 'pi' to another method"),
+        ("mspoe+", "has an empty part"),
+        ("pi:2=none", "binds the label 'pi:2', written like a method spec (it holds ':')"),
+        ("mspoe+pi=none", "binds the label 'mspoe+pi', written like a method spec (it holds '+')"),
+    ],
+)
+def test_a_new_sweep_refuses_a_relabelled_method_name_a_spec_shaped_label_or_an_empty_part(
+    model_dir, tmp_path, spec, message
+):
     run = tmp_path / "run"
     result = run_cli("sweep", "--out", run, "--model", model_dir, "--methods", "none", spec, "--samples", "1")
     assert result.returncode != 0 and "Traceback" not in result.stderr
-    assert ("binds the method name" if "=" in spec else "has an empty part") in result.stderr
+    assert message in result.stderr
+    assert ("Pick another label" if "=" in spec else "remove the stray '+'") in result.stderr.replace(
+        "Pick a label", "Pick another label"
+    )
     assert not run.exists()
 
 
@@ -149,3 +166,146 @@ def test_a_run_folder_moved_with_its_inputs_resumes(model_dir, tmp_path):
     again = run_cli("perplexity", moved / "data" / "book.txt", "--out", run, *common, "--lengths", "32", "64")
     assert again.returncode == 0, again.stderr[-2000:]
     assert len(read_records(run / "results.jsonl")) == 2
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_a_resumed_sweep_refuses_another_data_file_and_takes_the_same_bytes_anywhere(model_dir, tmp_path):
+    first, second = generate_invented_qa(4, 3, seed=3), generate_invented_qa(4, 3, seed=4)
+    data = tmp_path / "data" / "questions.jsonl"
+    data.parent.mkdir()
+    save_jsonl(data, first)
+    original = data.read_bytes()
+    run = tmp_path / "run"
+    common = ["--out", run, "--model", model_dir, "--documents", "4", "--samples", "2", "--metrics", "loglik"]
+    common += ["--methods", "none", "--no-progress", "--threads", "1"]
+    started = run_cli("sweep", "--data", data, *common)
+    assert started.returncode == 0, started.stderr[-2000:]
+    assert json.loads((run / "manifest.json").read_text())["data"] == {
+        "../data/questions.jsonl": _sha256(data.read_bytes())
+    }
+
+    save_jsonl(data, second)
+    before = checksums(run)
+    swapped = run_cli("sweep", "--data", data, *common)
+    assert swapped.returncode == 1
+    assert (
+        f"{data} changed since the run in {run} started: it has sha256 {_sha256(data.read_bytes())} now"
+        in swapped.stderr
+    )
+    assert f"the run recorded sha256 {_sha256(original)}" in swapped.stderr
+    assert "Restore the file the run started with to resume it, or write into a new folder" in swapped.stderr
+    assert checksums(run) == before
+
+    elsewhere = tmp_path / "copy.jsonl"  # the first file's bytes at another path: the same data
+    elsewhere.write_bytes(original)
+    moved = run_cli("sweep", "--data", elsewhere, *common)
+    assert moved.returncode == 0, moved.stderr[-2000:]
+    assert "0 new" in moved.stdout
+    other = run_cli("sweep", "--data", data, *common)  # another path and other bytes
+    assert other.returncode == 1
+    assert f"data: '../copy.jsonl' (sha256 {_sha256(original)}) there" in other.stderr
+    assert f"'../data/questions.jsonl' (sha256 {_sha256(data.read_bytes())}) now" in other.stderr
+
+
+def test_a_sweep_started_before_data_digests_checks_its_saved_examples_then_records_one(model_dir, tmp_path):
+    data = tmp_path / "questions.jsonl"
+    save_jsonl(data, generate_invented_qa(4, 3, seed=3))
+    original = data.read_bytes()
+    run = tmp_path / "run"
+    command = ["sweep", "--data", data, "--out", run, "--model", model_dir, "--documents", "4"]
+    command += ["--samples", "2", "--metrics", "loglik", "--no-progress", "--threads", "1"]
+    assert run_cli(*command, "--methods", "none").returncode == 0
+    manifest = json.loads((run / "manifest.json").read_text())
+    del manifest["data"]  # as a version that did not record its data wrote it
+    (run / "manifest.json").write_text(json.dumps(manifest))
+
+    save_jsonl(data, generate_invented_qa(4, 3, seed=4))
+    before = checksums(run)
+    swapped = run_cli(*command, "--methods", "none")
+    assert swapped.returncode == 1
+    assert f"{data} no longer holds the examples this sweep saved in {run / 'examples.jsonl.gz'}" in (
+        swapped.stderr
+    )
+    assert checksums(run) == before
+
+    data.write_bytes(original)
+    restored = run_cli(*command, "--methods", "none", "pi")
+    assert restored.returncode == 0, restored.stderr[-2000:]
+    assert f"{run} recorded no digest of {data} (sha256 {_sha256(original)})" in restored.stderr
+    assert json.loads((run / "manifest.json").read_text())["data"] == {
+        "../questions.jsonl": _sha256(original)
+    }
+    assert {r["method"] for r in read_records(run / "results.jsonl")} == {"none", "pi"}
+
+
+def _search(model_dir: Path, data: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    """`calibrate search` over two rungs of two questions; a budget so small that every run
+    scores one batch and stops, so a rerun resumes."""
+    options = ["--space", "mspoe", "--documents", "4", "--positions", "0,3", "--rungs", "2,2", "--keep", "1"]
+    options += ["--budget-hours", "1e-9", "--model", model_dir, "--threads", "1", "--no-progress"]
+    return run_cli("calibrate", "search", "--data", data, "--out", out, *options)
+
+
+def test_a_resumed_search_refuses_another_data_file_and_resumes_from_a_clone(model_dir, tmp_path):
+    data = tmp_path / "repo" / "data" / "questions.jsonl"
+    data.parent.mkdir(parents=True)
+    save_jsonl(data, generate_invented_qa(4, 6, seed=3))
+    original = data.read_bytes()
+    out = tmp_path / "repo" / "runs" / "search"
+    started = _search(model_dir, data, out)
+    assert started.returncode == 0, started.stderr[-2000:]
+    assert json.loads((out / "search.json").read_text())["data_sha256"] == _sha256(original)
+
+    save_jsonl(data, generate_invented_qa(4, 6, seed=4))
+    before = checksums(out)
+    swapped = _search(model_dir, data, out)
+    assert swapped.returncode == 1
+    assert (
+        f"{data} (sha256 {_sha256(data.read_bytes())}) is not the data the search in {out} started on: "
+        in (swapped.stderr)
+    )
+    assert f"{data} (sha256 {_sha256(original)}, the file at that path then)" in swapped.stderr
+    assert (
+        "rerun with the file it started on (restore it); to search on questions.jsonl, use a new --out"
+        in (swapped.stderr)
+    )
+    assert checksums(out) == before
+
+    data.write_bytes(original)
+    (tmp_path / "repo").rename(tmp_path / "clone")  # the repository cloned elsewhere
+    renamed = tmp_path / "clone" / "data" / "renamed.jsonl"
+    (tmp_path / "clone" / "data" / "questions.jsonl").rename(renamed)
+    resumed = _search(model_dir, renamed, tmp_path / "clone" / "runs" / "search")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+
+
+def test_a_search_started_before_data_digests_checks_its_rungs_then_records_one(model_dir, tmp_path):
+    data = tmp_path / "questions.jsonl"
+    save_jsonl(data, generate_invented_qa(4, 6, seed=3))
+    original = data.read_bytes()
+    out = tmp_path / "search"
+    assert _search(model_dir, data, out).returncode == 0
+    saved = json.loads((out / "search.json").read_text())
+    del saved["data_sha256"]  # as a version that kept only the path wrote it
+    (out / "search.json").write_text(json.dumps(saved))
+
+    save_jsonl(data, generate_invented_qa(4, 6, seed=4))
+    before = checksums(out)
+    swapped = _search(model_dir, data, out)
+    assert swapped.returncode == 1
+    assert f"{out / 'data' / 'rung-1.jsonl.gz'} holds the questions rung 1 ran on, and they are not " in (
+        swapped.stderr
+    )
+    assert (
+        f"questions 1-2 of {data} now: the file changed since the search in {out} started" in swapped.stderr
+    )
+    assert checksums(out) == before
+
+    data.write_bytes(original)
+    restored = _search(model_dir, data, out)
+    assert restored.returncode == 0, restored.stderr[-2000:]
+    assert f"recorded sha256 {_sha256(original)} of {data}" in restored.stderr
+    assert json.loads((out / "search.json").read_text())["data_sha256"] == _sha256(original)

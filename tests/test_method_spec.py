@@ -121,6 +121,37 @@ def test_a_method_name_cannot_label_another_method(spec):
         resolve_all(["none", spec])
 
 
+@pytest.mark.parametrize(
+    ("spec", "holds"),
+    [
+        ("pi:2=none", "':'"),
+        ("mspoe+pi=none", "'+'"),
+        ("pi:2=pi:3", "':'"),
+        ("my:run=pi", "':'"),
+        ("runs/cal=pi", "'/'"),
+        ("cal.json=pi", "'.json'"),
+    ],
+)
+def test_a_label_written_like_a_spec_cannot_label_another_method(spec, holds):
+    label, _, body = spec.partition("=")
+    for parse in (resolve, parse_method, lambda s: resolve_all(["none", s])):
+        with pytest.raises(
+            ValueError, match=re.escape(f"binds the label '{label}', written like a method spec")
+        ) as error:
+            parse(spec)
+        assert f"(it holds {holds})" in str(error.value)
+        assert "Pick a label without ':', '+', '/' or '.json'" in str(error.value)
+        suggested = re.search(r"e\.g\. '(.+)'\.$", str(error.value))
+        assert suggested is not None and resolve(suggested.group(1)).method == resolve(body).method
+
+
+def test_a_label_that_spells_its_own_method_is_kept(tmp_path):
+    assert resolve("pi:2=pi:2").name == "pi:2"
+    assert resolve("mspoe+pi=mspoe+pi").method == parse_method("mspoe+pi")
+    path = Uniform(factor=1.7).save(tmp_path / "cal.json")
+    assert resolve(f"{path}={path}").method == Uniform(factor=1.7)
+
+
 def test_a_method_name_may_label_its_own_method():
     assert resolve("none=baseline") == ResolvedMethod(name="none")
     assert resolve("pi=pi:1.5").method == Uniform(factor=1.5)

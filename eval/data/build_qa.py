@@ -235,7 +235,7 @@ def _pool_index(pool: Sequence[Document], embedder: Embedder, path: str | Path |
     digests = {str(i): _digest(passage) for i, passage in enumerate(pool)}
     if path is not None and ChunkIndex.exists(path):
         index = ChunkIndex.load(path)
-        index.check_embedding_model(embedder.name, embedder.fingerprint)
+        index.check_embedding_model(embedder.name, embedder.files)
         if index.documents != digests:
             raise ValueError(
                 f"The index at {path} was built from another passage pool; "
@@ -245,7 +245,7 @@ def _pool_index(pool: Sequence[Document], embedder: Embedder, path: str | Path |
     settings = IndexSettings(
         embedding_model=embedder.name,
         dimension=embedder.dimension,
-        embedding_fingerprint=embedder.fingerprint,
+        embedding_files=None if embedder.files is None else embedder.files.digests,
     )
     index = ChunkIndex(path or "", settings)
     chunks = [

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import os
 import sys
 import time
@@ -25,6 +24,14 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from rag_mspoe.eval.runs.heap import releasing
+from rag_mspoe.eval.runs.inputs import (
+    input_digests,
+    refuse_changed_inputs,
+    relative_to,
+    take_moved_inputs,
+    unrecorded_inputs,
+    where,
+)
 from rag_mspoe.eval.runs.manifest import (
     finish_session,
     jsonable,
@@ -83,8 +90,12 @@ class Evaluation:
         return jsonable(dataclasses.asdict(self.config))
 
     def inputs(self) -> Sequence[str]:
-        """Files the records depend on: a resumed run refuses them changed."""
+        """Files the records depend on: a resumed run refuses them changed (`runs.inputs`)."""
         return ()
+
+    def check_unrecorded_inputs(self, folder: Path) -> None:
+        """Before the digests of `inputs()` are recorded in a run started by a version that did not
+        record them: raise ValueError if what the run saved shows they changed since."""
 
     def plan(self, folder: Path, done: set[Key]) -> list[Any]:
         """The units of work whose records are not in `done`."""
@@ -185,11 +196,17 @@ def run_evaluation(
     deadline = None if budget_hours is None else time.monotonic() + budget_hours * 3600
     out = Path(folder)
     with run_lock(out):
-        manifest = _checked_manifest(out, evaluation)
+        manifest, first_recorded = _checked_manifest(out, evaluation)
         results = ResultsFile(out / RESULTS_FILE, evaluation.key_fields)
         units = evaluation.plan(out, results.done)
         manifest["sessions"].append(new_session(host_cpus=os.cpu_count()))
         write_manifest(out, manifest)
+        for file in first_recorded:
+            print(
+                f"{out} recorded no digest of {file}, the version that started it did not keep one; "
+                "recorded now, so a resume with another file there is refused.",
+                file=sys.stderr,
+            )
         bar = progress_bar(
             total=len(units),
             unit=evaluation.unit_name,
@@ -242,15 +259,14 @@ def run_evaluation(
     return RunOutcome(out, written, frozenset(results.done))
 
 
-def _checked_manifest(folder: Path, evaluation: Evaluation) -> dict[str, Any]:
-    """The folder's manifest updated for this session, after refusing a run it cannot resume."""
+def _checked_manifest(folder: Path, evaluation: Evaluation) -> tuple[dict[str, Any], list[str]]:
+    """The folder's manifest updated for this session, after refusing a run it cannot resume; and
+    the input files whose digests it records for the first time (`inputs.unrecorded_inputs`)."""
     kind = evaluation.kind
-    digests = {
-        relative_to(folder, path): hashlib.sha256(Path(path).read_bytes()).hexdigest()
-        for path in evaluation.inputs()
-    }
+    digests = input_digests(folder, evaluation.inputs())
     settings = relative_to(folder, evaluation.settings())
     manifest = read_manifest(folder)
+    unrecorded: list[str] = []
     if manifest is None:
         refuse_records_without_manifest(folder)
         manifest = {"methods": {}, "sessions": []}
@@ -262,37 +278,22 @@ def _checked_manifest(folder: Path, evaluation: Evaluation) -> dict[str, Any]:
             )
         identity = {name: settings[name] for name in evaluation.identity_fields}
         previous = relative_to(folder, manifest.get(kind) or {})  # older runs kept absolute paths
-        refuse_other_settings(folder, f"a {kind} run with other settings", previous, identity)
         known = relative_to(folder, manifest.get("data") or {})
-        changed = [path for path, digest in digests.items() if known.get(path) != digest]
-        if changed:
-            raise ValueError(
-                f"{changed} changed since this run started in {folder}; scores would mix two "
-                "versions of the data. Restore the files or write into a new folder (--out)."
-            )
+        refuse_changed_inputs(folder, digests, known)
+        take_moved_inputs(identity, previous, digests, known)
+        refuse_other_settings(
+            folder, f"a {kind} run with other settings", previous, identity, {**known, **digests}
+        )
+        unrecorded = unrecorded_inputs(digests, known)
+        if unrecorded:
+            evaluation.check_unrecorded_inputs(folder)
     record_methods(manifest, list(evaluation.methods), folder)
     for name in evaluation.growing:
         settings[name] = list(dict.fromkeys([*(manifest.get(kind) or {}).get(name, []), *settings[name]]))
     manifest[kind] = settings
     if digests:
         manifest["data"] = digests
-    return manifest
-
-
-def relative_to(folder: Path, value: Any) -> Any:
-    """`value` (a setting: a string, or lists and dicts of them) with every absolute path made
-    relative to the run folder, dict keys included. A run folder then names its inputs as they sit
-    beside it, so it resumes wherever the two are moved together (a clone of a repository)."""
-    if isinstance(value, str) and os.path.isabs(value):
-        try:
-            return os.path.relpath(value, folder.resolve())
-        except ValueError:  # another drive: no relative path
-            return value
-    if isinstance(value, list):
-        return [relative_to(folder, item) for item in value]
-    if isinstance(value, dict):
-        return {relative_to(folder, key): relative_to(folder, item) for key, item in value.items()}
-    return value
+    return manifest, [f"{where(folder, path)} (sha256 {digests[path]})" for path in unrecorded]
 
 
 def _score_here(

@@ -13,10 +13,12 @@ import json
 import platform
 import subprocess
 import time
+from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from rag_mspoe.eval.runs.inputs import with_digests
 from rag_mspoe.eval.runs.results import RESULTS_FILE
 from rag_mspoe.files import atomic_write
 from rag_mspoe.methods.method_spec import ResolvedMethod
@@ -101,11 +103,21 @@ def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
     atomic_write(folder / MANIFEST_FILE, (json.dumps(manifest, indent=2, default=str) + "\n").encode())
 
 
-def refuse_other_settings(folder: Path, what: str, previous: dict[str, Any], current: dict[str, Any]) -> None:
-    """Raise ValueError naming every setting of `current` that differs from the run in `folder`."""
+def refuse_other_settings(
+    folder: Path,
+    what: str,
+    previous: dict[str, Any],
+    current: dict[str, Any],
+    digests: Mapping[str, str] | None = None,
+) -> None:
+    """Raise ValueError naming every setting of `current` that differs from the run in `folder`;
+    a setting that names an input file is shown with the file's sha256 from `digests`."""
     differing = {key: (previous.get(key), new) for key, new in current.items() if previous.get(key) != new}
     if differing:
-        details = ", ".join(f"{key}: {old!r} there, {new!r} now" for key, (old, new) in differing.items())
+        details = ", ".join(
+            f"{key}: {with_digests(old, digests or {})} there, {with_digests(new, digests or {})} now"
+            for key, (old, new) in differing.items()
+        )
         raise ValueError(
             f"{folder} holds {what} ({details}); rerun with the same settings to resume it, "
             "or write into a new folder (--out)."

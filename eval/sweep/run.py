@@ -5,7 +5,8 @@
 
 The run is resumable: restarted with the same settings it scores only what results.jsonl does
 not hold yet, on the examples it saved on its first start (examples.jsonl.gz), so a killed run
-loses at most the batch it was scoring and duplicates nothing.
+loses at most the batch it was scoring and duplicates nothing. The manifest keeps the data
+file's sha256: a resume with another file at its path is refused (`runs.inputs`).
 Batches run in this process, on Ray workers (one model replica each) with `ray_address`, or
 against an OpenAI-compatible server with `remote` (`eval.sweep.remote`).
 """
@@ -52,7 +53,8 @@ class SweepOutcome:
 
 def frozen_examples(config: SweepConfig, folder: Path) -> list[Example]:
     """The run's examples, saved in the folder on its first start and read back on every resume,
-    so a resumed run scores the very same examples even if a generator or data file changed."""
+    so a resumed run scores the very same examples even if the generator's code changed (another
+    data file at the data's path is refused before: `runs.inputs`)."""
     from rag_mspoe.eval.data import loaders
 
     path = folder / EXAMPLES_FILE
@@ -208,6 +210,21 @@ class Sweep(Evaluation):
         if table:
             print(table)
         return 0
+
+    def inputs(self) -> Sequence[str]:
+        return () if self.config.data is None else (self.config.data,)
+
+    def check_unrecorded_inputs(self, folder: Path) -> None:
+        # A sweep from before input digests: its saved examples show whether the data changed.
+        saved = folder / EXAMPLES_FILE
+        if self.config.data is None or not saved.is_file():
+            return
+        if frozen_examples(self.config, folder) != load_examples(self.config):
+            raise ValueError(
+                f"{self.config.data} no longer holds the examples this sweep saved in {saved} when it "
+                f"started: the file changed since. Restore the file the sweep in {folder} started with "
+                "to resume it, or write into a new folder (--out) to run on this one."
+            )
 
     def plan(self, folder: Path, done: set[Key]) -> list[Batch]:
         self.examples = examples = frozen_examples(self.config, folder)

@@ -13,10 +13,22 @@ the first document on (documents, question, generated tokens), per head:
   themselves, placed first, as if each stood alone after the text before the documents); the
   text after the documents reads everything before it. Values are untouched.
 Rows are done in chunks, so memory stays O(chunk x keys) per head.
+
+The output does not depend on the documents' order in any dtype, bit for bit, as far as the
+model's own kernels compute a token's row alike wherever it stands (measured on CPU: they do):
+- q and k come as the layer computed them before RoPE (`KeptRotation`), not un-rotated from the
+  model's rotated ones, whose rounding differs with each token's position;
+- every angle is a token's offset inside its document or a placed position, the same in any
+  order;
+- the sums over keys (softmax, values) and the sort's ties run over the documents in an order
+  of their content (`content_order`), not of the prompt.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -29,6 +41,7 @@ from rag_mspoe.attention.document_hooks import (
     attention_scaling,
     by_key_head,
 )
+from rag_mspoe.rope.head_rotation import RotationStandIn, unwrap_apply_rotary, wrap_apply_rotary
 
 ROW_CHUNK = 256
 
@@ -55,6 +68,40 @@ class PineHooks(DocumentAttentionHooks):
             )
         self.rotate_half = self.arch.module().rotate_half
 
+    def _install(self) -> None:
+        super()._install()
+        wrap_apply_rotary(self.arch)
+        self._undo.append(lambda: unwrap_apply_rotary(self.arch))
+        for index in self._layers:
+            attention = self.decoder.layers[index].self_attn
+            hook = partial(self._keep_unrotated, index)
+            self._handles.append(attention.register_forward_pre_hook(hook, with_kwargs=True))
+
+    def _keep_unrotated(self, index: int, _module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """Put a `KeptRotation` in place of the layer's cos: this forward's q and k before RoPE."""
+        cos, sin = kwargs["position_embeddings"]
+
+        def keep(q: torch.Tensor, k: torch.Tensor) -> None:
+            self.per_forward[f"unrotated {index}"] = q, k
+
+        kwargs["position_embeddings"] = (
+            KeptRotation(cos, sin, self.arch.module().apply_rotary_pos_emb, keep),
+            None,
+        )
+        return args, kwargs
+
+    def _on_decoder(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        super()._on_decoder(module, args, kwargs)
+        orders = self.per_prefill.get("content_order")
+        if orders is None:  # a prefill: its documents in the order of their content
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            self.per_prefill["content_order"] = [
+                [] if row is None else content_order(row, ids, b, self._continued)
+                for b, row in enumerate(self.rows)
+            ]
+        elif len(orders) == 1 and len(self.rows) > 1:  # continuations of one prefilled prompt
+            self.per_prefill["content_order"] = orders * len(self.rows)
+
     def attend(self, call: AttentionCall) -> torch.Tensor:
         layer, query, key, value = call.layer, call.query, call.key, call.value
         batch, heads, queries, dim = query.shape
@@ -64,24 +111,38 @@ class PineHooks(DocumentAttentionHooks):
         every_row = all(row is not None and self._first_row(row) <= past for row in self.rows)
         output = query.new_empty(batch, queries, heads, dim) if every_row else self._rows_left_alone(call)
         device = query.device
-        # Scores in fp32 at least; an fp64 model gets fp64 (PINE's sort of the documents by
-        # importance flips on near-ties under rounding, so only fp64 shows its exact invariance).
+        # Scores in fp32 at least; an fp64 model gets fp64.
         compute = torch.promote_types(query.dtype, torch.float32)
         positions = self.positions(keys, device).to(compute)
         padding = self.key_padding(batch, keys, device)
         scaling = attention_scaling(call.module, query, call.kwargs)
         layer_type = self._layer_type(layer)
         wide_keys, wide_values = key.to(compute), value.to(compute)
+        kept = self.per_forward.pop(f"unrotated {layer}", None)
+        if kept is not None and kept[0].shape != query.shape:
+            kept = None
         for b, row in enumerate(self.rows):
             if row is None:
                 continue
-            document_keys = self._document_keys((layer, b), row, wide_keys[b], positions[b], layer_type)
+            fresh_keys = None if kept is None else kept[1][b].to(compute)
+            document_keys = self._document_keys(
+                (layer, b), row, wide_keys[b], fresh_keys, positions[b], layer_type
+            )
+            order = self.per_prefill["content_order"][b]
             for first in range(max(self._first_row(row) - past, 0), queries, ROW_CHUNK):
                 last = min(first + ROW_CHUNK, queries)
+                index = torch.arange(past + first, past + last, device=device)
+                if kept is None:
+                    raw_query = self._unrotate(
+                        query[b, :, first:last].to(compute), positions[b][index], layer_type
+                    )
+                else:
+                    raw_query = kept[0][b, :, first:last].to(compute)
                 attended = self._rows(
                     row,
-                    query[b, :, first:last].to(compute),
-                    torch.arange(past + first, past + last, device=device),
+                    order,
+                    raw_query,
+                    index,
                     wide_keys[b],
                     wide_values[b],
                     document_keys,
@@ -123,7 +184,8 @@ class PineHooks(DocumentAttentionHooks):
     def _rows(
         self,
         row: RowDocuments,
-        query: torch.Tensor,  # [H, R, D], rotated at the natural positions
+        order: list[int],  # the documents in the order of their content (`content_order`)
+        raw_query: torch.Tensor,  # [H, R, D], before RoPE
         index: torch.Tensor,  # [R]: each query's index among the keys
         key: torch.Tensor,  # [kv heads, keys, D], rotated at the natural positions
         value: torch.Tensor,  # [kv heads, keys, D]
@@ -133,11 +195,11 @@ class PineHooks(DocumentAttentionHooks):
         scaling: float,
         layer_type: str | None,
     ) -> torch.Tensor:
-        device = query.device
+        device = raw_query.device
         spans = document_blocks(row)
         starts = [start for start, _ in spans]
         begin, end = row.start, row.end
-        lengths = torch.tensor([float(e - s) for s, e in spans], device=device, dtype=query.dtype)
+        lengths = torch.tensor([float(e - s) for s, e in spans], device=device, dtype=raw_query.dtype)
         region_start = positions[begin]
         region_end = region_start + (end - begin)
 
@@ -154,7 +216,6 @@ class PineHooks(DocumentAttentionHooks):
         moved = region_start + offset if self.isolated else region_end - lengths[own_safe] + offset
         effective = torch.where(in_docs, moved, query_positions)  # [R]
 
-        raw_query = self._unrotate(query, query_positions, layer_type)
         raw_keys, placed_keys = document_keys
         scores = grouped(raw_query, raw_keys.transpose(-1, -2)) * scaling  # [H, R, doc tokens]
         importance = by_document(scores, spans, begin).logsumexp(dim=-1) - lengths.log()  # [H, R, K]
@@ -163,13 +224,12 @@ class PineHooks(DocumentAttentionHooks):
         # one (important_first, for models that read the start of their context best).
         nearness = -importance if self.important_first else importance
         importance = nearness.masked_fill(own_mask[None], float("inf"))
-        placed_starts = region_start + self._before(importance) @ lengths  # [H, R, K]
+        placed_starts = region_start + self._before(importance, order) @ lengths  # [H, R, K]
         if self.isolated:
             placed_starts = torch.where(own_mask[None], region_start, placed_starts)
 
         # Text before and after the documents keeps its positions; the query may have moved.
         placed_query = self._rotate(raw_query, effective, layer_type)
-        pieces = [grouped(placed_query, key[:, :begin].transpose(-1, -2))]
         # The query is rotated by its distance from where each document is placed (see
         # `_document_keys`); [H, K, R], document-major, so each document's queries are one block.
         distances = effective[None, None, :] - placed_starts.transpose(1, 2)
@@ -177,31 +237,43 @@ class PineHooks(DocumentAttentionHooks):
         per_document = self._rotate(
             raw_query[:, None], distances, layer_type, whole=self.softness == 0
         )  # [H, K, R, D]
-        for d, (s, e) in enumerate(spans):
+        # Keys go document by document in the order of their content, so the sums over them
+        # (softmax, values) add the same numbers in the same order whatever the prompt's order.
+        columns = torch.cat(
+            [
+                torch.arange(begin, device=device),
+                *(torch.arange(spans[d][0], spans[d][1], device=device) for d in order),
+                torch.arange(end, key.shape[1], device=device),
+            ]
+        )
+        pieces = [grouped(placed_query, key[:, :begin].transpose(-1, -2))]
+        for d in order:
+            s, e = spans[d]
             keys_here = placed_keys[:, s - begin : e - begin]
             pieces.append(grouped(per_document[:, d], keys_here.transpose(-1, -2)))
         pieces.append(grouped(placed_query, key[:, end:].transpose(-1, -2)))
         logits = self.arch.soft_cap(self.model.config, torch.cat(pieces, dim=-1) * scaling)
 
-        columns = torch.arange(key.shape[1], device=device)
         causal = columns[None] <= index[:, None]
-        document_key = (key_doc >= 0)[None]
-        other_document = key_doc[None] != own[:, None]
+        key_doc_here = key_doc[columns]
+        document_key = (key_doc_here >= 0)[None]
+        other_document = key_doc_here[None] != own[:, None]
         # Rows after the documents (own -1) read every document.
         reads_other = ~in_docs[:, None] if self.isolated else torch.ones_like(other_document)
         visible = (
             (columns[None] < begin)
             | (document_key & ((other_document & reads_other) | (~other_document & causal)))
             | ((columns[None] >= end) & causal)
-        ) & padding[None]
+        ) & padding[columns][None]
         weights = torch.softmax(logits.masked_fill(~visible[None], float("-inf")), dim=-1)
-        return grouped(weights, value)  # [H, R, D]
+        return grouped(weights, value[:, columns])  # [H, R, D]
 
     def _document_keys(
         self,
         cache_key: tuple[int, int],
         row: RowDocuments,
         key: torch.Tensor,  # [kv heads, keys, D], rotated at the natural positions
+        fresh: torch.Tensor | None,  # [kv heads, this forward's keys, D] before RoPE, when kept
         positions: torch.Tensor,  # [keys]
         layer_type: str | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -219,19 +291,26 @@ class PineHooks(DocumentAttentionHooks):
             natural_starts = positions[torch.tensor([start for start, _ in blocks], device=key.device)]
             lengths = torch.tensor([block_end - start for start, block_end in blocks], device=key.device)
             offsets = positions[begin:end] - natural_starts.repeat_interleave(lengths)
-            raw_keys = self._unrotate(key[:, begin:end], positions[begin:end], layer_type)
+            past = key.shape[1] - (0 if fresh is None else fresh.shape[1])
+            if fresh is not None and begin >= past:
+                raw_keys = fresh[:, begin - past : end - past]
+            else:  # documents cached before this forward (by the unmodified model): un-rotated
+                raw_keys = self._unrotate(key[:, begin:end], positions[begin:end], layer_type)
             made[cache_key] = raw_keys, self._rotate(raw_keys, offsets, layer_type)
         cached: tuple[torch.Tensor, torch.Tensor] = made[cache_key]
         return cached
 
-    def _before(self, importance: torch.Tensor) -> torch.Tensor:
+    def _before(self, importance: torch.Tensor, order: list[int]) -> torch.Tensor:
         """[H, R, K, K]: how far document e stands before (farther from the query than) document
         d, 0 to 1, from each document's nearness score (+inf: the query's own document)."""
         gap = importance[..., :, None] - importance[..., None, :]  # [h, r, d, e]: d's score - e's
         if self.softness == 0:
-            # The paper's hard sort; an exact tie goes by the documents' order in the prompt.
-            order = torch.arange(importance.shape[-1], device=importance.device)
-            return ((gap > 0) | ((gap == 0) & (order[None, :] < order[:, None]))).to(importance.dtype)
+            # The paper's hard sort; an exact tie goes by the documents' content, not their place.
+            rank = torch.empty(len(order), dtype=torch.long, device=importance.device)
+            rank[torch.tensor(order, device=importance.device)] = torch.arange(
+                len(order), device=importance.device
+            )
+            return ((gap > 0) | ((gap == 0) & (rank[None, :] < rank[:, None]))).to(importance.dtype)
         own_with_itself = torch.eye(importance.shape[-1], dtype=torch.bool, device=importance.device)
         return torch.sigmoid(gap / self.softness).masked_fill(own_with_itself, 0.0)  # inf - inf there
 
@@ -305,3 +384,32 @@ def by_document(scores: torch.Tensor, spans: list[tuple[int, int]], begin: int) 
 def grouped(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
     """[H, R, X] @ [kv heads, X, Y] -> [H, R, Y] (see `by_key_head`)."""
     return by_key_head(left[None], right[None])[0]
+
+
+@dataclass
+class KeptRotation(RotationStandIn):
+    """Stands in for `cos` in a PINE layer's attention: hands q and k, as the layer computed them
+    before RoPE, to `keep`, then rotates them as the model does. PINE scores and places the
+    documents from these; un-rotating the model's rotated q and k instead would carry its
+    rounding, which differs with each token's position, so with the documents' order."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    rotate: Callable[..., tuple[torch.Tensor, torch.Tensor]]  # the architecture's apply_rotary_pos_emb
+    keep: Callable[[torch.Tensor, torch.Tensor], None]
+
+    def apply(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.keep(q, k)
+        return self.rotate(q, k, self.cos, self.sin)
+
+
+def content_order(row: RowDocuments, ids: torch.Tensor | None, batch_row: int, continued: int) -> list[int]:
+    """The documents' indices ordered by their tokens (`document_blocks`): the same documents give
+    the same order in any order of the prompt. In prompt order when the tokens are not at hand
+    (inputs_embeds, or documents in a cache this forward continues)."""
+    blocks = document_blocks(row)
+    if ids is None or row.start < continued:
+        return list(range(len(blocks)))
+    tokens = ids[batch_row].tolist()
+    content: Sequence[tuple[int, ...]] = [tuple(tokens[s - continued : e - continued]) for s, e in blocks]
+    return sorted(range(len(blocks)), key=lambda d: content[d])

@@ -1,7 +1,8 @@
 """Search a method's settings on real questions by successive halving, as sweeps that resume.
 
     out/
-      search.json            the settings; a rerun with other settings is refused
+      search.json            the settings and the data's sha256; a rerun with other settings or
+                             another data file is refused
       candidates/<label>.json every candidate config of the space
       data/rung-<r>.jsonl.gz the rung's questions: disjoint slices of the search data
       rung-<r>/              a gold-position sweep (`--metrics loglik`) of none and the candidates
@@ -117,11 +118,29 @@ class HalvingSearch:
         from rag_mspoe.calibration.search import claim_search_folder
 
         configs = {label: config.to_dict() for label, config in self.candidates.items()}
-        claim_search_folder(self.folder, {**asdict(self.settings), "candidates": configs})
+        identity = {**asdict(self.settings), "candidates": configs}
+        claim_search_folder(self.folder, identity, check_unhashed_data=self._check_saved_rungs)
         for label, config in self.candidates.items():
             target = self.folder / "candidates" / f"{label}.json"
             if not target.is_file():
                 config.save(target)
+
+    def _check_saved_rungs(self) -> None:
+        """Raise ValueError unless each rung's saved questions are still their slice of the data
+        (the check a folder written before the data's digest was kept needs)."""
+        from rag_mspoe.eval.data.loaders import load_qa
+
+        examples = self._examples()
+        offset = 0
+        for rung, size in enumerate(self.settings.rungs, start=1):
+            saved = self.folder / "data" / f"rung-{rung}.jsonl.gz"
+            if saved.is_file() and load_qa(saved) != examples[offset : offset + size]:
+                raise ValueError(
+                    f"{saved} holds the questions rung {rung} ran on, and they are not questions "
+                    f"{offset + 1}-{offset + size} of {self.settings.data} now: the file changed since "
+                    f"the search in {self.folder} started. Restore it to resume, or use a new --out folder."
+                )
+            offset += size
 
     def run(self, *, budget_hours: float | None = None, **load: Any) -> list[list[Standing]]:
         """Run (or resume) the rungs within the budget; returns every finished rung's standings."""

@@ -38,7 +38,7 @@ from rag_mspoe.calibration.fitness import (
     utility,
 )
 from rag_mspoe.calibration.optimizers import OPTIMIZERS, CMAESSettings, Optimizer, make_optimizer
-from rag_mspoe.files import atomic_write
+from rag_mspoe.files import atomic_write, file_sha256
 from rag_mspoe.methods import NAMED_METHODS, LayerWise, MethodConfig
 
 logger = logging.getLogger(__name__)
@@ -96,32 +96,71 @@ def write_json(path: Path, data: Any) -> None:
     atomic_write(path, (json.dumps(data, indent=2) + "\n").encode())
 
 
-def claim_search_folder(folder: Path, identity: dict[str, Any]) -> None:
+def claim_search_folder(
+    folder: Path, identity: dict[str, Any], check_unhashed_data: Callable[[], None] | None = None
+) -> None:
     """Keep a search's settings in `folder/search.json`; refuse a rerun with other settings.
 
-    Its `data` file is kept as a path relative to the folder, so the folder resumes wherever it
-    moves together with its data (a clone of a repository, another machine); on a rerun the same
-    file (or one with the same bytes) counts as the same data, however its path was written."""
+    Its `data` file is kept as a path relative to the folder and as the sha256 of its bytes
+    (`data_sha256`): a rerun must give the same bytes, wherever they are now (a clone of a
+    repository, another machine, another name), and another file, at the same path or not, is
+    refused. A folder written before the digest was kept gets it on its next run, after
+    `check_unhashed_data` found what the search already ran on unchanged."""
     path = folder / "search.json"
     identity = json.loads(json.dumps(identity))  # tuples as lists, as read back
-    if "data" in identity:
-        identity["data"] = os.path.relpath(Path(identity["data"]).resolve(), folder.resolve())
+    data = Path(identity["data"]) if "data" in identity else None
+    if data is not None:
+        identity["data"] = os.path.relpath(data.resolve(), folder.resolve())
+        identity["data_sha256"] = file_sha256(data)
     if not path.is_file():
         folder.mkdir(parents=True, exist_ok=True)
         write_json(path, identity)
         return
     saved = json.loads(path.read_text())
+    if data is not None:
+        _refuse_other_data(folder, saved, data, identity["data_sha256"])
     differ = sorted(
-        key
-        for key in identity
-        if saved.get(key) != identity[key]
-        and not (key == "data" and _same_data(folder, saved.get(key), folder / identity[key]))
+        key for key in identity if key not in ("data", "data_sha256") and saved.get(key) != identity[key]
     )
     if differ:
         raise ValueError(
             f"{folder} holds a search with other settings (they differ in {', '.join(differ)}); "
             "rerun with the same settings to resume, or use another output folder (--out)."
         )
+    if data is not None and "data_sha256" not in saved:
+        if check_unhashed_data is not None:
+            check_unhashed_data()
+        write_json(path, {**saved, "data_sha256": identity["data_sha256"]})
+        logger.warning(
+            "%s kept no digest of its data (an older version started it); recorded sha256 %s of %s, so "
+            "a rerun with another file there is refused.",
+            folder,
+            identity["data_sha256"],
+            data,
+        )
+
+
+def _refuse_other_data(folder: Path, saved: dict[str, Any], data: Path, digest: str) -> None:
+    """Raise ValueError unless `data` holds the bytes the search in `folder` started on: those it
+    recorded the digest of, or (a folder from before digests) the file at its saved path."""
+    recorded = saved.get("data_sha256")
+    before = saved.get("data")
+    if recorded is None:
+        if _same_data(folder, before, data):
+            return
+        raise ValueError(
+            f"{folder} holds a search on {before}, and {data} is another file; rerun with the same "
+            "data to resume, or use another output folder."
+        )
+    if recorded == digest:
+        return
+    then = os.path.normpath(folder.resolve() / before) if isinstance(before, str) else "its data"
+    where = "the file at that path then" if then == str(data.resolve()) else "that file"
+    raise ValueError(
+        f"{data} (sha256 {digest}) is not the data the search in {folder} started on: {then} (sha256 "
+        f"{recorded}, {where}). Its rungs would mix the questions of two files. To resume, rerun with "
+        f"the file it started on (restore it); to search on {data.name}, use a new --out folder."
+    )
 
 
 def _same_data(folder: Path, saved: Any, given: Path) -> bool:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,8 @@ UNMODIFIED_NAMES = {"none", "unmodified", "original", "baseline"}
 # Resolves per model, to the config shipped for it (rag_mspoe.calibrated).
 CALIBRATED = "calibrated"
 DEFAULT_ROPE_FACTOR = 2.0
+# Characters of the spec grammar (arguments, parts, paths): a label holding one reads as a spec.
+SPEC_SYNTAX = (":", "+", "/", "\\")
 ORDER_NAMES: dict[str, Order] = {"longcontextreorder": "reorder", "reorder": "reorder", "random": "random"}
 ROPE_NAMES = {"dynamic-ntk": "dynamic", "dynamic": "dynamic", "ntk": "dynamic", "yarn": "yarn"}
 # Where the parts a per-call rescaling cannot apply (model variants, document orders) work.
@@ -203,20 +206,41 @@ def split_spec(spec: str | os.PathLike[str], model_name: str | None = None) -> t
 
 
 def _check_reserved_label(text: str, label: str, parts: list[SpecPart], model_name: str | None) -> None:
-    """Refuse a label that is itself a method name bound to another method ('none=pi'): results and
-    reports keyed by that name would show another method under it."""
-    if label.lower() not in known_names():
+    """Refuse a label that reads as a method spec but binds another method ('none=pi',
+    'pi:2=none', 'mspoe+pi=none'): results and reports keyed by the label would show another
+    method's numbers under a name that says which method they are. A label that spells its own
+    method ('pi=pi:1.5') is kept."""
+    syntax = [repr(mark) for mark in SPEC_SYNTAX if mark in label]
+    if label.endswith(".json"):
+        syntax.append("'.json'")
+    if label.lower() not in known_names() and not syntax:
         return
-    try:
-        named = _parse_part(label, model_name)
-    except ValueError:  # 'calibrated' without a model: its meaning cannot be checked, so refuse
-        named = None
-    if named is None or _meaning([named]) != _meaning(parts):
+    if _spells(label, parts, model_name):
+        return
+    body = text.partition("=")[2].strip()
+    plain = re.sub(r"[:+/\\]+", "-", label.lower()).removesuffix(".json")
+    example = f"'my-{plain}={body}'"
+    if not syntax:
         raise ValueError(
             f"{text!r} binds the method name {label!r} to another method; labels that are method "
             f"names ({', '.join(known_names())}) may only name that method. Pick another label, "
-            f"e.g. 'my-{label.lower()}={text.partition('=')[2].strip()}'."
+            f"e.g. {example}."
         )
+    raise ValueError(
+        f"{text!r} binds the label {label!r}, written like a method spec (it holds {', '.join(syntax)}), "
+        f"to another method: a report row {label!r} would show that method's scores. Pick a label "
+        f"without ':', '+', '/' or '.json', e.g. {example}."
+    )
+
+
+def _spells(label: str, parts: list[SpecPart], model_name: str | None) -> bool:
+    """Whether `label`, read as a spec, means what `parts` mean."""
+    pieces = [piece.strip() for piece in label.split("+")]
+    try:
+        named = [_parse_part(piece, model_name) for piece in pieces if piece]
+    except (ValueError, OSError):  # 'calibrated' without a model, a path to nothing: cannot agree
+        return False
+    return len(named) == len(pieces) and _meaning(named) == _meaning(parts)
 
 
 def _meaning(parts: Sequence[SpecPart]) -> tuple[Any, ...]:

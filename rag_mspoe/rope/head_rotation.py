@@ -83,8 +83,16 @@ class HeadRanking:
         return ranks
 
 
+class RotationStandIn:
+    """Stands in for `cos` in one attention call: the wrapped apply_rotary_pos_emb hands it q and
+    k (before RoPE) and returns what `apply` returns."""
+
+    def apply(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+
 @dataclass
-class HeadwiseRotation:
+class HeadwiseRotation(RotationStandIn):
     """Stands in for `cos` in one attention call and rotates each head at its own ratio."""
 
     index: int
@@ -119,7 +127,8 @@ _wrap_counts: dict[str, int] = {}
 
 
 def wrap_apply_rotary(arch: Architecture) -> None:
-    """Route `HeadwiseRotation` stand-ins through the architecture's apply_rotary_pos_emb (counted)."""
+    """Route `RotationStandIn`s (Ms-PoE's `HeadwiseRotation`, PINE's kept q and k) through the
+    architecture's apply_rotary_pos_emb (counted)."""
     with _wrap_lock:
         module = arch.module()
         if _wrap_counts.get(arch.modeling_module, 0) == 0:
@@ -127,7 +136,7 @@ def wrap_apply_rotary(arch: Architecture) -> None:
 
             @functools.wraps(original)
             def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):  # type: ignore[no-untyped-def]
-                if isinstance(cos, HeadwiseRotation):
+                if isinstance(cos, RotationStandIn):
                     return cos.apply(q, k)
                 return original(q, k, cos, sin, *args, **kwargs)
 
