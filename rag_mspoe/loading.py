@@ -128,7 +128,7 @@ def load_model(
     if not placement.device_map:
         model.to(placement.device)
     model.eval()
-    quantize_model(model, quantize)
+    quantize_model(model, quantize, folder)
     model._rag_mspoe_name = name
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
