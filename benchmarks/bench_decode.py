@@ -39,7 +39,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
-    parser.add_argument("--quick", action="store_true", help="4 prompts, 32 new tokens, bf16/int8/int4/int4-exact")
+    parser.add_argument(
+        "--quick", action="store_true", help="4 prompts, 32 new tokens, bf16/int8/int4/int4-exact"
+    )
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1)

@@ -3,10 +3,10 @@
 Within each block of 32 inputs of a row, such a tensor's de-quantised values are exactly
 `q * s - m` with q in 0..15 (one scale and one minimum per block). Re-fitting a block by its
 minimum and maximum loses that grid whenever the block does not use both end codes; reading the
-step off the distinct values does not: it is the smallest gap between them (not every level need
-be present, but any two levels are a whole number of steps apart), refined as span / steps. A block
-whose values are not whole steps from its minimum, or span more than 15 steps (Q6_K, Q8_0, Q5_0
-blocks, a plain float weight), is off the grid, and so is its whole layer.
+step off the values does not: the step is span / n for the fewest n in 1..15 that puts every value
+a whole number of steps from the block's minimum (not every level need be present, so the
+smallest gap between values may be several steps). A block with no such n (Q6_K, Q8_0 or Q5_0
+blocks, a plain float weight) is off the grid, and so is its whole layer.
 """
 
 from __future__ import annotations
@@ -52,22 +52,24 @@ def int4_grid(weight: torch.Tensor, group_size: int = 32) -> Int4Grid | None:
 def _grid_rows(weight: torch.Tensor, group_size: int) -> Int4Grid | None:
     n, k = weight.shape
     groups = weight.view(n, k // group_size, group_size)
-    ordered = groups.sort(-1).values
-    low, span = ordered[..., 0], ordered[..., -1] - ordered[..., 0]
-    gaps = ordered.diff(dim=-1)
-    smallest = torch.where(gaps > 0, gaps, torch.inf).amin(-1)
+    low = groups.amin(-1)
+    span = groups.amax(-1) - low
+    # The fewest steps (1..15) that put every value of a block on a whole step from its minimum:
+    # the smallest gap between levels may be several steps (levels 0, 2 and 7 of a block).
+    steps = torch.zeros_like(span)
+    for count in range(1, LEVELS):
+        position = (groups - low[..., None]) * (count / span.clamp(min=torch.finfo(span.dtype).tiny))[
+            ..., None
+        ]
+        fits = (position - torch.round(position)).abs().amax(-1) <= TOLERANCE
+        steps = torch.where((steps == 0) & fits, float(count), steps)
     flat = span == 0  # one level only: any step represents it
-    steps = torch.where(flat, 0.0, torch.round(span / smallest))
-    if bool((steps > LEVELS - 1).any()):
+    if bool(((steps == 0) & ~flat).any()):
         return None
-    step = torch.where(flat, 1.0, span / steps.clamp(min=1))
-    position = (groups - low[..., None]) / step[..., None]
-    codes = torch.round(position)
-    if bool(((position - codes).abs() > TOLERANCE).any()):
-        return None
+    step = torch.where(flat, 0.0, span / steps.clamp(min=1))
+    codes = torch.round((groups - low[..., None]) / torch.where(flat, 1.0, step)[..., None])
     # Centre the used codes in 0..15: the kernel scales (code - 8), so a rounded scale errs least there.
     offset = torch.div(LEVELS - 1 - steps, 2, rounding_mode="floor")
     codes = (codes + offset[..., None]).view(n, k).to(torch.int32)
-    scale = torch.where(flat, 0.0, step)
-    zero = low + (8 - offset) * scale
-    return Int4Grid(codes, scale.T.contiguous(), zero.T.contiguous())
+    zero = low + (8 - offset) * step
+    return Int4Grid(codes, step.T.contiguous(), zero.T.contiguous())

@@ -97,7 +97,9 @@ def quantize_model(
         return model
     check_quantize(scheme, next(model.parameters()).device, next(model.parameters()).dtype)
     if fallback not in FALLBACKS:
-        raise QuantizationError(f"fallback={fallback!r} is not supported; use one of: {', '.join(FALLBACKS)}.")
+        raise QuantizationError(
+            f"fallback={fallback!r} is not supported; use one of: {', '.join(FALLBACKS)}."
+        )
     stored = _stored_weights(source) if scheme == EXACT else None
     names = _parameter_names(model)
     census: dict[str, list[int]] = {}

@@ -24,6 +24,7 @@ def on_grid(rows: int, inputs: int, seed: int = 0, dyadic: bool = True) -> torch
     codes = torch.randint(0, 16, (rows, inputs // 32, 32), generator=generator).float()
     codes[0, 0] = torch.tensor([3.0, 5.0, 11.0]).repeat(11)[:32]  # levels 3, 5, 11 only: gaps of 2 and 6
     codes[1, 0] = 7.0  # a block of one level
+    codes[2, 0] = torch.tensor([0.0, 2.0, 7.0]).repeat(11)[:32]  # smallest gap 2 steps, yet step 1
     if dyadic:
         scale = torch.randint(1, 64, (rows, inputs // 32, 1), generator=generator).float() * 2**-12
         low = torch.randint(0, 512, (rows, inputs // 32, 1), generator=generator).float() * 2**-12
@@ -97,7 +98,9 @@ def test_layers_off_the_grid_go_to_the_fallback(saved_model, fallback):
         else:
             assert type(layer) is nn.Linear and torch.equal(layer.weight, module.weight), name
     census = quantization_census(quantized)
-    attention = sum(1 for name, m in model.named_modules() if "self_attn" in name and isinstance(m, nn.Linear))
+    attention = sum(
+        1 for name, m in model.named_modules() if "self_attn" in name and isinstance(m, nn.Linear)
+    )
     assert census is not None and census["int4"]["layers"] == attention
     assert set(census) == {"int4", fallback}
 
