@@ -3,8 +3,8 @@
 Within each block of 32 inputs of a row, such a tensor's de-quantised values are exactly
 `q * s - m` with q in 0..15 (one scale and one minimum per block). Re-fitting a block by its
 minimum and maximum loses that grid whenever the block does not use both end codes; reading the
-step off the values does not: the step is span / n for the fewest n in 1..15 that puts every value
-a whole number of steps from the block's minimum (not every level need be present, so the
+step off the values does not: the step is span / n for an n in 1..15 that puts every value a
+whole number of steps from the block's minimum (not every level need be present, so the
 smallest gap between values may be several steps). A block with no such n (Q6_K, Q8_0 or Q5_0
 blocks, a plain float weight) is off the grid, and so is its whole layer.
 """
@@ -21,6 +21,7 @@ LEVELS = 16
 TOLERANCE = 1e-3
 # Rows examined at a time: bounds the sort's temporaries for a large output layer.
 _CHUNK_ROWS = 4096
+_PROBE_ROWS = 64
 
 
 class Int4Grid(NamedTuple):
@@ -37,7 +38,9 @@ def int4_grid(weight: torch.Tensor, group_size: int = 32) -> Int4Grid | None:
     if weight.shape[1] % group_size:
         return None
     parts = []
-    for rows in weight.split(_CHUNK_ROWS):
+    # A few rows first: a layer off the grid is refused before the rest of it is examined.
+    first = min(_PROBE_ROWS, weight.shape[0])
+    for rows in (weight[:first], *weight[first:].split(_CHUNK_ROWS)):
         part = _grid_rows(rows.float(), group_size)
         if part is None:
             return None
@@ -54,16 +57,8 @@ def _grid_rows(weight: torch.Tensor, group_size: int) -> Int4Grid | None:
     groups = weight.view(n, k // group_size, group_size)
     low = groups.amin(-1)
     span = groups.amax(-1) - low
-    # The fewest steps (1..15) that put every value of a block on a whole step from its minimum:
-    # the smallest gap between levels may be several steps (levels 0, 2 and 7 of a block).
-    steps = torch.zeros_like(span)
-    for count in range(1, LEVELS):
-        position = (groups - low[..., None]) * (count / span.clamp(min=torch.finfo(span.dtype).tiny))[
-            ..., None
-        ]
-        fits = (position - torch.round(position)).abs().amax(-1) <= TOLERANCE
-        steps = torch.where((steps == 0) & fits, float(count), steps)
     flat = span == 0  # one level only: any step represents it
+    steps = _fewest_steps((groups - low[..., None]).view(-1, group_size), span.flatten()).view_as(span)
     if bool(((steps == 0) & ~flat).any()):
         return None
     step = torch.where(flat, 0.0, span / steps.clamp(min=1))
@@ -73,3 +68,29 @@ def _grid_rows(weight: torch.Tensor, group_size: int) -> Int4Grid | None:
     codes = (codes + offset[..., None]).view(n, k).to(torch.int32)
     zero = low + (8 - offset) * step
     return Int4Grid(codes, step.T.contiguous(), zero.T.contiguous())
+
+
+def _fewest_steps(above_low: torch.Tensor, span: torch.Tensor) -> torch.Tensor:
+    """Per block [B, group] of values less the block's minimum, the fewest steps (1..15) that put
+    each a whole number of steps from 0, or 0 if none does.
+
+    The smallest gap between levels may be several steps (levels 0, 2 and 7 of a block), so the
+    step is found by trying counts; the file's own step (the fewest) keeps float32 sums exact.
+    """
+    inverse = 1 / span.clamp(min=torch.finfo(span.dtype).tiny)
+    steps = torch.zeros_like(span)
+
+    def settle(count: int, blocks: torch.Tensor) -> None:
+        position = above_low[blocks] * (count * inverse[blocks])[:, None]
+        fits = (position - torch.round(position)).abs().amax(-1) <= TOLERANCE
+        steps[blocks[fits]] = float(count)
+
+    # Most Q4_K blocks span all 15 steps; their fewest count divides 15.
+    spanning = (span > 0).nonzero().squeeze(1)
+    position = above_low[spanning] * ((LEVELS - 1) * inverse[spanning])[:, None]
+    full = spanning[(position - torch.round(position)).abs().amax(-1) <= TOLERANCE]
+    for count in (1, 3, 5, 15):
+        settle(count, full[steps[full] == 0])
+    for count in range(1, LEVELS - 1):
+        settle(count, spanning[steps[spanning] == 0])
+    return steps
