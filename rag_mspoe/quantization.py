@@ -1,4 +1,4 @@
-"""Opt-in weight-only int4/int8 inference on the CPU (`quantize="int4"` or `"int8"`).
+"""Opt-in weight-only int4/int8 inference on the CPU (`quantize="int4"`, `"int8"` or `"int4-exact"`).
 
 Every Linear layer, the output layer and the MLP's down projection included, becomes a
 `rag_mspoe.weight_only.WeightOnlyLinear`: int4 weights in groups of 32 inputs (as GGUF's Q4_K and
@@ -6,6 +6,10 @@ Q4_1 groups) or int8 weights with one scale per output channel, decoded through 
 weight-only CPU kernels; activations stay in the model's dtype. Prefill de-quantises one layer at
 a time. The RoPE and attention methods hook rotary embeddings and attention modules, never a
 Linear layer's weights, so they apply to the quantised model unchanged.
+
+"int4-exact" makes int4 only the layers whose stored float32 weights lie on a 4-bit grid (a GGUF
+file's Q4_K / Q4_1 tensors, `rag_mspoe.int4_grid`), with the file's own codes, scales and minimums,
+and int8 (or, with fallback="none", the model's dtype) the layers stored in Q5_0, Q6_K or Q8_0.
 
 Measured (docs/cpu-inference.md, Qwen2.5-Coder-0.5B, real 10-document prompts, one thread):
 decoding 1.8-1.9x (int8) and 2.7-4.2x (int4) as fast as bf16, prefill about as fast, but the gold
