@@ -12,6 +12,10 @@ scores the gold answer under the prompt (`Engine.score_continuations`); the drif
 that log-likelihood per token against bf16. llama.cpp (llama-cpp-python) runs the embedded
 model's GGUF file as it is, on the same token ids, when the package is installed.
 
+int4-exact quantises from the converted GGUF's float32 values (`rag_mspoe.int4_grid`): int4 where
+the file stored a 4-bit grid, int8 elsewhere; int4-exact-bf16 keeps those other layers in bf16.
+Each quantised path reports how many Linear layers and weights went int4 / int8 / none ("layers").
+
 --memory NAME loads the model in a fresh process per path (bf16, then each quantisation) and
 reports the bytes of its weights, its resident memory once loaded, and the peak while loading.
 """
@@ -51,6 +55,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.memory:
+        if "int4-exact-bf16" in args.paths:
+            parser.error("--memory loads each path by its --quantize value; int4-exact-bf16 has none")
         print(json.dumps(memory(args.memory, args.paths)), flush=True)
         return
     if args.quick:
