@@ -111,22 +111,3 @@ def test_the_grid_is_read_from_the_float32_file_not_the_bf16_model(saved_model):
     from_model = quantize_model(copy.deepcopy(model), "int4-exact")
     assert quantization_census(from_file)["int4"]["layers"] > 0  # type: ignore[index]
     assert "int4" not in quantization_census(from_model)  # type: ignore[operator]
-
-
-@pytest.mark.slow
-def test_the_embedded_qwen_keeps_its_q4_k_layers_exact_and_answers():
-    from rag_mspoe import load_model
-    from rag_mspoe.engine import Engine
-    from rag_mspoe.pipelines.packing import render_qa_prompt
-
-    try:
-        model, tokenizer = load_model("qwen2.5-coder-0.5b-instruct", threads=1, quantize="int4-exact")
-    except (RuntimeError, ValueError, OSError) as exc:
-        pytest.skip(f"the embedded Qwen2.5-Coder-0.5B is not installed: {exc}")
-    census = quantization_census(model)
-    # Its Q4_K down projections only: 896-input layers are Q5_0, the rest Q6_K / Q8_0.
-    assert census is not None and census["int4"]["layers"] == 12 and census["int8"]["layers"] == 157
-    documents = [("France", "Paris is the capital of France and its largest city.")]
-    prompt = render_qa_prompt("What is the capital of France?", documents)[0]
-    answer = Engine(model, tokenizer, method="calibrated").generate(prompt, max_new_tokens=16)
-    assert "paris" in answer.text.lower(), answer.text
