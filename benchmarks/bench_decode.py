@@ -12,6 +12,10 @@ scores the gold answer under the prompt (`Engine.score_continuations`); the drif
 that log-likelihood per token against bf16. llama.cpp (llama-cpp-python) runs the embedded
 model's GGUF file as it is, on the same token ids, when the package is installed.
 
+int4-exact quantises from the converted GGUF's float32 values (`rag_mspoe.models.int4_grid`): int4 where
+the file stored a 4-bit grid, int8 elsewhere; int4-exact-bf16 keeps those other layers in bf16.
+Each quantised path reports how many Linear layers and weights went int4 / int8 / none ("layers").
+
 --memory NAME loads the model in a fresh process per path (bf16, then each quantisation) and
 reports the bytes of its weights, its resident memory once loaded, and the peak while loading.
 """
@@ -30,7 +34,8 @@ from typing import Any
 
 from bench_cpu_inference import DATA, GOLD_POSITION, prefill_and_decode, progress, prompt_ids, rates
 
-PATHS = ("bf16", "int8", "int4")
+# int4-exact-bf16: int4-exact with the layers off the file's 4-bit grid kept in bf16 (not int8).
+PATHS = ("bf16", "int8", "int4", "int4-exact", "int4-exact-bf16")
 
 
 def main() -> None:
@@ -38,7 +43,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
-    parser.add_argument("--quick", action="store_true", help="4 prompts, 32 new tokens, bf16/int8/int4")
+    parser.add_argument(
+        "--quick", action="store_true", help="4 prompts, 32 new tokens, bf16/int8/int4/int4-exact"
+    )
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1)
@@ -48,10 +55,12 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.memory:
+        if "int4-exact-bf16" in args.paths:
+            parser.error("--memory loads each path by its --quantize value; int4-exact-bf16 has none")
         print(json.dumps(memory(args.memory, args.paths)), flush=True)
         return
     if args.quick:
-        args.prompts, args.new_tokens, args.paths = 4, 32, ["bf16", "int8", "int4"]
+        args.prompts, args.new_tokens, args.paths = 4, 32, ["bf16", "int8", "int4", "int4-exact"]
     print(json.dumps(decode_run(args)), flush=True)
 
 
@@ -61,10 +70,12 @@ def decode_run(args: argparse.Namespace) -> dict[str, Any]:
     from rag_mspoe.eval.data.loaders import load_qa
     from rag_mspoe.eval.data.prompts import qa_prompt
     from rag_mspoe.eval.data.records import with_gold_at
-    from rag_mspoe.models.quantization import quantize_model
+    from rag_mspoe.models.loading import resolve_source
+    from rag_mspoe.models.quantization import quantization_census
 
     bf16, tokenizer = load_model(args.model, dtype="bfloat16", threads=args.threads)
-    models = {p: bf16 if p == "bf16" else quantize_model(copy.deepcopy(bf16), p) for p in args.paths}
+    folder = resolve_source(args.model)[0]
+    models = {p: bf16 if p == "bf16" else _quantized(bf16, p, folder) for p in args.paths}
     runners = {name: _ours(model) for name, model in models.items()}
     llama = _llama_cpp(args.model, args.threads)
     if llama is not None:
@@ -108,9 +119,17 @@ def decode_run(args: argparse.Namespace) -> dict[str, Any]:
         "llama_cpp": "measured" if llama is not None else "llama-cpp-python not installed",
         "max_abs_loglik_diff_per_token": {name: round(max(d), 4) for name, d in drift.items()},
         "mean_abs_loglik_diff_per_token": {name: round(statistics.fmean(d), 4) for name, d in drift.items()},
+        "layers": {name: quantization_census(model) for name, model in models.items() if name != "bf16"},
         "seconds": round(time.perf_counter() - started, 1),
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+def _quantized(bf16: Any, path: str, folder: str) -> Any:
+    from rag_mspoe.models.quantization import quantize_model
+
+    scheme, fallback = ("int4-exact", "none") if path == "int4-exact-bf16" else (path, "int8")
+    return quantize_model(copy.deepcopy(bf16), scheme, folder, fallback)
 
 
 def _ours(model: Any) -> Any:

@@ -12,7 +12,7 @@ from typing import Any
 # As rag_mspoe.models.devices.DTYPE_CHOICES and rag_mspoe.models.quantization.QUANTIZE_CHOICES (a test keeps
 # them equal); importing torch would slow --help.
 DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
-QUANTIZE_CHOICES = ("none", "int4", "int8")
+QUANTIZE_CHOICES = ("none", "int4", "int8", "int4-exact")
 
 # (module, function) pairs; each function takes the subparsers object and adds its commands.
 # Modules are imported lazily so `rag-mspoe --help` stays fast and optional extras stay optional.
@@ -57,7 +57,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         choices=QUANTIZE_CHOICES,
         default="none",
         help="int4 / int8: Linear layers' weights in 4 / 8 bits on the CPU (decoding 2.7x / 1.8x as fast, "
-        "but scores move; default none; docs/cpu-inference.md)",
+        "but scores move; int4-exact: int4 only where a GGUF file's weights are 4-bit, int8 elsewhere; "
+        "default none; docs/cpu-inference.md)",
     )
 
 

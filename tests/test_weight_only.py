@@ -14,7 +14,7 @@ from torch import nn
 
 from rag_mspoe import load_model
 from rag_mspoe.engine import Engine
-from rag_mspoe.models.quantization import quantization_of, quantize_model
+from rag_mspoe.models.quantization import quantization_census, quantization_of, quantize_model
 from rag_mspoe.models.weight_only import KERNEL_ROWS, WeightOnlyLinear
 from rag_mspoe.pipelines.packing import render_qa_prompt
 
@@ -100,11 +100,15 @@ def test_each_method_acts_on_the_quantised_model_as_on_its_dequantised_weights(m
 
 
 @pytest.mark.slow
-def test_embedded_qwen_answers_under_its_calibrated_method_in_int4():
+@pytest.mark.parametrize("scheme", ["int4", "int4-exact"])
+def test_embedded_qwen_answers_under_its_calibrated_method_quantised(scheme):
     try:
-        model, tokenizer = load_model("qwen2.5-coder-0.5b-instruct", threads=1, quantize="int4")
+        model, tokenizer = load_model("qwen2.5-coder-0.5b-instruct", threads=1, quantize=scheme)
     except (RuntimeError, ValueError, OSError) as exc:
         pytest.skip(f"the embedded Qwen2.5-Coder-0.5B is not installed: {exc}")
+    if scheme == "int4-exact":  # its Q4_K down projections; 896-input layers are Q5_0, others Q6_K/Q8_0
+        census = quantization_census(model)
+        assert census is not None and census["int4"]["layers"] == 12 and census["int8"]["layers"] == 157
     engine = Engine(model, tokenizer, method="calibrated")
     answer = engine.generate(PROMPT, max_new_tokens=16)
     assert "paris" in answer.text.lower(), answer.text

@@ -100,8 +100,9 @@ def load_model(
     with native bf16 (else fp32), or a name ("bfloat16", "float16", "float32"). A device that
     is not there, a dtype it cannot compute or weights larger than its free memory raise
     `DeviceError` before any weights load. threads sets torch's CPU thread count (default:
-    the CPUs the load average shows free, `default_threads`). quantize: None or "none", "int4" or
-    "int8" (weight-only: faster decoding on the CPU, but scores move); see `rag_mspoe.models.quantization`
+    the CPUs the load average shows free, `default_threads`). quantize: None or "none", "int4",
+    "int8" or "int4-exact" (weight-only: faster decoding on the CPU, but scores move; int4-exact
+    reads the folder's float32 weights for the file's own 4-bit grid); see `rag_mspoe.models.quantization`
     and docs/cpu-inference.md.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -128,7 +129,7 @@ def load_model(
     if not placement.device_map:
         model.to(placement.device)
     model.eval()
-    quantize_model(model, quantize)
+    quantize_model(model, quantize, folder)
     model._rag_mspoe_name = name
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

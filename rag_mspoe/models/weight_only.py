@@ -16,6 +16,9 @@ memory than the bf16 model itself).
   offset come from its minimum and maximum, so a row of a GGUF Q4_K/Q4_1 file (4-bit codes with
   a scale and a minimum per group of 32) that uses its full code range comes back on the file's
   own grid.
+- int4 from a grid (`grid=`, `rag_mspoe.models.int4_grid`): the codes, scales and zeros a GGUF Q4_K/Q4_1
+  weight was stored with, read off its de-quantised float32 values, so the layer computes the
+  file's own weights (up to the rounding of scale and zero to the layer's dtype).
 Scales are kept in the layer's dtype (bf16 for a bf16 model), as the kernels take them.
 """
 
@@ -24,6 +27,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.nn import functional
+
+from rag_mspoe.models.int4_grid import Int4Grid
 
 BITS = (4, 8)
 # The int4 kernel packs output channels in blocks of this many; rows are padded up to it.
@@ -42,10 +47,14 @@ class WeightOnlyLinear(nn.Module):
     packed: torch.Tensor
     scales: torch.Tensor
 
-    def __init__(self, linear: nn.Linear, bits: int, group_size: int = 32) -> None:
+    def __init__(
+        self, linear: nn.Linear, bits: int, group_size: int = 32, grid: Int4Grid | None = None
+    ) -> None:
         super().__init__()
         if bits not in BITS:
             raise ValueError(f"bits must be one of {BITS}, got {bits}")
+        if grid is not None and bits != 4:
+            raise ValueError(f"a 4-bit grid makes an int4 layer, not int{bits}")
         if bits == 4 and linear.in_features % group_size:
             raise ValueError(
                 f"int4 groups of {group_size} need in_features divisible by it; got {linear.in_features}"
@@ -54,7 +63,10 @@ class WeightOnlyLinear(nn.Module):
         self.bits, self.group_size = bits, group_size
         self.kernel_rows = KERNEL_ROWS[bits]
         weight = linear.weight.detach()
-        packed, scales = _int8(weight) if bits == 8 else _int4(weight, group_size)
+        if grid is not None:
+            packed, scales = _int4_from_grid(grid, weight.dtype)
+        else:
+            packed, scales = _int8(weight) if bits == 8 else _int4(weight, group_size)
         self.register_buffer("packed", packed)
         self.register_buffer("scales", scales)
         bias = linear.bias
@@ -118,6 +130,19 @@ def _int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Te
     return torch.cat([packed for packed, _ in parts]), torch.cat([scales for _, scales in parts], 1)
 
 
+def _int4_from_grid(grid: Int4Grid, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's packed codes and scales for codes already on a grid (`rag_mspoe.models.int4_grid`)."""
+    pad = -grid.codes.shape[0] % _INT4_BLOCK
+    codes = functional.pad(grid.codes, (0, 0, 0, pad))
+    packed = torch.cat([_pack_int4(rows) for rows in codes.split(_CHUNK_ROWS)])
+    scales = functional.pad(torch.stack([grid.scale, grid.zero], -1), (0, 0, 0, pad))
+    return packed, scales.to(dtype)
+
+
+def _pack_int4(codes: torch.Tensor) -> torch.Tensor:
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.contiguous(), 1)
+
+
 def _int4_rows(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     n, k = weight.shape
     groups = weight.float().view(n, k // group_size, group_size)
@@ -126,5 +151,5 @@ def _int4_rows(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, tor
     scale = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny).to(weight.dtype).float()
     zero = (low + 8 * scale).to(weight.dtype).float()
     codes = torch.round((groups - (zero - 8 * scale)[..., None]) / scale[..., None]).clamp(0, 15)
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.view(n, k).to(torch.int32), 1)
+    packed = _pack_int4(codes.view(n, k).to(torch.int32))
     return packed, torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(weight.dtype)
