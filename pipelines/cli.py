@@ -319,7 +319,8 @@ def _demo(args: argparse.Namespace) -> int:
     dtype = str(resolve_dtype(args.dtype, device)).removeprefix("torch.")
     count = load_options.get("threads")
     threads = f"{count} thread{'s' if count != 1 else ''}, " if device.type == "cpu" else ""
-    quantized = ", int8" if args.quantize else ""
+    scheme = load_options.get("quantize")  # None when not quantised ("none" resolved)
+    quantized = f", {scheme}" if scheme else ""
     print(f"rag-mspoe demo: {model} on {device.type}, {threads}{dtype}{quantized}; writing into {out}/")
     if "calibrated" not in methods and not args.methods:
         _print_no_shipped_method(model)

@@ -137,6 +137,7 @@ def test_the_demo_shows_the_win_of_the_best_installed_model_as_a_user_runs_it(tm
     first = out.splitlines()[0]
     assert first.startswith(f"rag-mspoe demo: {model} on cpu, ") and " thread" in first
     assert "float" in first and f"rag-mspoe-demo/{model}/" in first
+    assert first.split(";")[0].endswith(("float16", "float32"))  # the dtype, and no quantisation named
     for bar in ("Loading weights", "Writing model shards", "de-quantizing"):
         assert bar not in result.stderr
     folder = tmp_path / "rag-mspoe-demo" / model
