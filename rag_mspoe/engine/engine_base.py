@@ -17,6 +17,7 @@ from rag_mspoe.engine.document_prefix import DocumentPrefixCache
 from rag_mspoe.engine.engine_types import ENGINE_DEFAULT, CallMethod
 from rag_mspoe.methods.method_config import MethodConfig, method_name
 from rag_mspoe.methods.method_spec import MethodSpec, parse_method
+from rag_mspoe.methods.validated_documents import warn_outside_validated
 from rag_mspoe.models import loading
 from rag_mspoe.prompts.chat_template import Prompt, render
 from rag_mspoe.prompts.document_prompts import HOW_TO_PASS_SPANS, MissingDocumentSpans, render_with_spans
@@ -162,11 +163,17 @@ class EngineBase:
         prefix: str,
         tools: Sequence[Mapping[str, Any]] = (),
     ) -> tuple[list[int], list[Span] | None]:
-        """A prompt's token ids and, when `method` reads documents, their token spans."""
-        if method is None or not method.needs_document_spans():
+        """A prompt's token ids and, when `method` reads documents, their token spans. A method
+        validated at some document counts only is warned about on prompts with other counts."""
+        checks_count = method is not None and method.validated_documents is not None
+        if method is None or not (method.needs_document_spans() or checks_count):
             return self._render(prompt, raw, prefix, tools), None
         with self._tokenizer_lock:
             ids, spans = render_with_spans(self.tokenizer, prompt, raw=raw, prefix=prefix, tools=tools)
+        if checks_count and spans is not None:
+            warn_outside_validated(method, len(spans), self.name)
+        if not method.needs_document_spans():
+            return ids, None
         if spans is None:
             raise MissingDocumentSpans(
                 f"{method_name(method)} needs to know where each document is in the prompt, and this "

