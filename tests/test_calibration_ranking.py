@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -46,6 +47,15 @@ def test_the_study_scores_each_setting_as_the_method_ranks(tmp_path, monkeypatch
     again = Engine(engine.model, engine.tokenizer, method="none")
     study(again, examples, positions, tmp_path / "study", blocks=2, strengths=(0.0, 1.0), progress=False)
     assert again.document_prefixes.computed == 0
+    assert read_records(tmp_path / "study" / RECORDS_FILE) == recorded
+    # Other prompts under the same ids (another data file or document count), or another model:
+    # refused before any record is added.
+    other = [dataclasses.replace(example, question=example.question + " Be brief.") for example in examples]
+    with pytest.raises(ValueError, match=r"recorded other prompts under the ids \['\S+', "):
+        study(again, other, positions, tmp_path / "study", blocks=2, strengths=(0.0,), progress=False)
+    renamed = Engine(engine.model, engine.tokenizer, method="none", name="another-model")
+    with pytest.raises(ValueError, match="holds the attention of 'tiny-llama', not of 'another-model'"):
+        study(renamed, examples, positions, tmp_path / "study", blocks=2, strengths=(0.0,), progress=False)
     assert read_records(tmp_path / "study" / RECORDS_FILE) == recorded
 
 

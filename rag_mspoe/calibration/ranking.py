@@ -6,11 +6,14 @@ its settings decide, and it needs no answers: one pass per prompt records each l
 from the question rows on each document (averaged over heads), and every layer band and bias
 strength is scored from those records at once. A study of 40 questions at 3 gold positions costs
 120 prompt forwards, where a `calibrate search` over the same grid would score answers for each
-candidate. The records (`attention.jsonl`) are appended as they come: rerun to go on.
+candidate. The records (`attention.jsonl`) are appended as they come: rerun to go on; a rerun
+with another model or other questions under the same ids is refused (`inputs.json`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +28,7 @@ if TYPE_CHECKING:
     from rag_mspoe.engine.protocol import EngineLike
 
 RECORDS_FILE = "attention.jsonl"
+INPUTS_FILE = "inputs.json"  # the model and a fingerprint of each example the records came from
 SIGNIFICANCE = 0.05
 
 
@@ -67,6 +71,7 @@ def record_attention(
     from rag_mspoe.eval.runs.results import ResultsFile, read_records
     from rag_mspoe.eval.sweep.batch_scorer import prompt_of
 
+    refuse_other_inputs(folder, engine.name, examples)
     results = ResultsFile(folder / RECORDS_FILE, ("example_id", "position"))
     for example in examples:
         for position in positions:
@@ -80,6 +85,35 @@ def record_attention(
                 print(f"{len(results.done)} prompts recorded", flush=True)
     wanted = {(example.id, position) for example in examples for position in positions}
     return [r for r in read_records(results.path) if (r["example_id"], r["position"]) in wanted]
+
+
+def refuse_other_inputs(folder: Path, model_name: str, examples: Sequence[Any]) -> None:
+    """Refuse to add records to a folder whose records came from another model or from other
+    questions under the same ids (another data file, document count or build): the attention of
+    the two would be scored as one study. Records what it checked in INPUTS_FILE."""
+    path = folder / INPUTS_FILE
+    fingerprints = {str(example.id): _fingerprint(example) for example in examples}
+    recorded = json.loads(path.read_text()) if path.is_file() else {"model": model_name, "examples": {}}
+    if recorded["model"] != model_name:
+        raise ValueError(
+            f"{folder} holds the attention of {recorded['model']!r}, not of {model_name!r}; "
+            "write this study into a new folder (--out)."
+        )
+    changed = sorted(i for i, digest in fingerprints.items() if recorded["examples"].get(i, digest) != digest)
+    if changed:
+        raise ValueError(
+            f"{folder} recorded other prompts under the ids {changed[:5]} ({len(changed)} in all): its "
+            "records came from another data file, number of documents or build of the data. Rerun with "
+            "the data the study started with, or write into a new folder (--out)."
+        )
+    recorded["examples"].update(fingerprints)
+    atomic_write(path, (json.dumps(recorded, sort_keys=True) + "\n").encode())
+
+
+def _fingerprint(example: Any) -> str:
+    """The sha256 of what an example's prompts are made of."""
+    text = json.dumps(dataclasses.asdict(example), sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def accuracy_table(
