@@ -13,14 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from rag_mspoe.calibrated import SEARCH_PATH
+from rag_mspoe.calibrated import SEARCH_PATH, calibrated_method
 from rag_mspoe.calibrated.validation import (
     BASELINE,
     SHIPPED,
     VALIDATION_RUNS,
     build_validation,
     load_validation,
+    load_validations,
     validation_path,
+    wins,
 )
 from rag_mspoe.cli import main
 from rag_mspoe.models import embedded_models, model_cache
@@ -35,7 +37,7 @@ SMOLLM2 = embedded_models.DEFAULT_MODEL
 def committed_report(model: str) -> tuple[dict, str]:
     """The report `rag-mspoe report` wrote for the run of the model's shipped method, and the
     run's label for that method."""
-    run = VALIDATION_RUNS[model]
+    run = VALIDATION_RUNS[model][0]
     return json.loads((REPOSITORY / run.folder / "complete-labels" / "summary.json").read_text()), run.label
 
 
@@ -59,15 +61,39 @@ def hide_the_qwen_model(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
-def test_every_shipped_config_carries_its_validation_built_from_the_committed_records():
+def test_every_shipped_config_carries_its_validations_built_from_the_committed_records():
     shipped = sorted(path.stem for path in SEARCH_PATH[0].glob("*.json"))
     assert shipped and sorted(VALIDATION_RUNS) == shipped
-    for model, run in VALIDATION_RUNS.items():
-        assert load_validation(model) == build_validation(REPOSITORY, run), (
-            f"{validation_path(model)} differs from {run.folder}: "
-            "run `python -m rag_mspoe.calibrated.validation`"
-        )
-        assert validation_path(model).stat().st_size < 50_000  # package data stays small
+    for model, runs in VALIDATION_RUNS.items():
+        validations = load_validations(model)
+        assert [v["run"] for v in validations] == [run.folder for run in runs]
+        for validation, run in zip(validations, runs, strict=True):
+            path = validation_path(model, validation["num_documents"])
+            assert validation == build_validation(REPOSITORY, run), (
+                f"{path} differs from {run.folder}: run `python -m rag_mspoe.calibrated.validation`"
+            )
+            assert path.stat().st_size < 50_000  # package data stays small
+
+
+def test_each_shipped_config_lists_the_document_counts_where_its_validation_won():
+    for model in VALIDATION_RUNS:
+        won = sorted(v["num_documents"] for v in load_validations(model) if wins(v))
+        assert list(calibrated_method(model).validated_documents or ()) == won
+
+
+def test_a_win_needs_a_significant_gain_at_the_worst_position_and_no_significant_loss():
+    validation = load_validation(QWEN)
+    assert wins(validation)  # the headline run: +12.7 points in the middle, p = 1.2e-6
+    swapped = {
+        **validation,
+        "scores": {BASELINE: validation["scores"][SHIPPED], SHIPPED: validation["scores"][BASELINE]},
+    }
+    assert not wins(swapped)
+    same = {
+        **validation,
+        "scores": {BASELINE: validation["scores"][BASELINE], SHIPPED: validation["scores"][BASELINE]},
+    }
+    assert not wins(same)
 
 
 def test_the_committed_curve_is_the_committed_report(tmp_path):
@@ -91,7 +117,7 @@ def test_the_committed_curve_is_the_committed_report(tmp_path):
     assert "The committed run, not this machine" in text and "n = 300 questions" in text
     assert middle_gain_line(QWEN) in text
     assert "54.0 [48.0, 59.7]" in text and "49.0 [43.3, 54.7]" in text  # cells with their intervals
-    assert VALIDATION_RUNS[QWEN].command in text
+    assert VALIDATION_RUNS[QWEN][0].command in text
     for name in PLOTS.values():
         assert (tmp_path / name).stat().st_size > 10_000
 
@@ -145,7 +171,7 @@ def test_the_demo_shows_the_win_of_the_best_installed_model_as_a_user_runs_it(tm
     if model == QWEN:
         assert "calibrated " in out and "correct: " in out
         assert "The committed run, not this machine" in out and middle_gain_line(QWEN) in out
-        assert VALIDATION_RUNS[QWEN].command in out
+        assert VALIDATION_RUNS[QWEN][0].command in out
         assert all((folder / name).is_file() for name in PLOTS.values())
     else:
         assert f"No method ships for {model}" in out and "calibrated " not in out

@@ -2,13 +2,15 @@
 
 A config ships here only after a held-out sweep measured it (`docs/results/<run>/` in the
 repository: every record, several MB). An installed package has no such folder, so for each
-shipped config it carries `validation/<model name>.json`: for every question and gold position
-of that sweep, the unmodified model's and the shipped method's exact match and gold
-log-likelihood, nothing else (about 20 kB). `rag-mspoe demo` draws the committed position curve
-from it with the same statistics as `rag-mspoe report`.
+shipped config and each number of documents it was measured at, it carries
+`validation/<model name>-<N>docs.json`: for every question and gold position of that sweep, the
+unmodified model's and the shipped method's exact match and gold log-likelihood, nothing else
+(about 20 kB). `rag-mspoe demo` draws the committed position curve of the first (the headline
+run) with the same statistics as `rag-mspoe report`.
 
-The file is made from the run folder by `build_validation` (`python -m
-rag_mspoe.calibrated.validation` rewrites every one); a test rebuilds it from docs/results and
+A config's `validated_documents` are the counts where its run shows a win (`wins`); a test
+checks the two agree. The files are made from the run folders by `build_validation` (`python -m
+rag_mspoe.calibrated.validation` rewrites every one); a test rebuilds them from docs/results and
 compares, so the two cannot drift.
 """
 
@@ -40,9 +42,10 @@ class ValidationRun:
     command: str  # reproduces the two labels' records (in a clone of the repository)
 
 
-VALIDATION_RUNS = {
-    run.model: run
-    for run in [
+# Per model, its shipped config's validation runs, one per number of documents; the first is the
+# headline run (the demo's curve).
+VALIDATION_RUNS: dict[str, tuple[ValidationRun, ...]] = {
+    "qwen2.5-coder-0.5b-instruct": (
         ValidationRun(
             model="qwen2.5-coder-0.5b-instruct",
             folder="docs/results/nq10-0.5b",
@@ -54,18 +57,49 @@ VALIDATION_RUNS = {
                 "--threads 1 --ray local --ray-workers 2 --out runs/val10-0.5b"
             ),
         ),
-    ]
+    ),
 }
 
 
-def validation_path(model_name: str) -> Path:
-    return SEARCH_PATH[0] / VALIDATION_FOLDER / f"{model_name}.json"
+def validation_path(model_name: str, documents: int) -> Path:
+    return SEARCH_PATH[0] / VALIDATION_FOLDER / f"{model_name}-{documents}docs.json"
+
+
+def load_validations(model_name: str) -> list[dict[str, Any]]:
+    """The committed validations of the config shipped for `model_name`, the headline run first."""
+    folder = SEARCH_PATH[0] / VALIDATION_FOLDER
+    found = [json.loads(path.read_text()) for path in sorted(folder.glob(f"{model_name}-*docs.json"))]
+    found = [validation for validation in found if validation["model"] == model_name]
+    headline = VALIDATION_RUNS[model_name][0].folder if model_name in VALIDATION_RUNS else None
+    return sorted(found, key=lambda validation: (validation["run"] != headline, validation["num_documents"]))
 
 
 def load_validation(model_name: str) -> dict[str, Any] | None:
-    """The committed validation of the config shipped for `model_name`, or None."""
-    path = validation_path(model_name)
-    return json.loads(path.read_text()) if path.is_file() else None
+    """The committed headline validation of the config shipped for `model_name`, or None."""
+    validations = load_validations(model_name)
+    return validations[0] if validations else None
+
+
+def wins(validation: dict[str, Any], significance: float = 0.05) -> bool:
+    """Whether the shipped method won in this validation, by exact match: its worst position above
+    the unmodified model's worst (paired p < `significance`), its average not lower, and no
+    position significantly lower. The rule a config ships by, applied to each document count."""
+    from rag_mspoe.eval.report import summarize
+
+    summary = summarize(
+        validation_records(validation), "match", baseline=BASELINE, method_order=(BASELINE, SHIPPED)
+    )
+    base, shipped = summary["methods"][BASELINE], summary["methods"][SHIPPED]
+    significantly_lower = any(
+        shipped["accuracy"][p] < base["accuracy"][p] and shipped["p_vs_baseline"][p] < significance
+        for p in summary["positions"]
+    )
+    return (
+        shipped["worst"] > base["worst"]
+        and shipped["p_worst_vs_baseline"] < significance
+        and shipped["average"] >= base["average"]
+        and not significantly_lower
+    )
 
 
 def build_validation(repository: Path, run: ValidationRun) -> dict[str, Any]:
@@ -169,10 +203,11 @@ def exact_match(validation: dict[str, Any], method: str, position: int) -> float
 def write_validations(repository: Path) -> list[Path]:
     """Rewrite every shipped validation file from the records in `repository`."""
     written = []
-    for run in VALIDATION_RUNS.values():
-        path = validation_path(run.model)
+    for run in (run for runs in VALIDATION_RUNS.values() for run in runs):
+        validation = build_validation(repository, run)
+        path = validation_path(run.model, validation["num_documents"])
         path.parent.mkdir(exist_ok=True)
-        path.write_text(json.dumps(build_validation(repository, run), separators=(",", ":")) + "\n")
+        path.write_text(json.dumps(validation, separators=(",", ":")) + "\n")
         written.append(path)
     return written
 
