@@ -297,6 +297,25 @@ def test_examples_are_frozen_in_the_run_folder_and_a_changed_data_file_is_refuse
     assert {r["example_id"] for r in records} == {"invented-1-0", "invented-1-1", "invented-1-2"}
 
 
+def test_a_sweep_of_a_data_file_grows_by_more_questions_and_keeps_its_records(tiny, tmp_path):
+    data = tmp_path / "data.jsonl"
+    examples = generate_invented_qa(4, 5, seed=1)
+    save_jsonl(data, examples)
+    options = dict(model=tiny[0], tokenizer=tiny[1], progress=False, report=False)
+    base = dict(data=str(data), num_documents=4, positions=(0, 3), metrics=("loglik",))
+    run_sweep(SweepConfig(samples=2, **base), tmp_path / "run", **options)
+    first = read_records(tmp_path / "run" / "results.jsonl")
+    grown = run_sweep(SweepConfig(samples=4, **base), tmp_path / "run", **options)
+    records = read_records(tmp_path / "run" / "results.jsonl")
+    assert grown.written == 4 and grown.complete and records[: len(first)] == first
+    assert {r["example_id"] for r in records} == {example.id for example in examples[:4]}
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["sweep"]["samples"] == 4
+    with pytest.raises(ValueError, match="samples: 4 there, 3 now"):
+        run_sweep(SweepConfig(samples=3, **base), tmp_path / "run", **options)
+    assert read_records(tmp_path / "run" / "results.jsonl") == records
+
+
 def test_a_data_file_with_more_documents_is_cut_to_the_requested_count(tiny, tmp_path):
     data = tmp_path / "data.jsonl"
     examples = generate_invented_qa(8, 2, seed=3)

@@ -93,6 +93,11 @@ class Evaluation:
         """Files the records depend on: a resumed run refuses them changed (`runs.inputs`)."""
         return ()
 
+    def raisable_settings(self) -> Sequence[str]:
+        """Counts among `identity_fields` that a resumed run may raise (more questions), because
+        the kind checks that what the run holds is the start of the larger run (`plan`)."""
+        return ()
+
     def check_unrecorded_inputs(self, folder: Path) -> None:
         """Before the digests of `inputs()` are recorded in a run started by a version that did not
         record them: raise ValueError if what the run saved shows they changed since."""
@@ -281,6 +286,9 @@ def _checked_manifest(folder: Path, evaluation: Evaluation) -> tuple[dict[str, A
         known = relative_to(folder, manifest.get("data") or {})
         refuse_changed_inputs(folder, digests, known)
         take_moved_inputs(identity, previous, digests, known)
+        for name in evaluation.raisable_settings():
+            if isinstance(previous.get(name), int) and identity[name] >= previous[name]:
+                previous = {**previous, name: identity[name]}
         refuse_other_settings(
             folder, f"a {kind} run with other settings", previous, identity, {**known, **digests}
         )

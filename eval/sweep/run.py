@@ -60,11 +60,22 @@ def frozen_examples(config: SweepConfig, folder: Path) -> list[Example]:
     path = folder / EXAMPLES_FILE
     if path.is_file():
         examples: list[Example] = list((loaders.load_qa if config.task == "qa" else loaders.load_kv)(path))
-        if len(examples) != config.samples:
+        if len(examples) == config.samples:
+            return examples
+        if len(examples) > config.samples:
             raise ValueError(
-                f"{path} holds {len(examples)} examples, not {config.samples}; use a new folder (--out)."
+                f"{path} holds {len(examples)} examples, more than --samples {config.samples}; resume "
+                f"with --samples {len(examples)} or more, or use a new folder (--out)."
             )
-        return examples
+        # More questions: the run grows only if the ones it scored start the larger selection.
+        grown = load_examples(config)
+        if grown[: len(examples)] != examples:
+            raise ValueError(
+                f"The first {len(examples)} of the {config.samples} examples {config.data} gives now are not "
+                f"the examples saved in {path}; the sweep cannot grow into them. Use a new folder (--out)."
+            )
+        loaders.save_jsonl(path, grown)
+        return grown
     examples = load_examples(config)
     loaders.save_jsonl(path, examples)
     return examples
@@ -213,6 +224,10 @@ class Sweep(Evaluation):
 
     def inputs(self) -> Sequence[str]:
         return () if self.config.data is None else (self.config.data,)
+
+    def raisable_settings(self) -> Sequence[str]:
+        # A data file's first N questions start its first N + k; a generator's draws may not.
+        return () if self.config.data is None else ("samples",)
 
     def check_unrecorded_inputs(self, folder: Path) -> None:
         # A sweep from before input digests: its saved examples show whether the data changed.
