@@ -16,6 +16,10 @@ int4-exact quantises from the converted GGUF's float32 values (`rag_mspoe.models
 the file stored a 4-bit grid, int8 elsewhere; int4-exact-bf16 keeps those other layers in bf16.
 Each quantised path reports how many Linear layers and weights went int4 / int8 / none ("layers").
 
+`sweep_generate_speedup` (with --quick, or `--sweep-questions N`): prompts per hour of a
+10-document `--metrics generate --max-new-tokens 64` sweep batch in bf16, answers decoded
+together after one prefill per prompt against one left-padded batch (`bench_sweep_generate.py`).
+
 --memory NAME loads the model in a fresh process per path (bf16, then each quantisation) and
 reports the bytes of its weights, its resident memory once loaded, and the peak while loading.
 """
@@ -33,6 +37,7 @@ import time
 from typing import Any
 
 from bench_cpu_inference import DATA, GOLD_POSITION, prefill_and_decode, progress, prompt_ids, rates
+from bench_sweep_generate import sweep_generate
 
 # int4-exact-bf16: int4-exact with the layers off the file's 4-bit grid kept in bf16 (not int8).
 PATHS = ("bf16", "int8", "int4", "int4-exact", "int4-exact-bf16")
@@ -53,6 +58,12 @@ def main() -> None:
     parser.add_argument(
         "--memory", metavar="MODEL", help="only measure this model's resident memory per path"
     )
+    parser.add_argument(
+        "--sweep-questions",
+        type=int,
+        default=0,
+        help="questions (x4 gold positions) of the generate-sweep speed-up (--quick: 2; 0: skip it)",
+    )
     args = parser.parse_args()
     if args.memory:
         if "int4-exact-bf16" in args.paths:
@@ -61,6 +72,7 @@ def main() -> None:
         return
     if args.quick:
         args.prompts, args.new_tokens, args.paths = 4, 32, ["bf16", "int8", "int4", "int4-exact"]
+        args.sweep_questions = args.sweep_questions or 2
     print(json.dumps(decode_run(args)), flush=True)
 
 
@@ -79,7 +91,7 @@ def decode_run(args: argparse.Namespace) -> dict[str, Any]:
     runners = {name: _ours(model) for name, model in models.items()}
     llama = _llama_cpp(args.model, args.threads)
     if llama is not None:
-        runners["llama.cpp"] = llama
+        runners["llama_cpp"] = llama
     examples = load_qa(DATA)[: args.prompts]
     items = [(qa_prompt(with_gold_at(e, GOLD_POSITION)), e.answers[0]) for e in examples]
     seconds: dict[str, list[tuple[float, float]]] = {name: [] for name in runners}
@@ -102,6 +114,9 @@ def decode_run(args: argparse.Namespace) -> dict[str, Any]:
         for name in models
         if name != "bf16" and "bf16" in gold
     }
+    sweep = {"sweep_generate_speedup": None}
+    if args.sweep_questions:
+        sweep = sweep_generate(bf16, tokenizer, questions=args.sweep_questions)
     return {
         "model": args.model,
         "threads": args.threads,
@@ -113,13 +128,14 @@ def decode_run(args: argparse.Namespace) -> dict[str, Any]:
         "decode_vs_bf16": {name: round(rate / decode["bf16"], 2) for name, rate in decode.items()}
         if "bf16" in decode
         else None,
-        "decode_vs_llama_cpp": {name: round(rate / decode["llama.cpp"], 2) for name, rate in decode.items()}
+        "decode_vs_llama_cpp": {name: round(rate / decode["llama_cpp"], 2) for name, rate in decode.items()}
         if llama is not None
         else None,
-        "llama_cpp": "measured" if llama is not None else "llama-cpp-python not installed",
+        "llama_cpp_status": _llama_cpp_status(llama is not None),
         "max_abs_loglik_diff_per_token": {name: round(max(d), 4) for name, d in drift.items()},
         "mean_abs_loglik_diff_per_token": {name: round(statistics.fmean(d), 4) for name, d in drift.items()},
         "layers": {name: quantization_census(model) for name, model in models.items() if name != "bf16"},
+        **sweep,
         "seconds": round(time.perf_counter() - started, 1),
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
@@ -134,6 +150,14 @@ def _quantized(bf16: Any, path: str, folder: str) -> Any:
 
 def _ours(model: Any) -> Any:
     return lambda ids, steps: prefill_and_decode(model, ids, steps)
+
+
+def _llama_cpp_status(measured: bool) -> str:
+    if not measured:
+        return "llama-cpp-python not installed"
+    import llama_cpp
+
+    return f"measured with llama-cpp-python {llama_cpp.__version__}"
 
 
 def _llama_cpp(name: str, threads: int) -> Any:
