@@ -116,7 +116,7 @@ def decode_run(args: argparse.Namespace) -> dict[str, Any]:
     }
     sweep = {"sweep_generate_speedup": None}
     if args.sweep_questions:
-        sweep = sweep_generate(bf16, tokenizer, questions=args.sweep_questions)
+        sweep = sweep_generate(bf16, tokenizer, questions=args.sweep_questions, repeats=2)
     return {
         "model": args.model,
         "threads": args.threads,

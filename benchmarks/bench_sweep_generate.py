@@ -7,12 +7,15 @@ prompt at a time (today's `generate_batch` on the CPU) against one left-padded b
 The prompts are a sweep's: real NQ-open questions of docs/results/nq10-split/validation-10.jsonl.gz,
 10 documents, the gold at each of `--positions`, one sweep batch of every position of the
 questions; each is answered as the sweep answers (`score_generation`: greedy, stop at the first
-newline, `--max-new-tokens`). Paths: `padded` (the whole batch in one left-padded `generate`, as
-sweeps ran before), `joined-N` (`--decode-batch N` answers decoded together, each prompt
-prefilled alone). They alternate batch by batch in one process (`--repeats` times), so the
-machine's changing load hits each alike; the median seconds per path give prompts per hour.
-Also reported: how many answers differ from the padded path's (bf16 rounds differently in a
-batch of another shape; fp32 answers are equal: `tests/test_joined_decode.py`).
+newline, `--max-new-tokens`). Paths: `padded` (the whole batch in one left-padded `generate`,
+as sweeps ran before), `joined-N` (`--decode-batch N` answers decoded together, each prompt
+prefilled alone; joined-1 answers one prompt at a time). They alternate batch by batch in one
+process (`--repeats` times), so the machine's changing load hits each alike; the median seconds
+per path give prompts per hour. `sweep_generate_speedup`: the best joined path (N > 1) against
+the padded one; `..._vs_one_at_a_time` against joined-1.
+Also reported: how many answers differ from the padded path's and from one at a time (bf16
+rounds differently in a batch of another shape; fp32 answers are equal:
+`tests/test_joined_decode.py`).
 One JSON line on stdout; progress on stderr.
 """
 
@@ -40,7 +43,7 @@ def main() -> None:
     parser.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
     parser.add_argument("--questions", type=int, default=2)
     parser.add_argument("--positions", type=int, nargs="+", default=[0, 3, 6, 9])
-    parser.add_argument("--decode-batch", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--decode-batch", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1)
@@ -66,7 +69,7 @@ def sweep_generate(
     *,
     questions: int = 2,
     positions: list[int] | tuple[int, ...] = (0, 3, 6, 9),
-    decode_batches: list[int] | tuple[int, ...] = (4, 8),
+    decode_batches: list[int] | tuple[int, ...] = (1, 8),
     max_new_tokens: int = 64,
     repeats: int = 1,
 ) -> dict[str, Any]:
@@ -97,23 +100,35 @@ def sweep_generate(
             print(f"sweep-generate repeat {repeat + 1} {path}: {seconds[path][-1]:.1f} s", file=sys.stderr)
     engine.joined_decoding = True
     per_hour = {path: round(len(texts) * 3600 / statistics.median(s), 1) for path, s in seconds.items()}
-    best = max((path for path in paths if path != PADDED), key=per_hour.__getitem__)
+    best = max((path for path in paths if path not in (PADDED, "joined-1")), key=per_hour.__getitem__)
     return {
         "sweep_generate_speedup": round(per_hour[best] / per_hour[PADDED], 2),
+        "sweep_generate_speedup_vs_one_at_a_time": round(per_hour[best] / per_hour["joined-1"], 2)
+        if "joined-1" in per_hour
+        else None,
         "sweep_generate": {
             "prompts": len(texts),
             "mean_prompt_tokens": round(statistics.fmean(engine.count_tokens(t) for t in texts), 1),
             "max_new_tokens": max_new_tokens,
             "prompts_per_hour": per_hour,
             "best": best,
-            "answers_differing_from_padded": {
-                path: sum(a != b for a, b in zip(answers[path], answers[PADDED], strict=True))
-                for path in paths
-                if path != PADDED
-            },
+            "answers_differing_from_padded": differing(answers, PADDED),
+            # joined-1 decodes one prompt at a time: the answers every batch should give.
+            "answers_differing_from_one_at_a_time": differing(answers, "joined-1")
+            if "joined-1" in answers
+            else None,
             "seconds": {path: [round(s, 1) for s in values] for path, values in seconds.items()},
             "load_average": [round(x, 2) for x in os.getloadavg()],
         },
+    }
+
+
+def differing(answers: dict[str, list[str]], reference: str) -> dict[str, int]:
+    """How many answers of each other path differ from the `reference` path's."""
+    return {
+        path: sum(a != b for a, b in zip(given, answers[reference], strict=True))
+        for path, given in answers.items()
+        if path != reference
     }
 
 

@@ -47,7 +47,7 @@ class SweepConfig:
     metrics: tuple[str, ...] = ("choice",)
     max_new_tokens: int = 100
     batch_size: int = 8
-    decode_batch: int = 4
+    decode_batch: int = 8
     model: str | None = None  # None: the embedded model; with `endpoint`, the served model's name
     endpoint: str | None = None  # an OpenAI-compatible server's base URL (None: the model runs here)
     template: str | None = None  # against an endpoint: which chat template renders the prompts
