@@ -156,3 +156,10 @@ def test_the_embedded_model_answers_rag_prompts_together_as_alone_in_fp32():
     settings = {"method": "calibrated", "max_new_tokens": 16, "stop": ["\n"]}
     alone = [engine.generate(prompt, **settings) for prompt in PROMPTS]
     assert answers(engine.generate_batch(PROMPTS, **settings)) == answers(alone)
+
+
+def test_a_batch_with_a_one_token_prompt_answers_as_each_alone(engine):
+    texts = ["Hi", "The Danube flows through ten countries"]
+    assert engine.count_tokens(texts[0], raw=True) == 1  # nothing to prefill before its last token
+    alone = [engine.generate(text, raw=True, max_new_tokens=5) for text in texts]
+    assert answers(engine.generate_batch(texts, raw=True, max_new_tokens=5)) == answers(alone)

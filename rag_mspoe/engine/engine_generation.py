@@ -251,7 +251,13 @@ class GeneratingEngine(EngineBase):
                 recorder=recorder,
             )
             spans = [item.spans for item in prepared]
-            joined = self.joined_decoding and len(prepared) > 1 and joinable(self.model, method)
+            # A one-token prompt has nothing to prefill before its last token: the padded batch.
+            joined = (
+                self.joined_decoding
+                and len(prepared) > 1
+                and min(len(item.ids) for item in prepared) > 1
+                and joinable(self.model, method)
+            )
             with (
                 self._method_applied(method, spans, give_spans=not joined),
                 self._seeded(config.seed),

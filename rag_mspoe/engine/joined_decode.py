@@ -50,7 +50,10 @@ def prefill_apart(
     hooks = getattr(model, STATE_ATTR, None)
     lengths = [len(ids) for ids in rows]
     if min(lengths) < 2:
-        raise ValueError("Joined decoding needs prompts of at least 2 tokens; decode shorter ones alone.")
+        raise ValueError(
+            "Joined decoding needs prompts of at least 2 tokens (the last is decoded with the batch); "
+            "give a one-token prompt to a padded batch."
+        )
     caches, states = [], []
     for row, ids in enumerate(rows):
         before_row()
