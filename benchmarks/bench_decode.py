@@ -90,6 +90,9 @@ def decode_run(args: argparse.Namespace) -> dict[str, Any]:
     models = {p: bf16 if p == "bf16" else _quantized(bf16, p, folder) for p in args.paths}
     runners = {name: _ours(model) for name, model in models.items()}
     llama = _llama_cpp(args.model, args.threads)
+    crashed = llama if isinstance(llama, str) else None
+    if crashed:
+        llama = None
     if llama is not None:
         runners["llama_cpp"] = llama
     examples = load_qa(DATA)[: args.prompts]
@@ -131,7 +134,7 @@ def decode_run(args: argparse.Namespace) -> dict[str, Any]:
         "decode_vs_llama_cpp": {name: round(rate / decode["llama_cpp"], 2) for name, rate in decode.items()}
         if llama is not None
         else None,
-        "llama_cpp_status": _llama_cpp_status(llama is not None),
+        "llama_cpp_status": _llama_cpp_status(llama is not None, crashed),
         "max_abs_loglik_diff_per_token": {name: round(max(d), 4) for name, d in drift.items()},
         "mean_abs_loglik_diff_per_token": {name: round(statistics.fmean(d), 4) for name, d in drift.items()},
         "layers": {name: quantization_census(model) for name, model in models.items() if name != "bf16"},
@@ -152,7 +155,17 @@ def _ours(model: Any) -> Any:
     return lambda ids, steps: prefill_and_decode(model, ids, steps)
 
 
-def _llama_cpp_status(measured: bool) -> str:
+_LLAMA_CPP_PROBE = """
+import sys
+import llama_cpp
+llm = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=4096, n_batch=512, n_threads=1, verbose=False)
+llm.eval(list(range(100, 164)))
+"""
+
+
+def _llama_cpp_status(measured: bool, crashed: str | None = None) -> str:
+    if crashed:
+        return crashed
     if not measured:
         return "llama-cpp-python not installed"
     import llama_cpp
@@ -160,8 +173,20 @@ def _llama_cpp_status(measured: bool) -> str:
     return f"measured with llama-cpp-python {llama_cpp.__version__}"
 
 
+def _llama_cpp_crash(gguf: Any) -> str | None:
+    """Why llama.cpp cannot run here, from a probe in a child process (a build can fault on a
+    CPU it was not made for, which would end this process), or None when it runs."""
+    probe = subprocess.run(
+        [sys.executable, "-c", _LLAMA_CPP_PROBE, str(gguf)], capture_output=True, text=True
+    )
+    if probe.returncode == 0:
+        return None
+    return f"llama.cpp crashed evaluating a 64-token prompt (exit status {probe.returncode}): not measured"
+
+
 def _llama_cpp(name: str, threads: int) -> Any:
-    """A runner of the model's GGUF file in llama.cpp (same token ids, greedy), None if not installed."""
+    """A runner of the model's GGUF file in llama.cpp (same token ids, greedy), None if not
+    installed, or why it cannot run here (a string)."""
     try:
         import llama_cpp
     except ImportError:
@@ -170,6 +195,10 @@ def _llama_cpp(name: str, threads: int) -> Any:
 
     stack = joined_gguf(name)
     gguf = stack.__enter__()  # kept joined for the whole run; the process ends with it
+    crash = _llama_cpp_crash(gguf)
+    if crash is not None:
+        print(crash, file=sys.stderr, flush=True)
+        return crash
     llm = llama_cpp.Llama(
         model_path=str(gguf),
         n_ctx=4096,
