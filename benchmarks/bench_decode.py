@@ -16,6 +16,10 @@ int4-exact quantises from the converted GGUF's float32 values (`rag_mspoe.models
 the file stored a 4-bit grid, int8 elsewhere; int4-exact-bf16 keeps those other layers in bf16.
 Each quantised path reports how many Linear layers and weights went int4 / int8 / none ("layers").
 
+`sweep_generate_speedup` (with --quick, or `--sweep-questions N`): prompts per hour of a
+10-document `--metrics generate --max-new-tokens 64` sweep batch in bf16, answers decoded
+together after one prefill per prompt against one left-padded batch (`bench_sweep_generate.py`).
+
 --memory NAME loads the model in a fresh process per path (bf16, then each quantisation) and
 reports the bytes of its weights, its resident memory once loaded, and the peak while loading.
 """
@@ -33,6 +37,7 @@ import time
 from typing import Any
 
 from bench_cpu_inference import DATA, GOLD_POSITION, prefill_and_decode, progress, prompt_ids, rates
+from bench_sweep_generate import sweep_generate
 
 # int4-exact-bf16: int4-exact with the layers off the file's 4-bit grid kept in bf16 (not int8).
 PATHS = ("bf16", "int8", "int4", "int4-exact", "int4-exact-bf16")
@@ -53,6 +58,12 @@ def main() -> None:
     parser.add_argument(
         "--memory", metavar="MODEL", help="only measure this model's resident memory per path"
     )
+    parser.add_argument(
+        "--sweep-questions",
+        type=int,
+        default=0,
+        help="questions (x4 gold positions) of the generate-sweep speed-up (--quick: 2; 0: skip it)",
+    )
     args = parser.parse_args()
     if args.memory:
         if "int4-exact-bf16" in args.paths:
@@ -61,6 +72,7 @@ def main() -> None:
         return
     if args.quick:
         args.prompts, args.new_tokens, args.paths = 4, 32, ["bf16", "int8", "int4", "int4-exact"]
+        args.sweep_questions = args.sweep_questions or 2
     print(json.dumps(decode_run(args)), flush=True)
 
 
@@ -78,8 +90,11 @@ def decode_run(args: argparse.Namespace) -> dict[str, Any]:
     models = {p: bf16 if p == "bf16" else _quantized(bf16, p, folder) for p in args.paths}
     runners = {name: _ours(model) for name, model in models.items()}
     llama = _llama_cpp(args.model, args.threads)
+    crashed = llama if isinstance(llama, str) else None
+    if crashed:
+        llama = None
     if llama is not None:
-        runners["llama.cpp"] = llama
+        runners["llama_cpp"] = llama
     examples = load_qa(DATA)[: args.prompts]
     items = [(qa_prompt(with_gold_at(e, GOLD_POSITION)), e.answers[0]) for e in examples]
     seconds: dict[str, list[tuple[float, float]]] = {name: [] for name in runners}
@@ -102,6 +117,9 @@ def decode_run(args: argparse.Namespace) -> dict[str, Any]:
         for name in models
         if name != "bf16" and "bf16" in gold
     }
+    sweep = {"sweep_generate_speedup": None}
+    if args.sweep_questions:
+        sweep = sweep_generate(bf16, tokenizer, questions=args.sweep_questions, repeats=2)
     return {
         "model": args.model,
         "threads": args.threads,
@@ -113,13 +131,14 @@ def decode_run(args: argparse.Namespace) -> dict[str, Any]:
         "decode_vs_bf16": {name: round(rate / decode["bf16"], 2) for name, rate in decode.items()}
         if "bf16" in decode
         else None,
-        "decode_vs_llama_cpp": {name: round(rate / decode["llama.cpp"], 2) for name, rate in decode.items()}
+        "decode_vs_llama_cpp": {name: round(rate / decode["llama_cpp"], 2) for name, rate in decode.items()}
         if llama is not None
         else None,
-        "llama_cpp": "measured" if llama is not None else "llama-cpp-python not installed",
+        "llama_cpp_status": _llama_cpp_status(llama is not None, crashed),
         "max_abs_loglik_diff_per_token": {name: round(max(d), 4) for name, d in drift.items()},
         "mean_abs_loglik_diff_per_token": {name: round(statistics.fmean(d), 4) for name, d in drift.items()},
         "layers": {name: quantization_census(model) for name, model in models.items() if name != "bf16"},
+        **sweep,
         "seconds": round(time.perf_counter() - started, 1),
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
@@ -136,8 +155,38 @@ def _ours(model: Any) -> Any:
     return lambda ids, steps: prefill_and_decode(model, ids, steps)
 
 
+_LLAMA_CPP_PROBE = """
+import sys
+import llama_cpp
+llm = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=4096, n_batch=512, n_threads=1, verbose=False)
+llm.eval(list(range(100, 164)))
+"""
+
+
+def _llama_cpp_status(measured: bool, crashed: str | None = None) -> str:
+    if crashed:
+        return crashed
+    if not measured:
+        return "llama-cpp-python not installed"
+    import llama_cpp
+
+    return f"measured with llama-cpp-python {llama_cpp.__version__}"
+
+
+def _llama_cpp_crash(gguf: Any) -> str | None:
+    """Why llama.cpp cannot run here, from a probe in a child process (a build can fault on a
+    CPU it was not made for, which would end this process), or None when it runs."""
+    probe = subprocess.run(
+        [sys.executable, "-c", _LLAMA_CPP_PROBE, str(gguf)], capture_output=True, text=True
+    )
+    if probe.returncode == 0:
+        return None
+    return f"llama.cpp crashed evaluating a 64-token prompt (exit status {probe.returncode}): not measured"
+
+
 def _llama_cpp(name: str, threads: int) -> Any:
-    """A runner of the model's GGUF file in llama.cpp (same token ids, greedy), None if not installed."""
+    """A runner of the model's GGUF file in llama.cpp (same token ids, greedy), None if not
+    installed, or why it cannot run here (a string)."""
     try:
         import llama_cpp
     except ImportError:
@@ -146,6 +195,10 @@ def _llama_cpp(name: str, threads: int) -> Any:
 
     stack = joined_gguf(name)
     gguf = stack.__enter__()  # kept joined for the whole run; the process ends with it
+    crash = _llama_cpp_crash(gguf)
+    if crash is not None:
+        print(crash, file=sys.stderr, flush=True)
+        return crash
     llm = llama_cpp.Llama(
         model_path=str(gguf),
         n_ctx=4096,

@@ -27,7 +27,7 @@ def score_generation(
     max_new_tokens: int = 100,
     batch_size: int = 8,
 ) -> list[dict[str, Any]]:
-    """Greedy answers, `batch_size` prompts per left-padded batch, each scored by its metric:
+    """Greedy answers, `batch_size` prompts per `generate_batch` call, each scored by its metric:
     `best_subspan_em` for QA, `kv_match` for KV. Returns {"prediction", "correct"} per example.
 
     A QA answer counts only up to its first newline, so QA-only batches stop generating there

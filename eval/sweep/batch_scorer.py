@@ -213,7 +213,7 @@ class BatchScorer:
                 examples,
                 method=method,
                 max_new_tokens=self.config.max_new_tokens,
-                batch_size=len(texts),
+                batch_size=self.config.decode_batch,
             )
             for record, result in zip(records, scored, strict=True):
                 record["prediction"] = result["prediction"]

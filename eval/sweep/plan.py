@@ -30,6 +30,9 @@ class SweepConfig:
     metrics: "choice" (forced choice among the answer candidates in the context, with the gold
     answer's log-likelihood), "loglik" (the gold answer's log-likelihood only), "generate"
     (greedy answer scored by best_subspan_em, or by KV match).
+    decode_batch: answers of a batch decoded together by "generate" (on the CPU each prompt is
+    prefilled alone, then the rows decode as one batch: `rag_mspoe.engine.joined_decode`); it
+    changes speed, not records, so a run may resume with another.
     """
 
     task: Task = "qa"
@@ -44,6 +47,7 @@ class SweepConfig:
     metrics: tuple[str, ...] = ("choice",)
     max_new_tokens: int = 100
     batch_size: int = 8
+    decode_batch: int = 8
     model: str | None = None  # None: the embedded model; with `endpoint`, the served model's name
     endpoint: str | None = None  # an OpenAI-compatible server's base URL (None: the model runs here)
     template: str | None = None  # against an endpoint: which chat template renders the prompts
@@ -71,8 +75,8 @@ class SweepConfig:
             )
         if self.data is None and (self.generator == "invented-qa") != (self.task == "qa"):
             raise ValueError(f"Generator {self.generator!r} does not make {self.task!r} examples.")
-        if self.samples < 1 or self.batch_size < 1:
-            raise ValueError("samples and batch_size must be at least 1.")
+        if self.samples < 1 or self.batch_size < 1 or self.decode_batch < 1:
+            raise ValueError("samples, batch_size and decode_batch must be at least 1.")
 
     # What must match for a run folder to be resumed; methods and positions may grow.
     IDENTITY = (

@@ -159,6 +159,13 @@ class Sweep(Evaluation):
             "--max-new-tokens", type=int, default=100, help="answer length for --metrics generate"
         )
         parser.add_argument(
+            "--decode-batch",
+            type=int,
+            default=SweepConfig.decode_batch,
+            help="answers decoded together for --metrics generate (each prompt is prefilled alone on "
+            f"the CPU); speed only, the records are the same (default {SweepConfig.decode_batch})",
+        )
+        parser.add_argument(
             "--ray",
             nargs="?",
             const="local",
@@ -328,6 +335,7 @@ def sweep_config(args: argparse.Namespace) -> SweepConfig:
         metrics=tuple(args.metrics),
         max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size,
+        decode_batch=args.decode_batch,
         model=args.model,
     )
 

@@ -13,7 +13,7 @@ ids the model uses and, on a prefill, where each row's documents are (from `docu
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,6 +87,8 @@ class DocumentAttentionMethod(MethodConfig):
 class DocumentAttentionHooks(ModelHooks):
     """Routes the attention of the method's layers to `attend`; tracks spans, padding and positions."""
 
+    joins_prefills = True  # a prefill leaves its rows' documents and `per_prefill`
+
     def __init__(self, model: nn.Module, method: DocumentAttentionMethod) -> None:
         super().__init__(model, method)
         self._layers = method.layer_indices(len(self.decoder.layers))
@@ -114,6 +116,34 @@ class DocumentAttentionHooks(ModelHooks):
             yield
         finally:
             self._spans, self._spans_pending = previous
+
+    def prefill_state(self) -> Any:
+        return self.rows, self.per_prefill
+
+    def join_prefills(self, states: Sequence[Any], lengths: Sequence[int]) -> None:
+        width = max(lengths)
+        self.rows = []
+        for (rows, _), length in zip(states, lengths, strict=True):
+            (row,) = rows  # a prompt prefilled alone
+            pad = width - length  # its tokens start after the left padding
+            self.rows.append(
+                None if row is None else RowDocuments(tuple((s + pad, e + pad) for s, e in row.spans))
+            )
+        self.prompt_length = width
+        # Each prompt's own position ids from 0 (each was prefilled unpadded); padding 0, as
+        # generate numbers it. The last prompt token's comes with the first decoding step.
+        positions = torch.zeros(len(lengths), width - 1, dtype=torch.long)
+        for b, length in enumerate(lengths):
+            positions[b, width - length :] = torch.arange(length - 1)
+        model: Any = self.model
+        self.key_positions = positions.to(model.device)
+        self._continued = 0
+        self.per_prefill = self.joined_per_prefill([per_prefill for _, per_prefill in states])
+
+    def joined_per_prefill(self, states: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """`per_prefill` of prompts decoded as one batch from theirs, each made by a prefill of
+        one prompt: empty here, for methods whose tables are rebuilt from `rows` when needed."""
+        return {}
 
     def layers(self) -> list[int]:
         """The layers whose attention goes to `attend`."""

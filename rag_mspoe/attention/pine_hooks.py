@@ -102,6 +102,23 @@ class PineHooks(DocumentAttentionHooks):
         elif len(orders) == 1 and len(self.rows) > 1:  # continuations of one prefilled prompt
             self.per_prefill["content_order"] = orders * len(self.rows)
 
+    def joined_per_prefill(self, states: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """Each prompt's documents' order and keys (made from its prefill's own q and k, which a
+        decoding step cannot remake bit for bit) under its batch row; the widest angle tables."""
+        document_keys: dict[tuple[int, int], Any] = {}
+        angles: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}
+        for b, state in enumerate(states):
+            for (layer, _), made in state.get("document_keys", {}).items():
+                document_keys[layer, b] = made
+            for key, table in state.get("angles", {}).items():
+                if key not in angles or angles[key][0].shape[0] < table[0].shape[0]:
+                    angles[key] = table
+        return {
+            "content_order": [state["content_order"][0] for state in states],
+            "document_keys": document_keys,
+            "angles": angles,
+        }
+
     def attend(self, call: AttentionCall) -> torch.Tensor:
         layer, query, key, value = call.layer, call.query, call.key, call.value
         batch, heads, queries, dim = query.shape

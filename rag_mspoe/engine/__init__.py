@@ -16,6 +16,7 @@ code imports from it:
     engine_types       settings, results, errors, ENGINE_DEFAULT
     engine_base        the model, its lock, the default method, the chat template
     engine_generation  generate, generate_batch, stream and their async forms
+    joined_decode      prompts prefilled one at a time, then decoded as one batch
     engine_scoring     loglikelihood, score_continuations, prefill
     text_stream        the stream a generation's text pieces arrive on
 """
@@ -85,6 +86,10 @@ class Engine(GeneratingEngine, ScoringEngine):
     first call under each other method, compiles (seconds to a minute); later ones reuse it.
     Past torch's recompile limit (8 by default) decoding falls back to eager.
     compile_backend: torch.compile's backend (default inductor, with CUDA graphs on a GPU).
+
+    joined_decoding (attribute): whether `generate_batch` prefills each prompt alone and decodes
+    the rows together (`joined_decode`; True on the CPU when not compiled) or prefills one
+    left-padded batch.
     """
 
 

@@ -68,6 +68,10 @@ class EngineBase:
             )
         self._pad_id = int(pad)
         self._compile_config = _compile_config(model, compile, compile_backend)
+        # generate_batch on the CPU prefills each prompt alone and decodes the rows together
+        # (`joined_decode`: a padded batch's prefill costs the singles' or more there); compiled
+        # or on a GPU, one left-padded batch does both. Set it to choose.
+        self.joined_decoding = self._compile_config is None and model.device.type == "cpu"
         # The unmodified model's caches through each prompt's documents, for the methods that keep
         # those rows (scoring only).
         self._document_prefixes = DocumentPrefixCache(model)
@@ -227,18 +231,30 @@ class EngineBase:
             return None, [method.rewrite(engine, prompt, raw=raw) for prompt in prompts]
 
     def _method_applied(
-        self, method: MethodConfig | None, spans: Sequence[Sequence[Span] | None] = ()
+        self,
+        method: MethodConfig | None,
+        spans: Sequence[Sequence[Span] | None] = (),
+        *,
+        give_spans: bool = True,
     ) -> contextlib.AbstractContextManager[Any]:
-        """`method` on the model for the block and, if it reads documents, the spans of each
-        prompt of the batch (as `_render_for` gave them)."""
+        """`method` on the model for the block and, if it reads documents and `give_spans`, the
+        spans of each prompt of the batch (as `_render_for` gave them)."""
         stack = contextlib.ExitStack()
         if method is not None:
             method.prepare(self.model, self.tokenizer, spans)
         if current_method(self.model) != method:
             stack.enter_context(rescaled(self.model, method))
-        if method is not None and method.needs_document_spans():
-            stack.enter_context(document_spans(self.model, [row or [] for row in spans]))
+        if give_spans:
+            stack.enter_context(self._spans_given(method, spans))
         return stack
+
+    def _spans_given(
+        self, method: MethodConfig | None, spans: Sequence[Sequence[Span] | None]
+    ) -> contextlib.AbstractContextManager[Any]:
+        """The prompts' document spans given to `method` for the block, if it reads them."""
+        if method is None or not method.needs_document_spans():
+            return contextlib.nullcontext()
+        return document_spans(self.model, [row or [] for row in spans])
 
     def __repr__(self) -> str:
         method = method_name(self._method)

@@ -25,6 +25,7 @@ from rag_mspoe.engine.engine_types import (
     PromptTooLongError,
     Truncation,
 )
+from rag_mspoe.engine.joined_decode import joinable, prefill_apart
 from rag_mspoe.engine.stopping import GenerationWatch, TextTracker
 from rag_mspoe.engine.text_stream import AsyncTextStream, End, StreamOutlet, TextStream
 from rag_mspoe.engine.token_logprobs import LogprobRecorder
@@ -71,7 +72,11 @@ class GeneratingEngine(EngineBase):
     def generate_batch(
         self, prompts: Sequence[Prompt], *, cancel: threading.Event | None = None, **settings: Any
     ) -> list[GenerationResult]:
-        """Generate answers for several prompts in one left-padded batch (`cancel`: see `generate`)."""
+        """Generate answers for several prompts decoded as one batch (`cancel`: see `generate`).
+
+        On the CPU each prompt is prefilled alone and the rows then decode together
+        (`joined_decoding`, `rag_mspoe.engine.joined_decode`); compiled or on a GPU the prompts
+        are prefilled as one left-padded batch. Each row stops on its own."""
         if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not prompts:
             raise TypeError(
                 "generate_batch takes a non-empty list of prompts; use generate() for a single one."
@@ -246,9 +251,22 @@ class GeneratingEngine(EngineBase):
                 recorder=recorder,
             )
             spans = [item.spans for item in prepared]
-            with self._method_applied(method, spans), self._seeded(config.seed), torch.inference_mode():
+            # A one-token prompt has nothing to prefill before its last token: the padded batch.
+            joined = (
+                self.joined_decoding
+                and len(prepared) > 1
+                and min(len(item.ids) for item in prepared) > 1
+                and joinable(self.model, method)
+            )
+            with (
+                self._method_applied(method, spans, give_spans=not joined),
+                self._seeded(config.seed),
+                torch.inference_mode(),
+            ):
+                cache = self._prefilled_apart(prepared, method, cancel) if joined else {}
                 self.model.generate(
                     **self._batch(prepared),
+                    **cache,
                     **self._sampling(config),
                     max_new_tokens=config.max_new_tokens,
                     pad_token_id=self._pad_id,
@@ -269,6 +287,23 @@ class GeneratingEngine(EngineBase):
             if row not in results and not watch.row_cancelled(row):
                 finish(row)
         return [results[row] for row in sorted(results)]
+
+    def _prefilled_apart(
+        self, prepared: list[_Prepared], method: Any, cancel: threading.Event | None
+    ) -> dict[str, Any]:
+        """Each prompt prefilled alone under `method`, with its own document spans; the caches
+        joined for `generate` (`joined_decode`)."""
+
+        def not_cancelled() -> None:
+            if cancel is not None and cancel.is_set():
+                raise GenerationCancelled("Cancelled before generating.")
+
+        return prefill_apart(
+            self.model,
+            [item.ids for item in prepared],
+            lambda row: self._spans_given(method, [prepared[row].spans]),
+            not_cancelled,
+        )
 
     @staticmethod
     def _result(item: _Prepared, tracker: TextTracker, method: Any, logprobs: bool) -> GenerationResult:

@@ -22,6 +22,9 @@ from rag_mspoe.rope.hooks import ModelHooks, kv_cache
 
 
 class HiddenScaleState(ModelHooks):
+    # A prefill leaves its scaled keys in the cache, nothing in the hooks.
+    joins_prefills = True
+
     def __init__(self, model: nn.Module, method: Any) -> None:
         super().__init__(model, method)
         assert isinstance(method, HiddenScale)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import transformers
@@ -25,7 +25,16 @@ class ForwardInfo:
 
 
 class ModelHooks:
-    """Hooks one method put on one model; `uninstall` takes every one of them off again."""
+    """Hooks one method put on one model; `uninstall` takes every one of them off again.
+
+    Prompts prefilled one at a time can decode as one batch (`rag_mspoe.engine.joined_decode`)
+    when the hooks say how to join what each prefill left them: `joins_prefills`, with
+    `prefill_state` read after each prompt's prefill and `join_prefills` given them all.
+    """
+
+    # Whether `prefill_state` / `join_prefills` cover every state the hooks keep from a prefill
+    # for decoding; hooks that do not say so decode only the batch they prefilled.
+    joins_prefills: ClassVar[bool] = False
 
     def __init__(self, model: nn.Module, method: MethodConfig) -> None:
         self.model = model
@@ -60,6 +69,15 @@ class ModelHooks:
         window = self.arch.sliding_window(attention, self.model.config)
         valid = key_validity(self.forward.attention_mask, batch, keys, window, logits.device, rows)
         return torch.softmax(logits.masked_fill(~valid[:, None], float("-inf")), dim=-1)
+
+    def prefill_state(self) -> Any:
+        """What decoding after the last prefill (of one unpadded prompt) reads of these hooks."""
+        return None
+
+    def join_prefills(self, states: Sequence[Any], lengths: Sequence[int]) -> None:
+        """Decode as one batch the prompts whose `prefill_state`s these are, of `lengths` tokens:
+        row b's cache holds its first lengths[b] - 1 tokens, left-padded to max(lengths) - 1, and
+        its last prompt token comes with the first decoding step (`joined_decode`)."""
 
     def _on_decoder(self, _module: nn.Module, args: tuple, kwargs: dict) -> None:
         self.forward = ForwardInfo(

@@ -14,6 +14,7 @@ Keys are rotated before the cache stores them, so cached decoding stays exact.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -69,6 +70,10 @@ def layer_plans(method: MethodConfig, config: Any) -> dict[int, LayerPlan]:
 class RotaryScaleState(ModelHooks):
     """The hooks of a RoPE rescaling method on one model."""
 
+    # Rotations follow each row's position ids; per-prompt Ms-PoE's head ranks are the only
+    # state a prefill leaves.
+    joins_prefills = True
+
     def __init__(self, model: nn.Module, method: MethodConfig) -> None:
         super().__init__(model, method)
         self.plans = layer_plans(method, model.config)
@@ -76,6 +81,15 @@ class RotaryScaleState(ModelHooks):
             self.arch, self.decoder, {index: plan.divisors() for index, plan in self.plans.items()}
         )
         self.ranking = HeadRanking(self.arch, model.config)
+
+    def prefill_state(self) -> Any:
+        return dict(self.ranking.ranks), dict(self.ranking.scores)
+
+    def join_prefills(self, states: Sequence[Any], lengths: Sequence[int]) -> None:
+        for index, plan in self.plans.items():
+            if plan.heads is not None and plan.heads.static_ranks is None:  # ranked per prompt
+                self.ranking.ranks[index] = torch.cat([ranks[index] for ranks, _ in states])
+                self.ranking.scores[index] = torch.cat([scores[index] for _, scores in states])
 
     def _install(self) -> None:
         self._handles.append(self.tables.rotary.register_forward_hook(self._on_rotary, with_kwargs=True))
