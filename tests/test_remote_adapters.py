@@ -91,10 +91,11 @@ def test_stop_strings_and_per_call_settings_behave_as_locally(served, tiny_engin
     local = ChatRagMsPoE(engine=tiny_engine, max_tokens=20)
     remote = ChatRagMsPoE(engine=served, max_tokens=20)
     full = local.invoke(QUESTION).content
-    stop = full[5:13]
-    expected = full[: full.index(stop)]
-    assert remote.invoke(QUESTION, stop=[stop]).content == expected
-    assert "".join(c.content for c in remote.stream(QUESTION, stop=[stop])) == expected
+    for stops in ([full[5:13]], [full[-4:], full[9:11]]):  # the answer cut where the local one is
+        cut = local.invoke(QUESTION, stop=stops)
+        assert len(cut.content) < len(full)
+        assert remote.invoke(QUESTION, stop=stops).content == cut.content
+        assert joined(list(remote.stream(QUESTION, stop=stops))).content == cut.content
     short = remote.invoke(QUESTION, max_tokens=5)
     assert short.content == local.invoke(QUESTION, max_tokens=5).content
     assert short.response_metadata["finish_reason"] == "length" and short.usage_metadata["output_tokens"] == 5
