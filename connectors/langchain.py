@@ -382,12 +382,12 @@ class ChatRagMsPoE(EngineParams, BaseChatModel):
         settings = self._settings(stop, kwargs)
         prompt = to_chat_messages(messages)
         if tool_options.get("tools"):
-            return generate_with_tools(self.engine, prompt, **tool_options, **settings)
+            return generate_with_tools(self._model_engine(), prompt, **tool_options, **settings)
         if schema is None:
             result = self.engine.generate(prompt, **settings)
         else:
             del settings["stop"]  # the schema decides where the answer ends
-            result = generate_json(self.engine, prompt, schema, **settings)
+            result = generate_json(self._model_engine(), prompt, schema, **settings)
         return ToolAnswer(result.text, (), result)
 
     def _tool_stream(
@@ -399,7 +399,9 @@ class ChatRagMsPoE(EngineParams, BaseChatModel):
     ) -> Any:
         """A tool-calling stream (`stream_with_tools` or `astream_with_tools`) for bound tools."""
         tool_options = {key: kwargs.pop(key) for key in _TOOL_ARGUMENTS if key in kwargs}
-        return start(self.engine, to_chat_messages(messages), **tool_options, **self._settings(stop, kwargs))
+        return start(
+            self._model_engine(), to_chat_messages(messages), **tool_options, **self._settings(stop, kwargs)
+        )
 
     @staticmethod
     def _event_chunk(event: str | ToolCallDelta) -> ChatGenerationChunk:

@@ -49,7 +49,7 @@ from llama_index.core.tools import BaseTool
 from pydantic import BaseModel, ConfigDict, Field
 
 from rag_mspoe.connectors.settings import EngineFields, aretrying, engine_settings, read_order, retrying
-from rag_mspoe.engine import GenerationResult
+from rag_mspoe.engine import Engine, GenerationResult
 from rag_mspoe.engine.text_stream import TextPiece
 from rag_mspoe.engine.token_logprobs import TokenLogprob
 from rag_mspoe.prompts.chat_template import DOCUMENT_SPANS, Prompt
@@ -127,7 +127,8 @@ class RagMsPoE(EngineFields, FunctionCallingLLM):
             context_window=self.engine.context_window,
             num_output=self.max_tokens,
             is_chat_model=True,
-            is_function_calling_model=True,
+            # Tool calls are grammar-constrained decoding, which needs the model here.
+            is_function_calling_model=isinstance(self.engine, Engine),
             model_name=self.model_name,
         )
 
@@ -254,7 +255,7 @@ class RagMsPoE(EngineFields, FunctionCallingLLM):
         settings = engine_settings(self, dict(llm_kwargs or {}))
         del settings["stop"]  # the schema decides where the answer ends
         result = retrying(
-            lambda: generate_json(self.engine, messages, output_cls.model_json_schema(), **settings),
+            lambda: generate_json(self._model_engine(), messages, output_cls.model_json_schema(), **settings),
             self.max_retries,
         )
         return output_cls.model_validate_json(result.text)
@@ -275,14 +276,16 @@ class RagMsPoE(EngineFields, FunctionCallingLLM):
     ) -> Any:
         """A tool-calling stream (`stream_with_tools` or `astream_with_tools`) for the offered tools."""
         tool_options = {key: kwargs.pop(key) for key in _TOOL_ARGUMENTS if key in kwargs}
-        return start(self.engine, to_chat_messages(messages), **tool_options, **engine_settings(self, kwargs))
+        return start(
+            self._model_engine(), to_chat_messages(messages), **tool_options, **engine_settings(self, kwargs)
+        )
 
     def _answer(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ToolAnswer:
         """One blocking answer: plain text, or tool calls when tools are offered."""
         tool_options = {key: kwargs.pop(key) for key in _TOOL_ARGUMENTS if key in kwargs}
         prompt, settings = to_chat_messages(messages), engine_settings(self, kwargs)
         if tool_options.get("tools"):
-            return generate_with_tools(self.engine, prompt, **tool_options, **settings)
+            return generate_with_tools(self._model_engine(), prompt, **tool_options, **settings)
         result = self.engine.generate(prompt, **settings)
         return ToolAnswer(result.text, (), result)
 

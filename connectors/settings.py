@@ -11,6 +11,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from rag_mspoe.engine import ENGINE_DEFAULT, Engine, GenerationResult, GenerationTimeout, shared_engine
+from rag_mspoe.engine.remote_engine import NEEDS_THE_MODEL, RemoteEngine
 from rag_mspoe.engine.token_logprobs import MAX_TOP_LOGPROBS, chat_alternatives
 
 # Settings a single call may override, by the names the adapters use for their fields.
@@ -82,10 +83,12 @@ class EngineFields(BaseModel):
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
-    engine: Engine = Field(
+    engine: Engine | RemoteEngine = Field(
         default=None,  # type: ignore[assignment]  # filled from `source` by the validator
         exclude=True,
-        description="The engine to generate with; by default the shared engine of `source`.",
+        description="The engine to generate with; by default the shared engine of `source`. A "
+        "RemoteEngine (RemoteEngine.connect(url, model, ...)) answers through an OpenAI-compatible "
+        "server, with the methods that need only text and log-probabilities.",
     )
     source: str | None = Field(
         default=None,
@@ -141,6 +144,13 @@ class EngineFields(BaseModel):
         if self.method is not None:
             self._method_config = self.engine.method_config(self.method)
         return self
+
+    def _model_engine(self) -> Engine:
+        """The local engine, for what constrains the model's own decoding (tool calls, structured
+        output); a remote engine is refused here, before anything is sent."""
+        if isinstance(self.engine, RemoteEngine):
+            raise ValueError(NEEDS_THE_MODEL)
+        return self.engine
 
     @property
     def method_config(self) -> Any:

@@ -19,6 +19,7 @@ class FakeBehaviour:
     every generation gives."""
 
     prompt_logprobs: bool = True
+    shifted: bool = False  # scores one token off, as llama-cpp-python's: the greedy token not the likeliest
     failures: int = 0
     answer: str = "Paris"
     requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
@@ -34,11 +35,15 @@ def completion(body: dict[str, Any], behaviour: FakeBehaviour, tokenizer: Any) -
         encoded = tokenizer(body["prompt"], add_special_tokens=False, return_offsets_mapping=True)
         offsets = [start for start, _ in encoded["offset_mapping"]]
         value = -1.0 if behaviour.prompt_logprobs else 0.0
+        tokens = [tokenizer.decode([i]) for i in encoded["input_ids"]] + [behaviour.answer]
+        other = -0.5 if behaviour.shifted else -2.0  # another token's, at the answer's step
         logprobs = {
-            "tokens": [tokenizer.decode([i]) for i in encoded["input_ids"]] + [behaviour.answer],
+            "tokens": tokens,
             "text_offset": [*offsets, len(body["prompt"])],
             "token_logprobs": [None] + [value] * (len(offsets) - 1) + [-1.0],
-            "top_logprobs": None,
+            "top_logprobs": [None, *({t: value} for t in tokens[1:-1]), {"x": other, behaviour.answer: -1.0}]
+            if body["logprobs"]
+            else None,
         }
     usage = {"completion_tokens": 1}
     return {"choices": [{"index": 0, "text": text, "logprobs": logprobs}], "usage": usage}

@@ -13,8 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rag_mspoe.engine.remote_client import Endpoint, RemoteClient, RequestBudgetSpent, has_prompt_logprobs
-from rag_mspoe.engine.remote_engine import UNSCORED_METHODS, RemoteEngine, remote_method_problem
+from rag_mspoe.engine.remote_client import Endpoint, RemoteClient, RequestBudgetSpent
+from rag_mspoe.engine.remote_engine import (
+    UNSCORED_METHODS,
+    RemoteEngine,
+    load_tokenizer,
+    remote_method_problem,
+)
 from rag_mspoe.eval.runs.loop import RunStopped
 from rag_mspoe.eval.runs.units import Scorer
 from rag_mspoe.methods.method_spec import ResolvedMethod
@@ -87,7 +92,7 @@ def connect(target: RemoteTarget, methods: Sequence[ResolvedMethod], metrics: Se
             f"{refused} need a model variant (another RoPE type), which a remote server does not let us "
             "build; run them locally."
         )
-    scores = tokenizer is not None and has_prompt_logprobs(client)
+    scores = engine.scores_prompts  # the probe, once: the engine keeps what it found
     if not scores:
         why = (
             "no --tokenizer renders the prompts (the chat endpoint cannot score them)"
@@ -108,13 +113,3 @@ def connect(target: RemoteTarget, methods: Sequence[ResolvedMethod], metrics: Se
     if problems:
         raise ValueError("; ".join(problems) + ".")
     return RemoteRun(engine, scores)
-
-
-def load_tokenizer(source: str) -> Any:
-    """The tokenizer of a model source as `load_model` finds it, without the weights."""
-    from transformers import AutoTokenizer
-
-    from rag_mspoe.models.loading import resolve_source
-
-    folder, _ = resolve_source(source)
-    return AutoTokenizer.from_pretrained(folder)

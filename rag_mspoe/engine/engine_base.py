@@ -20,7 +20,7 @@ from rag_mspoe.methods.method_spec import MethodSpec, parse_method
 from rag_mspoe.methods.validated_documents import warn_outside_validated
 from rag_mspoe.models import loading
 from rag_mspoe.prompts.chat_template import Prompt, render
-from rag_mspoe.prompts.document_prompts import HOW_TO_PASS_SPANS, MissingDocumentSpans, render_with_spans
+from rag_mspoe.prompts.document_prompts import MissingDocumentSpans, render_with_spans
 from rag_mspoe.rope.rescaling import current_method, rescaled
 from rag_mspoe.tools.grammar import grammar_tokenizer
 
@@ -179,10 +179,7 @@ class EngineBase:
         if not method.needs_document_spans():
             return ids, None
         if spans is None:
-            raise MissingDocumentSpans(
-                f"{method_name(method)} needs to know where each document is in the prompt, and this "
-                f"prompt does not say. {HOW_TO_PASS_SPANS}"
-            )
+            raise MissingDocumentSpans.of(method_name(method))
         return ids, spans
 
     def _token_bytes(self) -> Callable[[int], bytes]:

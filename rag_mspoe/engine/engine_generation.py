@@ -95,7 +95,7 @@ class GeneratingEngine(EngineBase):
             by_prompt = {p.key: answer for p, answer in zip(unique, unique_answers, strict=True)}
             answers = [by_prompt[p.key] for p in prepared]
         return [
-            _with_read_order(answer, given, read)
+            with_read_order(answer, given, read)
             for answer, given, read in zip(answers, prompts, rewritten, strict=True)
         ]
 
@@ -135,7 +135,7 @@ class GeneratingEngine(EngineBase):
 
             def end(row: int, result: GenerationResult) -> None:
                 ended.add(row)
-                outlets[row].put(End(_with_read_order(result, prompts[row], rewritten[row])))
+                outlets[row].put(End(with_read_order(result, prompts[row], rewritten[row])))
 
             self._run(ready, first.config, method, outlets=outlets, on_row_end=end, shown=first.method)
             for row, outlet in enumerate(outlets):
@@ -410,7 +410,7 @@ def spans_after_cut(spans: list[Span], head: int, tail_start: int) -> list[Span]
     return [(start, end) for start, end in cut if start < end]
 
 
-def _with_read_order(result: GenerationResult, given: Prompt, read: Prompt) -> GenerationResult:
+def with_read_order(result: GenerationResult, given: Prompt, read: Prompt) -> GenerationResult:
     """The result, saying which given document each one the model read was, when a method rewrote
     the prompt (so the answer's 'Document [i]' can be mapped back)."""
     if read is given:

@@ -18,7 +18,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -38,6 +38,10 @@ class EndpointError(RuntimeError):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+
+
+class EndpointTimeout(EndpointError, TimeoutError):
+    """The server did not answer (or stream its answer) before the caller's deadline."""
 
 
 class RequestBudgetSpent(RuntimeError):
@@ -94,22 +98,42 @@ class RemoteClient:
         self._count_lock = threading.Lock()
         self.sent = 0  # requests sent, retries included
 
-    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """The JSON answer of POST `path` (under the base URL) with `body` and the model's name."""
-        payload = json.dumps({"model": self.endpoint.model, **body}).encode()
-        delay, attempt = self.endpoint.backoff_s, 0
-        while True:
-            self._spend_one()
-            try:
-                return self._send(path, payload)
-            except _Retryable as exc:
-                if attempt == self.endpoint.retries:
-                    raise EndpointError(
-                        f"{self.endpoint.base}{path} failed {attempt + 1} times, last: {exc}; check that "
-                        "the server is up, or raise --retries."
-                    ) from exc
-            time.sleep(delay)
-            delay, attempt = delay * 2, attempt + 1
+    def post(self, path: str, body: dict[str, Any], *, deadline: float | None = None) -> dict[str, Any]:
+        """The JSON answer of POST `path` (under the base URL) with `body` and the model's name.
+
+        deadline: a `time.monotonic()` time by which the answer must have come, or EndpointTimeout
+        (no retry after it)."""
+        data = self._opened(path, body, deadline, whole=True)
+        try:
+            return dict(json.loads(data))
+        except ValueError as exc:  # a proxy's HTML page, say
+            raise EndpointError(
+                f"{self.endpoint.base}{path} answered with something that is not JSON ({data[:200]!r}); "
+                "is --endpoint the API's base URL (.../v1)?"
+            ) from exc
+
+    def events(
+        self, path: str, body: dict[str, Any], *, deadline: float | None = None
+    ) -> Generator[dict[str, Any], None, None]:
+        """The server-sent events of a streamed POST `path`, as JSON, until `data: [DONE]`.
+
+        Only opening the stream is retried: once text has come, a failure ends the stream. An
+        error the server reports inside the stream (OpenAI's {"error": ...}) is raised as
+        EndpointError. deadline: as `post`'s, checked at every event too."""
+        with self._opened(path, {**body, "stream": True}, deadline, whole=False) as response:
+            for line in _lines(response, f"{self.endpoint.base}{path}", deadline):
+                if deadline is not None and time.monotonic() > deadline:
+                    raise EndpointTimeout(f"{self.endpoint.base}{path} streamed past the deadline.")
+                if not line.startswith(b"data:"):
+                    continue  # blank separators, comments and event names
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    return
+                event = dict(json.loads(data))
+                if event.get("error"):
+                    message = _error_message(data)
+                    raise EndpointError(f"{self.endpoint.base}{path} failed mid-stream: {message}")
+                yield event
 
     def map(self, function: Callable[[T], R], items: Iterable[T]) -> list[R]:
         """function(item) for every item, `concurrency` at a time, in order; the first error is raised."""
@@ -128,14 +152,43 @@ class RemoteClient:
                 )
             self.sent += 1
 
-    def _send(self, path: str, payload: bytes) -> dict[str, Any]:
+    def _opened(self, path: str, body: dict[str, Any], deadline: float | None, whole: bool) -> Any:
+        """POST `path`, retried as the module says: the answer's bytes (whole) or the open response."""
+        payload = json.dumps({"model": self.endpoint.model, **body}).encode()
+        delay, attempt = self.endpoint.backoff_s, 0
+        while True:
+            self._spend_one()
+            try:
+                return self._open(path, payload, deadline, whole)
+            except _Retryable as exc:
+                if deadline is not None and time.monotonic() + delay > deadline:
+                    raise EndpointTimeout(
+                        f"{self.endpoint.base}{path} did not answer before the deadline, last: {exc}"
+                    ) from exc
+                if attempt == self.endpoint.retries:
+                    raise EndpointError(
+                        f"{self.endpoint.base}{path} failed {attempt + 1} times, last: {exc}; check that "
+                        "the server is up, or raise --retries."
+                    ) from exc
+            time.sleep(delay)
+            delay, attempt = delay * 2, attempt + 1
+
+    def _open(self, path: str, payload: bytes, deadline: float | None, whole: bool) -> Any:
         headers = {"Content-Type": "application/json"}
         if self.endpoint.api_key:
             headers["Authorization"] = f"Bearer {self.endpoint.api_key}"
         request = urllib.request.Request(self.endpoint.base + path, payload, headers, method="POST")
+        timeout = self.endpoint.timeout_s
+        if deadline is not None:
+            timeout = min(timeout, deadline - time.monotonic())
+            if timeout <= 0:
+                raise EndpointTimeout(f"{self.endpoint.base}{path}: the deadline passed before the request.")
         try:
-            with urllib.request.urlopen(request, timeout=self.endpoint.timeout_s) as response:
-                data = response.read()
+            response = urllib.request.urlopen(request, timeout=timeout)
+            if not whole:
+                return response
+            with response:
+                return response.read()
         except urllib.error.HTTPError as exc:
             detail = _error_message(exc.read())
             if exc.code in RETRIED_STATUSES:
@@ -143,14 +196,21 @@ class RemoteClient:
             message = f"{self.endpoint.base}{path} answered HTTP {exc.code}: {detail}"
             raise EndpointError(message, exc.code) from exc
         except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
-            raise _Retryable(str(getattr(exc, "reason", exc))) from exc
-        try:
-            return dict(json.loads(data))
-        except ValueError as exc:  # a proxy's HTML page, say
-            raise EndpointError(
-                f"{self.endpoint.base}{path} answered with something that is not JSON ({data[:200]!r}); "
-                "is --endpoint the API's base URL (.../v1)?"
-            ) from exc
+            reason = getattr(exc, "reason", exc)
+            if deadline is not None and isinstance(reason, TimeoutError):
+                message = f"{self.endpoint.base}{path} did not answer before the deadline."
+                raise EndpointTimeout(message) from exc
+            raise _Retryable(str(reason)) from exc
+
+
+def _lines(response: Any, url: str, deadline: float | None) -> Iterator[bytes]:
+    """The lines of a streamed answer; a connection that breaks or stalls ends it with EndpointError."""
+    try:
+        yield from response
+    except (ConnectionError, TimeoutError) as exc:
+        if deadline is not None and isinstance(exc, TimeoutError):
+            raise EndpointTimeout(f"{url} stopped streaming before the deadline.") from exc
+        raise EndpointError(f"{url} broke off its stream: {exc}") from exc
 
 
 class _Retryable(Exception):
@@ -172,24 +232,46 @@ def prompt_logprobs(client: RemoteClient, text: str) -> list[float | None]:
     """The log-probability of each of the server's tokens of `text` given the tokens before it (None
     for the first, which nothing predicts, or where none came back): completions with echo and
     logprobs, and one generated token, dropped (`usage.completion_tokens` says how many came)."""
-    answer = client.post(
-        "/completions", {"prompt": text, "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": 0}
-    )
-    values = (answer["choices"][0].get("logprobs") or {}).get("token_logprobs") or []
-    generated = int((answer.get("usage") or {}).get("completion_tokens", 1))
-    prompt = values[: len(values) - generated] if generated else values
-    return [None if value is None else float(value) for value in prompt]
+    return _prompt_values(_echoed(client, text, top=0))
 
 
 def has_prompt_logprobs(client: RemoteClient) -> bool:
     """Whether the server scores a prompt's own tokens (echo with logprobs): vLLM and `rag-mspoe
     serve` do; llama.cpp's server gives 0.0 or nothing for them, which would turn every
-    log-likelihood into a tie. One request."""
+    log-likelihood into a tie, and llama-cpp-python's scores each token by the distribution after
+    it (one token off), which `greedy_is_likeliest` finds. One request."""
     try:
-        values = prompt_logprobs(client, PROBE_PROMPT)
+        answer = _echoed(client, PROBE_PROMPT, top=1)
     except EndpointError as exc:
         if exc.status in (400, 422):  # a server that refuses echo or logprobs outright
             return False
         raise  # unreachable, a wrong key or model name: said as the server says it
+    values = _prompt_values(answer)
     scored = [value for value in values[1:] if value is not None and math.isfinite(value)]
-    return len(scored) >= 2 and any(value < 0 for value in scored)
+    return len(scored) >= 2 and any(value < 0 for value in scored) and greedy_is_likeliest(answer)
+
+
+def greedy_is_likeliest(answer: dict[str, Any]) -> bool:
+    """Whether a greedy completion's one generated token has the highest log-probability of its
+    step's alternatives (True where the server lists none). Scores that are aligned with their
+    tokens pass; scores shifted by one token (each token given the distribution that follows it)
+    fail it but for a coincidence."""
+    choice = answer["choices"][0]
+    logprobs = choice.get("logprobs") or {}
+    values, tops = logprobs.get("token_logprobs") or [], logprobs.get("top_logprobs") or []
+    generated = int((answer.get("usage") or {}).get("completion_tokens", 1))
+    if generated != 1 or not values or len(tops) != len(values) or not tops[-1]:
+        return True
+    return values[-1] is not None and float(values[-1]) >= max(map(float, tops[-1].values())) - 1e-3
+
+
+def _echoed(client: RemoteClient, text: str, top: int) -> dict[str, Any]:
+    body = {"prompt": text, "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": top}
+    return client.post("/completions", body)
+
+
+def _prompt_values(answer: dict[str, Any]) -> list[float | None]:
+    values = (answer["choices"][0].get("logprobs") or {}).get("token_logprobs") or []
+    generated = int((answer.get("usage") or {}).get("completion_tokens", 1))
+    prompt = values[: len(values) - generated] if generated else values
+    return [None if value is None else float(value) for value in prompt]

@@ -48,6 +48,13 @@ HOW_TO_PASS_SPANS = (
 class MissingDocumentSpans(PromptError):
     """A method needs to know where the documents are, and the prompt does not say."""
 
+    @classmethod
+    def of(cls, method_name: str) -> MissingDocumentSpans:
+        return cls(
+            f"{method_name} needs to know where each document is in the prompt, and this prompt does "
+            f"not say. {HOW_TO_PASS_SPANS}"
+        )
+
 
 def document_message(text: str, spans: Sequence[Sequence[int]], role: str = "user") -> dict[str, Any]:
     """A message whose documents sit at the character ranges `spans` of `text`."""
