@@ -93,7 +93,9 @@ def refuse_other_inputs(folder: Path, model_name: str, examples: Sequence[Any]) 
     the two would be scored as one study. Records what it checked in INPUTS_FILE."""
     path = folder / INPUTS_FILE
     fingerprints = {str(example.id): _fingerprint(example) for example in examples}
-    recorded = json.loads(path.read_text()) if path.is_file() else {"model": model_name, "examples": {}}
+    recorded: dict[str, Any] = {"model": model_name, "examples": {}}
+    if path.is_file():
+        recorded = json.loads(path.read_text())
     if recorded["model"] != model_name:
         raise ValueError(
             f"{folder} holds the attention of {recorded['model']!r}, not of {model_name!r}; "
