@@ -158,6 +158,8 @@ def _ours(model: Any) -> Any:
 _LLAMA_CPP_PROBE = """
 import sys
 import llama_cpp
+from llama_cpp_layout import use_plain_weight_layout
+use_plain_weight_layout()
 llm = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=4096, n_batch=512, n_threads=1, verbose=False)
 llm.eval(list(range(100, 164)))
 """
@@ -176,8 +178,12 @@ def _llama_cpp_status(measured: bool, crashed: str | None = None) -> str:
 def _llama_cpp_crash(gguf: Any) -> str | None:
     """Why llama.cpp cannot run here, from a probe in a child process (a build can fault on a
     CPU it was not made for, which would end this process), or None when it runs."""
+    here = os.path.dirname(os.path.abspath(__file__))  # the child imports llama_cpp_layout from here
     probe = subprocess.run(
-        [sys.executable, "-c", _LLAMA_CPP_PROBE, str(gguf)], capture_output=True, text=True
+        [sys.executable, "-c", _LLAMA_CPP_PROBE, str(gguf)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))},
     )
     if probe.returncode == 0:
         return None
@@ -192,7 +198,9 @@ def _llama_cpp(name: str, threads: int) -> Any:
     except ImportError:
         return None
     from bench_llama_cpp import joined_gguf
+    from llama_cpp_layout import use_plain_weight_layout
 
+    use_plain_weight_layout()
     stack = joined_gguf(name)
     gguf = stack.__enter__()  # kept joined for the whole run; the process ends with it
     crash = _llama_cpp_crash(gguf)

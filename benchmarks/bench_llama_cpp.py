@@ -51,6 +51,9 @@ def main() -> None:
     ours = {"bf16": model, "int8": quantize_model(copy.deepcopy(model), "int8")}
     examples = load_qa(DATA)[: args.prompts]
     prompts = [prompt_ids(tokenizer, qa_prompt(with_gold_at(e, GOLD_POSITION))) for e in examples]
+    from llama_cpp_layout import use_plain_weight_layout
+
+    use_plain_weight_layout()
     with joined_gguf(args.model) as gguf:
         llm = llama_cpp.Llama(
             model_path=str(gguf),
