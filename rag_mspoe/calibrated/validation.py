@@ -57,6 +57,17 @@ VALIDATION_RUNS: dict[str, tuple[ValidationRun, ...]] = {
                 "--threads 1 --ray local --ray-workers 2 --out runs/val10-0.5b"
             ),
         ),
+        ValidationRun(
+            model="qwen2.5-coder-0.5b-instruct",
+            folder="docs/results/nq5-0.5b",
+            label="calibrated",
+            command=(
+                "rag-mspoe sweep --model qwen2.5-coder-0.5b-instruct "
+                "--data docs/results/nq5-0.5b/validation-5.jsonl.gz --documents 5 --positions 0,2,4 "
+                "--methods none calibrated --samples 300 --metrics loglik generate --max-new-tokens 64 "
+                "--threads 1 --ray local --ray-workers 2 --out runs/val5-0.5b"
+            ),
+        ),
     ),
 }
 
@@ -105,8 +116,8 @@ def wins(validation: dict[str, Any], significance: float = 0.05) -> bool:
 def build_validation(repository: Path, run: ValidationRun) -> dict[str, Any]:
     """The compact validation of `run` from its records in `repository`.
 
-    Refuses a run whose label did not score the config shipped for the model, and questions
-    not scored at every position by both labels (the curve must be paired)."""
+    Refuses a run whose label did not score the config shipped for the model; keeps the questions
+    scored at every position by both labels (the curve must be paired)."""
     folder = repository / run.folder
     manifest = json.loads((folder / "manifest.json").read_text())
     recorded = manifest["methods"][run.label]
@@ -128,14 +139,18 @@ def build_validation(repository: Path, run: ValidationRun) -> dict[str, Any]:
                 key = (names[record["method"]], int(record["position"]), str(record["example_id"]))
                 scores[key] = {metric: record[metric] for metric in METRICS}
                 seconds += record["seconds"]
-    questions = sorted({key[2] for key in scores}, key=int)
-    missing = [
-        key
-        for key in ((name, p, q) for name in names.values() for p in positions for q in questions)
-        if key not in scores
-    ]
-    if missing:
-        raise ValueError(f"{folder}: {len(missing)} items are not scored, e.g. {missing[0]}; finish the run.")
+    # The paired questions: scored by both labels at every position (a run stopped by its budget
+    # may hold part of its last question).
+    questions = sorted(
+        (
+            q
+            for q in {key[2] for key in scores}
+            if all((n, p, q) in scores for n in names.values() for p in positions)
+        ),
+        key=int,
+    )
+    if not questions:
+        raise ValueError(f"{folder}: no question is scored by both labels at every position; finish the run.")
     return {
         "model": run.model,
         "run": run.folder,
