@@ -5,10 +5,11 @@ weight-only CPU kernels read 4- or 8-bit weights and multiply them with the inpu
 dtype (no activation quantisation). They run a matrix-vector
 loop per row, though: fast for a few rows, 17-19x slower than the bf16 matmul for a 1,300-row
 prefill (one thread, 1300 x 896 x 4864: bf16 10 ms, int8 177 ms, int4 196 ms). So a call with
-more than `kernel_rows` rows de-quantises the weight into the input's dtype and runs the plain
-matmul instead: that costs about 0.2x a 1,300-row matmul for int8 and 0.7x for int4, and no
-memory beyond one layer's weight at a time (keeping a bf16 copy for prefill would cost more
-memory than the bf16 model itself).
+more than `kernel_rows` rows runs the plain matmul on de-quantised weights instead, with no memory
+beyond one layer's weight at a time (keeping a bf16 copy for prefill would cost more memory than
+the bf16 model itself). int8 only converts its codes (its per-channel scale multiplies the
+output): about 0.05x a 1,300-row matmul. int4 builds the scaled weight, about 0.7-0.9x such a
+matmul; fused or compiled forms of that were no faster here (docs/cpu-inference.md).
 
 - int8: symmetric, one scale per output channel: w = q * scale, q in [-128, 127].
 - int4: asymmetric, one scale and one offset per group of `group_size` inputs of a row:
@@ -79,8 +80,13 @@ class WeightOnlyLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         if rows.shape[0] > self.kernel_rows:
-            # x @ W.T with W.T built contiguous: int4's layout unpacks to it with no element-wise transpose.
-            out = torch.matmul(x, self._dequantized_t(x.dtype))
+            if self.bits == 8:
+                # One scale per output channel comes out of the product: the codes only change dtype
+                # (about 10x cheaper than building the scaled weight), the scales multiply the output.
+                out = functional.linear(x, self.packed.to(x.dtype)) * self.scales.to(x.dtype)
+            else:
+                # x @ W.T with W.T built contiguous: int4's layout unpacks to it with no element-wise transpose.
+                out = torch.matmul(x, self._dequantized_t(x.dtype))
             return out if self.bias is None else out + self.bias
         flat = rows.to(self.scales.dtype).contiguous()
         if self.bits == 8:
