@@ -26,30 +26,50 @@ def score_generation(
     method: MethodSpec,
     max_new_tokens: int = 100,
     batch_size: int = 8,
+    gold: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Greedy answers, `batch_size` prompts per `generate_batch` call, each scored by its metric:
     `best_subspan_em` for QA, `kv_match` for KV. Returns {"prediction", "correct"} per example.
 
     A QA answer counts only up to its first newline, so QA-only batches stop generating there
     (same score, far less decoding) and their predictions hold that first line.
+
+    gold: one answer per example whose log-likelihood to score too ("gold_logprob", "gold_tokens"
+    as `score_loglikelihood` gives them), from the prefill that generation makes
+    (`Engine.generate_and_score`); only for engines that have it.
     """
     if len(prompts) != len(examples):
         raise ValueError(f"{len(prompts)} prompts for {len(examples)} examples; give one prompt per example.")
+    if gold is not None and len(gold) != len(examples):
+        raise ValueError(f"{len(gold)} gold answers for {len(examples)} examples; give one per example.")
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
     results = []
     for first in range(0, len(prompts), batch_size):
         batch = examples[first : first + batch_size]
-        stop = ["\n"] if all(isinstance(example, QAExample) for example in batch) else []
-        answers = engine.generate_batch(
-            list(prompts[first : first + batch_size]), max_new_tokens=max_new_tokens, stop=stop, method=method
-        )
-        for example, answer in zip(batch, answers, strict=True):
+        texts = list(prompts[first : first + batch_size])
+        settings: dict[str, Any] = {
+            "max_new_tokens": max_new_tokens,
+            "stop": ["\n"] if all(isinstance(example, QAExample) for example in batch) else [],
+            "method": method,
+        }
+        if gold is None:
+            answers = engine.generate_batch(texts, **settings)
+            scores: list[Any] = [None] * len(answers)
+        else:
+            answers_to_score = [[checked_answer(text)] for text in gold[first : first + batch_size]]
+            pairs = engine.generate_and_score(list(zip(texts, answers_to_score, strict=True)), **settings)  # type: ignore[attr-defined]
+            answers, scores = [answer for answer, _ in pairs], [scored for _, scored in pairs]
+        for example, answer, scored in zip(batch, answers, scores, strict=True):
             if isinstance(example, QAExample):
                 correct = best_subspan_em(answer.text, example.answers)
             else:
                 correct = kv_match(answer.text, example.value)
-            results.append({"prediction": answer.text, "correct": correct})
+            result: dict[str, Any] = {"prediction": answer.text, "correct": correct}
+            if scored is not None:
+                ((total, tokens),) = scored
+                result.update(gold_logprob=total, gold_tokens=tokens)
+            results.append(result)
     return results
 
 

@@ -206,6 +206,9 @@ class BatchScorer:
         if not records:
             return
         metrics = self.config.metrics
+        # The gold answer's log-likelihood from the prefill generation makes, where the engine can.
+        together = {"generate", "loglik"} <= set(metrics) and "choice" not in metrics
+        together = together and hasattr(engine, "generate_and_score")
         if "generate" in metrics:
             scored = model_scores.score_generation(
                 engine,
@@ -214,11 +217,15 @@ class BatchScorer:
                 method=method,
                 max_new_tokens=self.config.max_new_tokens,
                 batch_size=self.config.decode_batch,
+                gold=[gold_answer(example) for example in examples] if together else None,
             )
             for record, result in zip(records, scored, strict=True):
                 record["prediction"] = result["prediction"]
                 record["match"] = float(result["correct"])
-        if "choice" in metrics or "loglik" in metrics:
+                if together:
+                    record["gold_logprob"] = float(result["gold_logprob"])
+                    record["gold_tokens"] = int(result["gold_tokens"])
+        if not together and ("choice" in metrics or "loglik" in metrics):
             self._score_answers(engine, method, examples, texts, records)
 
     def _score_answers(

@@ -18,6 +18,7 @@ code imports from it:
     engine_generation  generate, generate_batch, stream and their async forms
     joined_decode      prompts prefilled one at a time, then decoded as one batch
     engine_scoring     loglikelihood, score_continuations, prefill
+    scored_generation  generate_and_score: answers and continuation scores from one prefill
     text_stream        the stream a generation's text pieces arrive on
 """
 
@@ -28,8 +29,6 @@ import threading
 
 import torch
 
-from rag_mspoe.engine.engine_generation import GeneratingEngine
-from rag_mspoe.engine.engine_scoring import ScoringEngine
 from rag_mspoe.engine.engine_types import (
     ENGINE_DEFAULT,
     CallMethod,
@@ -43,6 +42,7 @@ from rag_mspoe.engine.engine_types import (
     PromptTooLongError,
     Truncation,
 )
+from rag_mspoe.engine.scored_generation import ScoredGeneratingEngine
 from rag_mspoe.engine.text_stream import AsyncTextStream, TextPiece, TextStream
 from rag_mspoe.engine.token_logprobs import TokenLogprob
 from rag_mspoe.methods.method_spec import MethodSpec
@@ -69,7 +69,7 @@ __all__ = [
 ]
 
 
-class Engine(GeneratingEngine, ScoringEngine):
+class Engine(ScoredGeneratingEngine):
     """Generation and scoring over one loaded causal LM and its tokenizer.
 
     method: the default rescaling method, any spec `parse_method` takes ("mspoe", "pi:2",

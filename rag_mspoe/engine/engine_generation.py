@@ -205,9 +205,11 @@ class GeneratingEngine(EngineBase):
         shown: Any = None,
         outlets: Sequence[StreamOutlet] = (),
         on_row_end: Callable[[int, GenerationResult], None] | None = None,
+        after_prefill: Callable[[int, Any], None] | None = None,
     ) -> list[GenerationResult]:
         """Generate for prepared prompts under `method`; results name `shown` (the method the
-        caller asked for, when it rewrote the prompts) or `method`.
+        caller asked for, when it rewrote the prompts) or `method`. `after_prefill(row, output)`
+        gets each row's own prefill (`prefill_apart`); the caller checked `joins_prefills`.
 
         With outlets (one per row), each row's text is streamed to its outlet's `put`, its cancel
         event drops the row alone, and `on_row_end(row, result)` gets each row's result as soon as
@@ -251,19 +253,15 @@ class GeneratingEngine(EngineBase):
                 recorder=recorder,
             )
             spans = [item.spans for item in prepared]
-            # A one-token prompt has nothing to prefill before its last token: the padded batch.
-            joined = (
-                self.joined_decoding
-                and len(prepared) > 1
-                and min(len(item.ids) for item in prepared) > 1
-                and joinable(self.model, method)
+            joined = after_prefill is not None or (
+                len(prepared) > 1 and self.joins_prefills(prepared, method)
             )
             with (
                 self._method_applied(method, spans, give_spans=not joined),
                 self._seeded(config.seed),
                 torch.inference_mode(),
             ):
-                cache = self._prefilled_apart(prepared, method, cancel) if joined else {}
+                cache = self._prefilled_apart(prepared, method, cancel, after_prefill) if joined else {}
                 self.model.generate(
                     **self._batch(prepared),
                     **cache,
@@ -288,8 +286,21 @@ class GeneratingEngine(EngineBase):
                 finish(row)
         return [results[row] for row in sorted(results)]
 
+    def joins_prefills(self, prepared: Sequence[_Prepared], method: Any) -> bool:
+        """Whether these prompts can be prefilled one at a time and decoded together under `method`
+        (a one-token prompt has nothing to prefill before its last token)."""
+        return (
+            self.joined_decoding
+            and min(len(item.ids) for item in prepared) > 1
+            and joinable(self.model, method)
+        )
+
     def _prefilled_apart(
-        self, prepared: list[_Prepared], method: Any, cancel: threading.Event | None
+        self,
+        prepared: list[_Prepared],
+        method: Any,
+        cancel: threading.Event | None,
+        after_prefill: Callable[[int, Any], None] | None = None,
     ) -> dict[str, Any]:
         """Each prompt prefilled alone under `method`, with its own document spans; the caches
         joined for `generate` (`joined_decode`)."""
@@ -303,6 +314,7 @@ class GeneratingEngine(EngineBase):
             [item.ids for item in prepared],
             lambda row: self._spans_given(method, [prepared[row].spans]),
             not_cancelled,
+            after_prefill,
         )
 
     @staticmethod

@@ -40,11 +40,14 @@ def prefill_apart(
     rows: Sequence[Sequence[int]],
     row_context: Callable[[int], AbstractContextManager[Any]],
     before_row: Callable[[], None] = lambda: None,
+    after_row: Callable[[int, Any], None] | None = None,
 ) -> dict[str, Any]:
     """Prefill each row of token ids alone (inside `row_context(row)`, which gives the method the
     row's document spans) and return the joined cache as `generate`'s keyword argument: row b
     holds its first len(rows[b]) - 1 tokens, left-padded. `before_row` runs before each prefill
-    (it raises to give up, when the call is cancelled)."""
+    (it raises to give up, when the call is cancelled); `after_row(row, output)`, still inside the
+    row's context, gets the prefill's output (its cache, whole, is the callee's to extend: the
+    join has copied what it keeps, and `output.logits` predicts the token after the prompt)."""
     from transformers.cache_utils import DynamicCache
 
     hooks = getattr(model, STATE_ATTR, None)
@@ -54,30 +57,36 @@ def prefill_apart(
             "Joined decoding needs prompts of at least 2 tokens (the last is decoded with the batch); "
             "give a one-token prompt to a padded batch."
         )
-    caches, states = [], []
+    width = max(lengths) - 1
+    padded: list[list[tuple[torch.Tensor, torch.Tensor]]] = []  # per row, per layer: (keys, values)
+    states = []
     for row, ids in enumerate(rows):
         before_row()
         with row_context(row):
             output = model(
                 input_ids=torch.tensor([list(ids)], device=model.device),
                 use_cache=True,
-                logits_to_keep=1,  # the logits are not read: the first decoding step recomputes them
+                logits_to_keep=1,  # the first decoding step recomputes the prompt's last logits
             )
-        caches.append(returned_cache(output))
-        states.append(None if hooks is None else hooks.prefill_state())
+            cache = returned_cache(output)
+            padded.append(
+                [
+                    (
+                        _left_padded(layer.keys, len(ids) - 1, width),
+                        _left_padded(layer.values, len(ids) - 1, width),
+                    )
+                    for layer in cache.layers
+                ]
+            )
+            states.append(None if hooks is None else hooks.prefill_state())
+            if after_row is not None:
+                after_row(row, output)
     if hooks is not None:
         hooks.join_prefills(states, lengths)
-    width = max(lengths) - 1
-    layers = []
-    for index in range(len(caches[0].layers)):
-        joined = [
-            [
-                _left_padded(states, n - 1, width)
-                for states in (cache.layers[index].keys, cache.layers[index].values)
-            ]
-            for cache, n in zip(caches, lengths, strict=True)
-        ]
-        layers.append((torch.cat([k for k, _ in joined]), torch.cat([v for _, v in joined])))
+    layers = [
+        (torch.cat([row[index][0] for row in padded]), torch.cat([row[index][1] for row in padded]))
+        for index in range(len(padded[0]))
+    ]
     return cache_argument(DynamicCache(ddp_cache_data=layers, config=model.config))
 
 

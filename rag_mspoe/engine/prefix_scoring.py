@@ -85,6 +85,14 @@ def score_from(model: Any, request: Continuations, cache: Any, depth: int, pad_i
     return results[0]
 
 
+def score_after_prefill(
+    model: Any, request: Continuations, cache: Any, logits: torch.Tensor, pad_id: int
+) -> list[Score]:
+    """`score` of one request whose whole prefill `cache` holds (extended here), `logits`
+    ([1, 1, vocab]) predicting the token after it: scores from a prefill made for something else."""
+    return _score_continuations(model, request, len(request.prefill), cache, logits, pad_id)
+
+
 def _extend(
     model: Any,
     requests: Sequence[Continuations],

@@ -85,7 +85,7 @@ class WeightOnlyLinear(nn.Module):
                 # (about 10x cheaper than building the scaled weight), the scales multiply the output.
                 out = functional.linear(x, self.packed.to(x.dtype)) * self.scales.to(x.dtype)
             else:
-                # x @ W.T with W.T built contiguous: int4's layout unpacks to it with no element-wise transpose.
+                # x @ W.T, W.T built contiguous: int4's layout unpacks to it with no element-wise transpose.
                 out = torch.matmul(x, self._dequantized_t(x.dtype))
             return out if self.bias is None else out + self.bias
         flat = rows.to(self.scales.dtype).contiguous()
