@@ -285,7 +285,7 @@ def _ask(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from rag_mspoe import parse_method
-    from rag_mspoe.calibrated.validation import load_validation
+    from rag_mspoe.calibrated.validation import load_validations
     from rag_mspoe.engine import Engine
     from rag_mspoe.models.devices import resolve_device, resolve_dtype
     from rag_mspoe.models.loading import default_threads
@@ -351,12 +351,12 @@ def _demo(args: argparse.Namespace) -> int:
         )
     _print_demo_summary(results, methods)
     _write_demo_answers(results, out / "answers.jsonl")
-    validation = load_validation(model)
-    if validation is not None:
-        from rag_mspoe.pipelines.demo_curve import committed_curve
+    validations = load_validations(model)
+    if validations:
+        from rag_mspoe.pipelines.demo_curve import committed_curve, other_counts
 
         print("\nPosition curve of the shipped method")
-        text = committed_curve(validation, out)
+        text = "\n".join([committed_curve(validations[0], out), *other_counts(validations)])
         (out / "committed-curve.txt").write_text(text + "\n")
         print(text)
     if args.live_curve:

@@ -103,3 +103,21 @@ def committed_curve(validation: dict[str, Any], out: Path) -> str:
     )
     lines.append(f"  {validation['command']}")
     return "\n".join(lines)
+
+
+def other_counts(validations: list[dict[str, Any]]) -> list[str]:
+    """One line per validation after the headline one (the other document counts the shipped
+    method was measured at): the middle position and the worst, with their paired tests."""
+    lines = []
+    for validation in validations[1:]:
+        match = summarize_validation(validation)["match"]["methods"]
+        base, shipped = match[BASELINE], match[SHIPPED]
+        middle = middle_position(validation)
+        lines.append(
+            f"At {validation['num_documents']} documents ({len(validation['questions'])} held-out questions "
+            f"per position): gold in the middle {100 * base['accuracy'][middle]:.1f} % -> "
+            f"{100 * shipped['accuracy'][middle]:.1f} % (p = {shipped['p_vs_baseline'][middle]:.2g}), "
+            f"worst position {100 * base['worst']:.1f} % -> {100 * shipped['worst']:.1f} % "
+            f"(p = {shipped['p_worst_vs_baseline']:.2g})."
+        )
+    return lines

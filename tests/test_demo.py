@@ -27,7 +27,7 @@ from rag_mspoe.calibrated.validation import (
 from rag_mspoe.cli import main
 from rag_mspoe.models import embedded_models, model_cache
 from rag_mspoe.pipelines.demo import demo_model
-from rag_mspoe.pipelines.demo_curve import PLOTS, committed_curve, summarize_validation
+from rag_mspoe.pipelines.demo_curve import PLOTS, committed_curve, other_counts, summarize_validation
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 QWEN = "qwen2.5-coder-0.5b-instruct"
@@ -120,6 +120,16 @@ def test_the_committed_curve_is_the_committed_report(tmp_path):
     assert VALIDATION_RUNS[QWEN][0].command in text
     for name in PLOTS.values():
         assert (tmp_path / name).stat().st_size > 10_000
+
+
+def test_the_demo_states_the_other_document_counts_the_method_was_validated_at():
+    lines = other_counts(load_validations(QWEN))
+    counts = sorted(v["num_documents"] for v in load_validations(QWEN)[1:])
+    assert [int(line.split()[1]) for line in lines] == counts and 5 in counts
+    five = next(line for line in lines if line.startswith("At 5 documents"))
+    # docs/results/nq5-0.5b/README.md: middle 45.0 -> 53.0 %, worst 45.0 -> 51.3 % (p = 0.018)
+    assert "(300 held-out questions per position)" in five
+    assert "middle 45.0 % -> 53.0 %" in five and "worst position 45.0 % -> 51.3 % (p = 0.018)" in five
 
 
 def readme_main_command() -> str:
