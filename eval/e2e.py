@@ -148,7 +148,8 @@ class EndToEnd(Evaluation):
         return 0
 
     def inputs(self) -> Sequence[str]:
-        return (self.config.questions,)
+        # The corpus too: an edited, added or removed document would mix two corpora in the records.
+        return (self.config.questions, *self.config.corpus)
 
     def plan(self, folder: Path, done: set[Key]) -> list[tuple[ResolvedMethod, Question]]:
         self.questions = read_questions(self.config.questions)

@@ -41,6 +41,21 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
     return digest.hexdigest()
 
 
+def path_sha256(path: str | os.PathLike[str]) -> str:
+    """A file's sha256 (`file_sha256`), or a folder's: the sha256 of the relative names and sha256s
+    of the files under it, in name order, leaving out hidden ones as indexing does. A file edited,
+    added, removed or renamed in the folder changes it."""
+    root = Path(path)
+    if not root.is_dir():
+        return file_sha256(root)
+    digest = hashlib.sha256()
+    for child in sorted(root.rglob("*")):
+        relative = child.relative_to(root)
+        if child.is_file() and not any(part.startswith(".") for part in relative.parts):
+            digest.update(f"{relative.as_posix()}\0{file_sha256(child)}\n".encode())
+    return digest.hexdigest()
+
+
 @contextlib.contextmanager
 def folder_lock(folder: str | os.PathLike[str], busy_message: str) -> Iterator[None]:
     """Hold `folder` for one writer; a second one fails at once with `busy_message`.

@@ -72,6 +72,32 @@ def test_e2e_refuses_to_resume_under_other_settings_or_a_relabelled_method(model
     assert not (run / "manifest.json").exists()
 
 
+def test_e2e_refuses_a_corpus_folder_changed_under_it_and_resumes_on_the_same_files(model_dir, tmp_path):
+    questions, corpus = _questions_and_corpus(tmp_path, seed=5)
+    run = tmp_path / "run"
+    argv = [questions, corpus, "--out", run, "-k", "3", "--methods", "a=none", "--model", model_dir]
+    argv += ["--no-progress", "--threads", "1"]
+    assert run_cli("e2e", *argv).returncode == 0
+    document = sorted(corpus.iterdir())[0]
+    original = document.read_text()
+    (corpus / ".notes.md").write_text("hidden files are not indexed")  # so they change nothing
+    assert run_cli("e2e", *argv).returncode == 0
+    before = checksums(run)
+    for change in ("edited", "added"):
+        if change == "edited":
+            document.write_text(original + "\nA sentence added later.\n")
+        else:
+            document.write_text(original)
+            (corpus / "new.md").write_text("# New\n\nA document added later.\n")
+        refused = run_cli("e2e", *argv)
+        assert refused.returncode == 1, change
+        assert f"{corpus} changed since the run in {run} started" in refused.stderr, refused.stderr[-2000:]
+        assert "Restore the file (or folder) the run started with" in refused.stderr
+        assert checksums(run) == before, change  # the run folder as it was
+    (corpus / "new.md").unlink()
+    assert run_cli("e2e", *argv).returncode == 0  # the files it started with: resumed
+
+
 def test_perplexity_refuses_a_label_that_now_means_another_method(model_dir, tmp_path):
     text = tmp_path / "book.txt"
     text.write_text(" ".join(f"line {i} of a long and dull book about harbours." for i in range(100)))
@@ -196,7 +222,10 @@ def test_a_resumed_sweep_refuses_another_data_file_and_takes_the_same_bytes_anyw
         in swapped.stderr
     )
     assert f"the run recorded sha256 {_sha256(original)}" in swapped.stderr
-    assert "Restore the file the run started with to resume it, or write into a new folder" in swapped.stderr
+    assert (
+        "Restore the file (or folder) the run started with to resume it, or write into a new folder"
+        in swapped.stderr
+    )
     assert checksums(run) == before
 
     elsewhere = tmp_path / "copy.jsonl"  # the first file's bytes at another path: the same data

@@ -1,6 +1,6 @@
-"""A run's input files known by content.
+"""A run's input files and folders known by content.
 
-The manifest keeps the sha256 of each input file (data, questions, text) beside its path
+The manifest keeps the sha256 of each input (data, questions, text, a corpus folder) beside its path
 relative to the run folder. A resumed run refuses another file at the same path, since its
 records would mix two versions of the data, and takes the same bytes at another path (a clone
 of the repository, another machine, a renamed file) as the same input.
@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rag_mspoe.files import file_sha256
+from rag_mspoe.files import path_sha256
 
 
 def relative_to(folder: Path, value: Any) -> Any:
@@ -33,8 +33,9 @@ def relative_to(folder: Path, value: Any) -> Any:
 
 
 def input_digests(folder: Path, paths: Sequence[str]) -> dict[str, str]:
-    """Each input file's sha256, by its path relative to the run folder."""
-    return {relative_to(folder, path): file_sha256(path) for path in paths}
+    """Each input's sha256 (a folder's covers the files in it: `path_sha256`), by its path
+    relative to the run folder."""
+    return {relative_to(folder, path): path_sha256(path) for path in paths}
 
 
 def refuse_changed_inputs(folder: Path, digests: Mapping[str, str], known: Mapping[str, str]) -> None:
@@ -45,8 +46,8 @@ def refuse_changed_inputs(folder: Path, digests: Mapping[str, str], known: Mappi
             raise ValueError(
                 f"{where(folder, path)} changed since the run in {folder} started: it has sha256 {digest} "
                 f"now, the run recorded sha256 {recorded}, so its records would mix two versions of the "
-                "data. Restore the file the run started with to resume it, or write into a new folder "
-                "(--out) to run on this one."
+                "data. Restore the file (or folder) the run started with to resume it, or write into a "
+                "new folder (--out) to run on this one."
             )
 
 
