@@ -142,12 +142,15 @@ def test_timeout_and_retries_while_the_model_is_busy(tiny):
         for _ in tiny.stream(QUESTION, max_new_tokens=150):
             busy.set()
 
-    for retries, expect_timeout in ((0, True), (200, False)):
+    # The timeout covers the wait and the answer: 0.05 s cannot outlast a 150-token answer (0.5-1.2
+    # s); 0.2 s is shorter too, but leaves a loaded machine time for 4 tokens (about 0.03 s) once the
+    # model is free, and 2,000 retries outlast the answer held.
+    for retries, timeout, expect_timeout in ((0, 0.05, True), (2000, 0.2, False)):
         worker = threading.Thread(target=hold_the_model)
         busy.clear()
         worker.start()
         busy.wait(10)
-        chat = ChatRagMsPoE(engine=tiny, max_tokens=4, timeout=0.05, max_retries=retries)
+        chat = ChatRagMsPoE(engine=tiny, max_tokens=4, timeout=timeout, max_retries=retries)
         if expect_timeout:
             with pytest.raises(GenerationTimeout):
                 chat.invoke(QUESTION)
