@@ -75,7 +75,7 @@ VALIDATION_RUNS: dict[str, tuple[ValidationRun, ...]] = {
             command=(
                 "rag-mspoe sweep --model qwen2.5-coder-0.5b-instruct "
                 "--data docs/results/nq20-1.5b/validation-20.jsonl.gz --documents 20 --positions 0,9,19 "
-                "--methods none calibrated --samples 200 --metrics loglik generate --max-new-tokens 64 "
+                "--methods none calibrated --samples 300 --metrics loglik generate --max-new-tokens 64 "
                 "--threads 1 --ray local --ray-workers 2 --out runs/val20-0.5b"
             ),
         ),
