@@ -53,8 +53,9 @@ class ScoredGeneratingEngine(GeneratingEngine, ScoringEngine):
         ]
         shared = self._shares_prefill(config, method, prepared, requests)
         # Greedy answers and scores of equal prompts with equal continuations are equal: run each once.
+        keys = self._keys(config, prepared, requests)
         unique: dict[Any, int] = {}
-        for number, key in enumerate(self._keys(config, prepared, requests)):
+        for number, key in enumerate(keys):
             unique.setdefault(key, number)
         rows = list(unique.values())
         scores: dict[int, Scores] = {}
@@ -77,7 +78,7 @@ class ScoredGeneratingEngine(GeneratingEngine, ScoringEngine):
             scores = dict(enumerate(apart))
         row_of = {key: row for row, key in enumerate(unique)}
         results = []
-        for number, key in enumerate(self._keys(config, prepared, requests)):
+        for number, key in enumerate(keys):
             answer = with_read_order(answers[row_of[key]], prompts[number], rewritten[number])
             results.append((answer, scores[row_of[key]]))
         return results
