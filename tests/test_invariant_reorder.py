@@ -5,6 +5,8 @@ integration check, and on the real SmolLM2 and Qwen2.5 tokenizers' chat template
 from __future__ import annotations
 
 import itertools
+import unittest.mock
+from collections import Counter
 
 import pytest
 import torch
@@ -21,6 +23,7 @@ from rag_mspoe.eval.runs.results import read_records
 from rag_mspoe.eval.sweep.batch_scorer import candidates_of, prompt_of
 from rag_mspoe.eval.sweep.plan import SweepConfig
 from rag_mspoe.eval.sweep.run import frozen_examples, run_sweep
+from rag_mspoe.methods.method_config import load_method
 from rag_mspoe.methods.method_spec import parse_method
 from rag_mspoe.pipelines.packing import render_qa_prompt
 from rag_mspoe.prompts.document_prompts import MissingDocumentSpans, document_message, render_with_spans
@@ -282,6 +285,106 @@ def test_a_sweep_records_where_a_kept_gold_was_read_and_when_it_was_left_out(tmp
     for record in records:
         by_example.setdefault(record["example_id"], set()).add(round(record["gold_logprob"], 4))
     assert all(len(scores) == 1 for scores in by_example.values())
+
+
+def _read(engine, order, method):
+    """The text the model reads under `method` of the prompt with the documents in `order`."""
+    (read,) = engine.rewritten([_qa(order)], method=method)[1]
+    return read if isinstance(read, str) else read[0]["content"]
+
+
+def test_first_margin_keeps_the_given_order_unless_another_document_leads_the_first_by_it(engine):
+    scores = InvariantReorder().scores(engine, _qa((0, 1, 2, 3)))
+    ranked = sorted(range(4), key=lambda k: -scores[k])
+    top, runner_up = ranked[0], ranked[1]
+    sorted_prompt = _qa(ranked)
+    gated = InvariantReorder(first_margin=0.0)
+    # The top-ranked document given first: the prompt stays as it came, distractors' order too.
+    kept = (top, *[k for k in ranked[::-1] if k != top])
+    assert kept != tuple(ranked)
+    assert _read(engine, kept, gated) == _qa(kept)
+    # Another document first: reordered as without the margin.
+    for given in ((runner_up, top, *[k for k in range(4) if k not in (top, runner_up)]), (3, 2, 1, 0)):
+        if given[0] == top:
+            continue
+        assert _read(engine, given, gated) == sorted_prompt
+        # ... unless the top one leads the first by less than the margin.
+        lead = scores[top] - scores[given[0]]
+        wide = InvariantReorder(first_margin=lead + 1e-3)
+        assert _read(engine, given, wide) == _qa(given)
+        assert _read(engine, given, InvariantReorder(first_margin=lead - 1e-3)) == sorted_prompt
+    for bad in (-0.5, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="first_margin"):
+            InvariantReorder(first_margin=bad)
+
+
+def test_a_sweep_label_that_writes_prompts_other_labels_read_takes_their_scores(tmp_path):
+    # The margin keeps the unmodified model's prompt or writes the invariant label's: run after
+    # both, it takes every score from their records. The invariant label reads its one prompt per
+    # example once, whatever the gold position.
+    model, tokenizer = tiny_chat_model()
+    gated = InvariantReorder(first_margin=0.0).save(tmp_path / "gated.json")
+    settings = dict(num_documents=4, positions=(0, 2, 3), samples=6, metrics=("loglik", "generate"))
+    settings["max_new_tokens"] = 3
+    calls = []
+    original = Engine.generate_and_score
+
+    def counted(self, items, **settings):
+        calls.append(len(items))
+        return original(self, items, **settings)
+
+    with unittest.mock.patch.object(Engine, "generate_and_score", counted):
+        run_sweep(
+            SweepConfig(methods=("none", "invariant-reorder"), **settings),
+            tmp_path / "run",
+            model=model,
+            tokenizer=tokenizer,
+            progress=False,
+        )
+    results = tmp_path / "run" / "results.jsonl"
+    first = read_records(results)
+    invariant = [r for r in first if r["method"] == "invariant-reorder"]
+    copied = [r for r in invariant if "same_prompt_as" in r]
+    read = Counter(r["example_id"] for r in invariant if "same_prompt_as" not in r)
+    assert len(invariant) == 18 and max(read.values()) == 1  # at most one prompt read per example
+    by_key = {(r["method"], r["position"], r["example_id"]): r for r in first}
+    for record in copied:
+        label, position = record["same_prompt_as"]
+        source = by_key[label, position, record["example_id"]]
+        assert label in ("invariant-reorder", "none") and source["prediction"] == record["prediction"]
+        assert source["gold_logprob"] == record["gold_logprob"]
+
+    assert sum(calls) == 18 + len(read)  # the unmodified model's prompts and one per example
+    engine = Engine(model, tokenizer, method="none")
+    calls.clear()
+    with unittest.mock.patch.object(Engine, "generate_and_score", counted):
+        run_sweep(
+            SweepConfig(methods=("none", "invariant-reorder", f"gated={gated}"), **settings),
+            tmp_path / "run",
+            model=model,
+            tokenizer=tokenizer,
+            progress=False,
+        )
+    assert sum(calls) == 0  # nothing new was read
+    records = [r for r in read_records(results) if r["method"] == "gated"]
+    examples = {
+        e.id: e for e in frozen_examples(SweepConfig(methods=("none",), **settings), tmp_path / "run")
+    }
+    sources = set()
+    for record in records:
+        label, position = record["same_prompt_as"]
+        source = by_key[label, position, record["example_id"]]
+        assert (source["prediction"], source["gold_logprob"]) == (
+            record["prediction"],
+            record["gold_logprob"],
+        )
+        sources.add(label)
+        placed = with_gold_at(examples[record["example_id"]], record["position"])
+        ((expected, _),) = engine.score_continuations(
+            prompt_of(placed), [candidates_of(placed)[1]], method=load_method(gated)
+        )
+        assert record["gold_logprob"] == pytest.approx(expected, abs=1e-4)
+    assert len(records) == 18 and sources == {"none", "invariant-reorder"}
 
 
 def test_prompts_without_two_documents_are_left_as_they_are(engine):

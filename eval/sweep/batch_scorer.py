@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rag_mspoe.attention.invariant_reorder import InvariantReorder
 from rag_mspoe.attention.reorder import CalibratedReorder, moved_slot
 from rag_mspoe.eval.data import prompts
 from rag_mspoe.eval.data.records import KVExample, with_gold_at
@@ -56,6 +57,23 @@ def arranged_example(
 def prompt_of(example: Example) -> list[dict[str, Any]]:
     """The example's prompt: one user message that says where its documents are."""
     return prompts.prompt_message(example)
+
+
+def distinct_prompts(
+    todo: Sequence[int], records: Sequence[dict[str, Any]], read: Sequence[Prompt]
+) -> tuple[list[int], dict[int, int]]:
+    """The items of `todo` whose prompt (for their example) no earlier item of `todo` has, and
+    each other item's index -> the index of the earlier item with its prompt."""
+    first: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
+    distinct, copies = [], {}
+    for index in todo:
+        key = (records[index]["example_id"], prompt_key(read[index]))
+        if key in first:
+            copies[index] = first[key]
+        else:
+            first[key] = index
+            distinct.append(index)
+    return distinct, copies
 
 
 def candidates_of(example: Example) -> tuple[tuple[str, ...], str]:
@@ -126,8 +144,15 @@ class BatchScorer:
                 record["prompt_position"] = moved_slot(original, rewritten, record["prompt_position"])
             if run_method is None:  # the unmodified model reads the new prompts, as it did before
                 todo = self._take_scored(engine, batch, texts, records, read, done)
+        # A rewriting that writes one prompt for several of the batch's items (position-invariant
+        # ranking writes the same one at every gold position) has the model read it once.
+        todo, copies = distinct_prompts(todo, records, read) if rewrites else (todo, {})
         examples = [arranged[i][0] for i in todo]
         self._score(engine, run_method, examples, [read[i] for i in todo], [records[i] for i in todo])
+        fields = metric_fields(self.config.metrics)
+        for index, source in copies.items():
+            records[index].update({name: records[source][name] for name in fields})
+            records[index]["same_prompt_as"] = [method.name, records[source]["position"]]
         seconds = (time.perf_counter() - started) / len(records)
         for record in records:
             record["seconds"] = round(seconds, 4)
@@ -183,6 +208,7 @@ class BatchScorer:
             if given and name != batch.method and ranks_documents(other)
         }
         candidates.update(other_labels_prompts(engine, others, texts, records, done, self.ranking_labels))
+        candidates.update(self._invariant_prompts(engine, batch, done))
         known = scored_prompts(done, candidates)
         fields = metric_fields(self.config.metrics)
         todo = []
@@ -194,6 +220,40 @@ class BatchScorer:
             record.update({name: earlier[name] for name in fields})
             record["same_prompt_as"] = [earlier["method"], earlier["position"]]
         return todo
+
+    def _invariant_prompts(
+        self, engine: EngineLike, batch: Batch, done: Sequence[dict[str, Any]]
+    ) -> dict[tuple[str, int, str], Prompt]:
+        """(label, position, example id) -> the prompt that each of the run's labels that ranks
+        documents as the batch's does (its own label too) read for the batch's examples, at every gold
+        position it scored. The batch has just scored these documents, and the engine keeps each
+        document's score, so rewriting them runs no model."""
+        own = self.methods[batch.method].method
+        if not isinstance(own, InvariantReorder):
+            return {}
+        alike = {
+            name: other
+            for name, other in self.methods.items()
+            if isinstance(other.method, InvariantReorder) and other.method.ranks_like(own)
+        }
+        scored = {(r["method"], r["position"], r["example_id"]): r for r in done if r["method"] in alike}
+        prompts: dict[tuple[str, int, str], Prompt] = {}
+        for index in sorted({index for _, index in batch.items}):
+            example = self.examples[index]
+            for position in self.config.positions:
+                for name, other in alike.items():
+                    record = scored.get((name, position, example.id))
+                    if record is None:
+                        continue
+                    placed, slot = arranged_example(other, example, position, self.config.seed)
+                    assert isinstance(other.method, InvariantReorder)
+                    text = prompt_of(placed)
+                    prompt = other.method.rewrite(engine, text)
+                    # A record from another build may have ranked differently (its scores rounded
+                    # otherwise): only a prompt with the gold where that record read it is offered.
+                    if moved_slot(text, prompt, slot) == record["prompt_position"]:
+                        prompts[name, position, example.id] = prompt
+        return prompts
 
     def _score(
         self,

@@ -21,6 +21,12 @@ one that answers, at the risk of dropping it when the ranking misses (a reranker
 README gives both on real questions). The choice is still made from scores the order cannot
 change, so the prompt stays invariant.
 
+With `first_margin`, the method gives up invariance to keep a retriever's first document where it
+is: the documents stay in the order given unless the top-ranked one is another document and its
+score leads the first one's by at least the margin. A model that reads its first document best
+(the 1.5B at 20 documents) then keeps that position's answers when its retriever was right, and
+the documents are reordered when the ranking says the retriever was wrong.
+
 Cost: one short pass per document (the document and the question, after the template's rows,
 computed once), about one prefill of the whole prompt in all; the judgement runs only the rows
 after the document again (the yes-or-no question). Each document's rows are cached by their
@@ -41,7 +47,7 @@ from rag_mspoe.attention.reorder import (
     document_texts,
     prompt_with_documents,
 )
-from rag_mspoe.methods.method_config import MethodConfig, check_layers, chosen_layers
+from rag_mspoe.methods.method_config import MethodConfig, check_finite, check_layers, chosen_layers
 from rag_mspoe.prompts.chat_template import Prompt
 from rag_mspoe.rope.hooks import cache_argument
 from rag_mspoe.rope.rescaling import rescaled
@@ -71,7 +77,10 @@ class InvariantReorder(DocumentReordering):
     model measured). See the README for how often each put the gold first on real questions.
     best: "first" puts the top-ranked document first and the others after it by rank; "last" puts
     it last, nearest the question (for a model that reads the end of its context best). keep: read
-    only this many of the best-ranked documents (None: all of them).
+    only this many of the best-ranked documents (None: all of them). first_margin: keep the
+    documents as given (all of them, in their order) unless the top-ranked document is not the
+    first one given and its score leads the first one's by at least this much (in the score's
+    units: standardised for "question+judge"); None always reorders, and keeps the invariance.
     """
 
     kind: ClassVar[str] = "invariant-reorder"
@@ -81,6 +90,7 @@ class InvariantReorder(DocumentReordering):
     layers: list[int] | None = None
     best: Best = "first"
     keep: int | None = None
+    first_margin: float | None = None
 
     def __post_init__(self) -> None:
         if self.score not in SCORES:
@@ -97,6 +107,13 @@ class InvariantReorder(DocumentReordering):
                 "keep is how many documents the model reads, a whole number >= 1 (or None for all), "
                 f"got {self.keep!r}"
             )
+        if self.first_margin is not None:
+            check_finite("first_margin", self.first_margin)
+            if self.first_margin < 0:
+                raise ValueError(
+                    "first_margin is how far the top-ranked document must lead the first one given, "
+                    f"0 or more (or None to always reorder), got {self.first_margin}"
+                )
 
     @classmethod
     def from_argument(cls, part: str, argument: str) -> MethodConfig:
@@ -116,8 +133,14 @@ class InvariantReorder(DocumentReordering):
         _, spans = engine.document_spans_of(self, prompt, raw=raw)
         if len(spans) < 2:
             return prompt
-        scores = self.scores(engine, prompt, raw=raw)
-        rewritten = prompt_with_documents(prompt, self.order(scores, document_texts(prompt)))
+        return self.reordered(prompt, self.scores(engine, prompt, raw=raw), raw=raw)
+
+    def reordered(self, prompt: Prompt, scores: list[float], *, raw: bool = False) -> Prompt:
+        """The prompt this method reads given each document's score (in the order given)."""
+        texts = document_texts(prompt)
+        if self.keeps_given_order(scores, texts):
+            return prompt
+        rewritten = prompt_with_documents(prompt, self.order(scores, texts))
         return rewritten[0]["content"] if raw else rewritten
 
     def scores(self, engine: EngineLike, prompt: Prompt, *, raw: bool = False) -> list[float]:
@@ -161,6 +184,18 @@ class InvariantReorder(DocumentReordering):
             if score == "judge":
                 return yes_over_no(engine, next_token_logprobs(engine.model, cache, ids, end))
             return log_likelihood_after(engine.model, cache, ids, end)
+
+    def ranks_like(self, other: InvariantReorder) -> bool:
+        """Whether the two give every document the same score (their orders may still differ)."""
+        return self.score == other.score and self.layers == other.layers
+
+    def keeps_given_order(self, scores: list[float], texts: list[str]) -> bool:
+        """Whether `first_margin` keeps the documents as given: the first one given is the top-ranked
+        one, or the top-ranked one leads it by less than the margin."""
+        if self.first_margin is None:
+            return False
+        top = min(range(len(scores)), key=lambda k: (-scores[k], texts[k]))
+        return top == 0 or scores[top] - scores[0] < self.first_margin
 
     def order(self, scores: list[float], texts: list[str]) -> list[int]:
         """Indices of the documents the model reads, by score, best first (or last): all of them, or

@@ -446,8 +446,7 @@ class RemoteEngine:
             return prompt
         singles = [prompt_with_documents(prompt, [k]) for k in range(len(texts))]
         scores = self.client.map(lambda single: self._document_score(single, raw), singles)
-        rewritten = prompt_with_documents(prompt, method.order(scores, texts))
-        return rewritten[0]["content"] if raw else rewritten
+        return method.reordered(prompt, scores, raw=raw)
 
     def _document_score(self, single: list[dict[str, Any]], raw: bool) -> float:
         text = raw_text(single[0]["content"]) if raw else self.rendered(single)
