@@ -14,6 +14,7 @@ from langchain_core.messages import HumanMessage
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from pydantic import BaseModel
 
+from rag_mspoe.attention import InvariantReorder
 from rag_mspoe.connectors.langchain import ChatRagMsPoE, RagMsPoELLM
 from rag_mspoe.connectors.llamaindex import RagMsPoE
 from rag_mspoe.engine import GenerationTimeout
@@ -85,6 +86,19 @@ def test_the_langchain_chat_model_answers_through_the_endpoint_as_it_does_locall
 
     invoked, streamed = asyncio.run(both())
     assert invoked.content == joined(streamed).content == expected.content
+
+
+def test_a_first_margin_keeps_or_reorders_through_the_endpoint_as_locally(served, tiny_engine):
+    from itertools import permutations
+
+    method = InvariantReorder(first_margin=0.0)
+    kept = 0
+    for order in permutations(range(3)):
+        prompt = qa_prompt(order)
+        (local,) = tiny_engine.rewritten([prompt], method=method)[1]
+        assert served.rewritten([prompt], method=method)[1] == [local]
+        kept += local == prompt
+    assert 0 < kept < 6  # both ways were taken
 
 
 def test_stop_strings_and_per_call_settings_behave_as_locally(served, tiny_engine):
