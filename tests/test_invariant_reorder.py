@@ -5,6 +5,7 @@ integration check, and on the real SmolLM2 and Qwen2.5 tokenizers' chat template
 from __future__ import annotations
 
 import itertools
+import json
 import unittest.mock
 from collections import Counter
 
@@ -318,10 +319,12 @@ def test_first_margin_keeps_the_given_order_unless_another_document_leads_the_fi
             InvariantReorder(first_margin=bad)
 
 
-def test_a_sweep_label_that_writes_prompts_other_labels_read_takes_their_scores(tmp_path):
+@pytest.mark.parametrize("order_recorded", [True, False])
+def test_a_sweep_label_that_writes_prompts_other_labels_read_takes_their_scores(tmp_path, order_recorded):
     # The margin keeps the unmodified model's prompt or writes the invariant label's: run after
     # both, it takes every score from their records. The invariant label reads its one prompt per
-    # example once, whatever the gold position.
+    # example once, whatever the gold position. A record that does not say the order its documents
+    # were read in (from an older build) is not trusted to be the same prompt.
     model, tokenizer = tiny_chat_model()
     gated = InvariantReorder(first_margin=0.0).save(tmp_path / "gated.json")
     settings = dict(num_documents=4, positions=(0, 2, 3), samples=6, metrics=("loglik", "generate"))
@@ -343,6 +346,9 @@ def test_a_sweep_label_that_writes_prompts_other_labels_read_takes_their_scores(
         )
     results = tmp_path / "run" / "results.jsonl"
     first = read_records(results)
+    examples = {
+        e.id: e for e in frozen_examples(SweepConfig(methods=("none",), **settings), tmp_path / "run")
+    }
     invariant = [r for r in first if r["method"] == "invariant-reorder"]
     copied = [r for r in invariant if "same_prompt_as" in r]
     read = Counter(r["example_id"] for r in invariant if "same_prompt_as" not in r)
@@ -356,6 +362,14 @@ def test_a_sweep_label_that_writes_prompts_other_labels_read_takes_their_scores(
 
     assert sum(calls) == 18 + len(read)  # the unmodified model's prompts and one per example
     engine = Engine(model, tokenizer, method="none")
+    for record in invariant:
+        given = prompt_of(with_gold_at(examples[record["example_id"]], record["position"]))
+        assert record["documents_read"] == list(
+            documents_read(given, engine.rewritten([given], method="invariant-reorder")[1][0])
+        )
+    if not order_recorded:
+        older = [{k: v for k, v in r.items() if k != "documents_read"} for r in first]
+        results.write_text("".join(json.dumps(r) + "\n" for r in older))
     calls.clear()
     with unittest.mock.patch.object(Engine, "generate_and_score", counted):
         run_sweep(
@@ -365,15 +379,14 @@ def test_a_sweep_label_that_writes_prompts_other_labels_read_takes_their_scores(
             tokenizer=tokenizer,
             progress=False,
         )
-    assert sum(calls) == 0  # nothing new was read
     records = [r for r in read_records(results) if r["method"] == "gated"]
-    examples = {
-        e.id: e for e in frozen_examples(SweepConfig(methods=("none",), **settings), tmp_path / "run")
-    }
+    fresh = [r for r in records if "same_prompt_as" not in r]
+    # Read anew: nothing, or one reordered prompt per example that reorders (the rest as given).
+    assert sum(calls) == len(fresh) == (0 if order_recorded else len({r["example_id"] for r in fresh}))
     sources = set()
     for record in records:
-        label, position = record["same_prompt_as"]
-        source = by_key[label, position, record["example_id"]]
+        label, position = record.get("same_prompt_as", ["gated", record["position"]])
+        source = by_key.get((label, position, record["example_id"]), record)
         assert (source["prediction"], source["gold_logprob"]) == (
             record["prediction"],
             record["gold_logprob"],
@@ -384,7 +397,8 @@ def test_a_sweep_label_that_writes_prompts_other_labels_read_takes_their_scores(
             prompt_of(placed), [candidates_of(placed)[1]], method=load_method(gated)
         )
         assert record["gold_logprob"] == pytest.approx(expected, abs=1e-4)
-    assert len(records) == 18 and sources == {"none", "invariant-reorder"}
+    assert len(records) == 18
+    assert sources == ({"none", "invariant-reorder"} if order_recorded else {"none", "gated"})
 
 
 def test_prompts_without_two_documents_are_left_as_they_are(engine):

@@ -6,8 +6,10 @@ and the metrics: `choice_correct`, `choice` and `choice_share` (forced choice; t
 gold's probability among the candidates), `gold_logprob` and `gold_tokens`
 (teacher-forced log-likelihood of the gold answer), `match` and `prediction` (greedy answer);
 `same_prompt_as` when the scores are those of an earlier record with the same prompt text
-(`scored_prompts`); under calibrated reordering, `ranking_attention` (its ranking pass) or
-`ranking_from` (the label whose record held it: `rankings`).
+(`scored_prompts`); under a method that reorders documents, `documents_read` (the index among the
+documents given of each one the model read, in order); under calibrated reordering,
+`ranking_attention` (its ranking pass) or `ranking_from` (the label whose record held it:
+`rankings`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rag_mspoe.attention.invariant_reorder import InvariantReorder
-from rag_mspoe.attention.reorder import CalibratedReorder, moved_slot
+from rag_mspoe.attention.reorder import CalibratedReorder, DocumentReordering, documents_read, moved_slot
 from rag_mspoe.eval.data import prompts
 from rag_mspoe.eval.data.records import KVExample, with_gold_at
 from rag_mspoe.eval.method_engines import Engines, stable_seed
@@ -57,6 +59,11 @@ def arranged_example(
 def prompt_of(example: Example) -> list[dict[str, Any]]:
     """The example's prompt: one user message that says where its documents are."""
     return prompts.prompt_message(example)
+
+
+def reorders_documents(method: ResolvedMethod) -> bool:
+    """Whether the label's rewriting reorders (or drops) the prompt's documents."""
+    return isinstance(method.method, DocumentReordering)
 
 
 def distinct_prompts(
@@ -142,6 +149,8 @@ class BatchScorer:
         if rewrites:
             for record, original, rewritten in zip(records, texts, read, strict=True):
                 record["prompt_position"] = moved_slot(original, rewritten, record["prompt_position"])
+                if reorders_documents(method):
+                    record["documents_read"] = list(documents_read(original, rewritten))
             if run_method is None:  # the unmodified model reads the new prompts, as it did before
                 todo = self._take_scored(engine, batch, texts, records, read, done)
         # A rewriting that writes one prompt for several of the batch's items (position-invariant
@@ -245,13 +254,13 @@ class BatchScorer:
                     record = scored.get((name, position, example.id))
                     if record is None:
                         continue
-                    placed, slot = arranged_example(other, example, position, self.config.seed)
+                    placed = arranged_example(other, example, position, self.config.seed)[0]
                     assert isinstance(other.method, InvariantReorder)
                     text = prompt_of(placed)
                     prompt = other.method.rewrite(engine, text)
                     # A record from another build may have ranked differently (its scores rounded
-                    # otherwise): only a prompt with the gold where that record read it is offered.
-                    if moved_slot(text, prompt, slot) == record["prompt_position"]:
+                    # otherwise): only a prompt whose documents it read in this order is offered.
+                    if record.get("documents_read") == list(documents_read(text, prompt)):
                         prompts[name, position, example.id] = prompt
         return prompts
 
