@@ -112,7 +112,8 @@ def calibrated_reorder_space(num_layers: int) -> dict[str, MethodConfig]:
 def invariant_reorder_space(num_layers: int) -> dict[str, MethodConfig]:
     """What scores each document read alone (the question's likelihood, or the attention of a band
     of layers, among them the third quarter), where the top-ranked document goes, and how many of
-    the best-ranked documents the model reads."""
+    the best-ranked documents the model reads, and whether the first document given keeps its place
+    unless another is ranked above it."""
     bands = {**layer_bands(num_layers), "all": list(range(num_layers))}
     bands["q3"] = InvariantReorder(score="attention").ranking_layers(num_layers)  # its default band
     candidates: dict[str, MethodConfig] = {
@@ -120,6 +121,11 @@ def invariant_reorder_space(num_layers: int) -> dict[str, MethodConfig]:
     }
     for keep in (1, 2, 3, 5):
         candidates[f"invariant-question-keep-{keep}"] = InvariantReorder(keep=keep)
+    # For a model that reads its first document best: the retriever's first stays unless outranked.
+    for score in ("question", "question+judge"):
+        candidates[f"invariant-{score.replace('+', '-')}-keep-first"] = InvariantReorder(
+            score=score, first_margin=0.0
+        )
     for (band, layers), best in itertools.product(bands.items(), BEST_PLACES):
         candidates[f"invariant-attention-{band}-best-{best}"] = InvariantReorder(
             score="attention", layers=layers, best=best
