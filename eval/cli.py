@@ -84,7 +84,8 @@ def _register_report(subparsers: Any) -> None:
         nargs="+",
         default=None,
         metavar="LABEL",
-        help="for a sweep folder: report only these labels, on the examples they all have",
+        help="for a sweep folder: report only these labels, on the examples they all have; "
+        "LABEL=NAME shows a label as NAME (--baseline then takes the name shown)",
     )
     parser.add_argument(
         "--out", default=None, help="for a sweep folder: write the report here instead of into the run folder"

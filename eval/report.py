@@ -27,7 +27,7 @@ PLOT_FILE = "accuracy_by_position.png"
 METRICS = ("choice_correct", "match", "gold_logprob")
 METRIC_LABELS = {
     "choice_correct": "forced-choice accuracy",
-    "match": "best_subspan_em",
+    "match": "exact match (best subspan)",
     "gold_logprob": "gold answer log-likelihood",
 }
 
@@ -282,22 +282,25 @@ def write_report(
     (default: `folder`).
 
     methods: report only these labels, on the examples they all have (a run whose labels were
-    added at different times can be reported for its complete labels at their full size)."""
+    added at different times can be reported for its complete labels at their full size);
+    `LABEL=NAME` shows a label under another name (`baseline` is then the name shown)."""
     folder = Path(folder)
     out = Path(out) if out is not None else folder
     records = read_records(folder / RESULTS_FILE)
     if not records:
         raise ValueError(f"{folder} has no results yet; run a sweep into it first.")
+    manifest = read_manifest(folder) or {}
+    order = list(manifest.get("sweep", {}).get("methods", []))
     if methods:
+        shown = shown_names(methods)
         labels = list(dict.fromkeys(r["method"] for r in records))
-        unknown = [m for m in methods if m not in labels]
+        unknown = [m for m in shown if m not in labels]
         if unknown:
             raise ValueError(
                 f"{folder} has no records for {', '.join(unknown)}; its labels are {', '.join(labels)}."
             )
-        records = [r for r in records if r["method"] in methods]
-    manifest = read_manifest(folder) or {}
-    order = list(methods or manifest.get("sweep", {}).get("methods", []))
+        records = [{**r, "method": shown[r["method"]]} for r in records if r["method"] in shown]
+        order = list(shown.values())
     metrics = available_metrics(records)
     if metric is not None and metric not in metrics:
         raise ValueError(f"{folder} has no {metric!r} scores; it has {', '.join(metrics)}.")
@@ -325,6 +328,19 @@ def write_report(
     title = f"{model}: {sweep.get('task', '')}, {sweep.get('num_documents', '?')} documents"
     plot(summaries[chosen], out / PLOT_FILE, title=title.strip())
     return document
+
+
+def shown_names(methods: Sequence[str]) -> dict[str, str]:
+    """label -> the name a report shows it under, from `LABEL` or `LABEL=NAME` entries."""
+    shown: dict[str, str] = {}
+    for entry in methods:
+        label, _, name = entry.partition("=")
+        if not label or (name == "" and "=" in entry):
+            raise ValueError(f"{entry!r}: write a label, or LABEL=NAME to show it as NAME.")
+        shown[label] = name or label
+    if len(set(shown.values())) < len(shown):
+        raise ValueError(f"Two labels would be shown under one name: {', '.join(methods)}.")
+    return shown
 
 
 _PERCENT = ("choice_correct", "match", "score")

@@ -139,6 +139,27 @@ def test_a_label_added_on_fewer_examples_can_be_left_out_of_the_report(tmp_path)
     assert (tmp_path / "complete" / "accuracy_by_position.png").is_file()
 
 
+def test_a_label_can_be_shown_under_another_name(tmp_path):
+    write_results(tmp_path, SCORES)
+    plain = write_report(tmp_path, methods=["none", "mspoe"], out=tmp_path / "plain")["metrics"]
+    named = write_report(tmp_path, methods=["none", "mspoe=shipped"], out=tmp_path / "named")["metrics"]
+    assert list(named["choice_correct"]["methods"]) == ["none", "shipped"]
+    assert named["choice_correct"]["methods"]["shipped"] == plain["choice_correct"]["methods"]["mspoe"]
+    table = (tmp_path / "named" / "table.md").read_text()
+    assert "| shipped |" in table and "mspoe" not in table
+    # The baseline is named as shown.
+    renamed = write_report(tmp_path, methods=["none=base", "mspoe"], baseline="base", out=tmp_path / "b")
+    assert renamed["metrics"]["choice_correct"]["baseline"] == "base"
+    for bad, message in (
+        (["mspoe="], "LABEL=NAME"),
+        (["=x"], "LABEL=NAME"),
+        (["none=a", "mspoe=a"], "shown under one name"),
+        (["pine=x"], "no records for pine"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            write_report(tmp_path, methods=bad, out=tmp_path / "bad")
+
+
 def test_an_empty_run_and_a_missing_metric_are_explained(tmp_path):
     with pytest.raises(ValueError, match="no results yet"):
         write_report(tmp_path)
