@@ -9,10 +9,13 @@ The prompts are a sweep's: real NQ-open questions of docs/results/nq10-split/val
 questions; each is answered as the sweep answers (`score_generation`: greedy, stop at the first
 newline, `--max-new-tokens`). Paths: `padded` (the whole batch in one left-padded `generate`,
 as sweeps ran before), `joined-N` (`--decode-batch N` answers decoded together, each prompt
-prefilled alone; joined-1 answers one prompt at a time). They alternate batch by batch in one
+prefilled alone; joined-1 answers one prompt at a time), and `whole-N` (joined-N with every
+prompt prefilled whole: `Engine.shared_prompt_starts = False`; joined rows prefill a start they
+share with an earlier prompt, such as the documents before a later gold, once). They alternate batch by batch in one
 process (`--repeats` times), so the machine's changing load hits each alike; the median seconds
 per path give prompts per hour. `sweep_generate_speedup`: the best joined path (N > 1) against
-the padded one; `..._vs_one_at_a_time` against joined-1.
+the padded one; `..._vs_one_at_a_time` against joined-1; `shared_starts_speedup`: joined-N
+against whole-N for the largest N.
 Also reported: how many answers differ from the padded path's and from one at a time (bf16
 rounds differently in a batch of another shape; fp32 answers are equal:
 `tests/test_joined_decode.py`).
@@ -84,12 +87,14 @@ def sweep_generate(
     engine = Engine(model, tokenizer, method="none")
     examples = [with_gold_at(e, p) for e in load_qa(VALIDATION)[:questions] for p in positions]
     texts = [prompt_of(example) for example in examples]
-    paths = [PADDED, *(f"joined-{n}" for n in decode_batches)]
+    whole = f"whole-{max(decode_batches)}"
+    paths = [PADDED, *(f"joined-{n}" for n in decode_batches), whole]
     seconds: dict[str, list[float]] = {path: [] for path in paths}
     answers: dict[str, list[str]] = {}
     for repeat in range(repeats):
         for path in paths if repeat % 2 == 0 else list(reversed(paths)):
             engine.joined_decoding = path != PADDED
+            engine.shared_prompt_starts = path != whole
             size = len(texts) if path == PADDED else int(path.split("-")[1])
             started = time.perf_counter()
             scored = score_generation(
@@ -98,14 +103,16 @@ def sweep_generate(
             seconds[path].append(time.perf_counter() - started)
             answers[path] = [item["prediction"] for item in scored]
             print(f"sweep-generate repeat {repeat + 1} {path}: {seconds[path][-1]:.1f} s", file=sys.stderr)
-    engine.joined_decoding = True
+    engine.joined_decoding = engine.shared_prompt_starts = True
     per_hour = {path: round(len(texts) * 3600 / statistics.median(s), 1) for path, s in seconds.items()}
-    best = max((path for path in paths if path not in (PADDED, "joined-1")), key=per_hour.__getitem__)
+    joined = [path for path in paths if path.startswith("joined-") and path != "joined-1"]
+    best = max(joined, key=per_hour.__getitem__)
     return {
         "sweep_generate_speedup": round(per_hour[best] / per_hour[PADDED], 2),
         "sweep_generate_speedup_vs_one_at_a_time": round(per_hour[best] / per_hour["joined-1"], 2)
         if "joined-1" in per_hour
         else None,
+        "shared_starts_speedup": round(per_hour[f"joined-{max(decode_batches)}"] / per_hour[whole], 2),
         "sweep_generate": {
             "prompts": len(texts),
             "mean_prompt_tokens": round(statistics.fmean(engine.count_tokens(t) for t in texts), 1),

@@ -89,11 +89,65 @@ def test_joined_rows_answer_as_each_prompt_alone_in_fp32(engine, method, tmp_pat
     if method is None:  # the rows stopped apart (on "a"), each where it stopped alone
         assert len({r.completion_tokens for r in together}) > 1
     # Each prompt was prefilled alone (a reordering also ranks each prompt alone first), and the
-    # rows decoded together.
-    lengths = sorted(engine.count_tokens(prompt) for prompt in PROMPTS)
+    # rows decoded together. (The unmodified model, which reads a reordering's prompts too, prefills
+    # a start the prompts share once: below.)
     assert all(rows == 1 for rows, _ in counter.prefills())
-    assert sorted(tokens for _, tokens in counter.prefills())[-len(PROMPTS) :] == lengths
+    if method not in (None, "invariant-reorder"):
+        lengths = sorted(engine.count_tokens(prompt) for prompt in PROMPTS)
+        assert sorted(tokens for _, tokens in counter.prefills())[-len(PROMPTS) :] == lengths
     assert any(rows == len(PROMPTS) for rows, _ in counter.calls)
+
+
+def prompt_ids(engine, prompt):
+    ids = engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+    )
+    ids = list(getattr(ids, "input_ids", ids))
+    assert len(ids) == engine.count_tokens(prompt)
+    return ids
+
+
+def shared_starts(rows):
+    """For each row, the longest start (all but its last token at most) an earlier row's kept
+    tokens share: what the unmodified model does not prefill again."""
+
+    def shared(a, b):
+        length = 0
+        while length < min(len(a), len(b)) - 1 and a[length] == b[length]:
+            length += 1
+        return length
+
+    return [max((shared(row, rows[j]) for j in range(k)), default=0) for k, row in enumerate(rows)]
+
+
+@pytest.mark.parametrize("method", [None, "mspoe"])
+def test_prompts_that_start_alike_prefill_only_what_follows_their_shared_start(engine, method):
+    # A sweep's prompts of one question (the gold moved down the documents) and another question
+    # on the same documents: the unmodified model prefills each start once; a method whose rows
+    # depend on the whole prompt prefills every prompt whole.
+    question = "What is the capital of France?"
+    prompts = [
+        render_qa_prompt(question, [DOCUMENTS[k] for k in (0, 2, 3, 1, 4)])[0],
+        render_qa_prompt(question, [DOCUMENTS[k] for k in (0, 2, 3, 4, 1)])[0],
+        render_qa_prompt("Which is the largest moon of Saturn?", [DOCUMENTS[k] for k in (0, 2, 3, 1, 4)])[0],
+        render_qa_prompt(question, DOCUMENTS[:2])[0],
+    ]
+    settings = {"method": method, "max_new_tokens": 10}
+    alone = [engine.generate(prompt, **settings) for prompt in prompts]
+    counter = PrefillCounter(engine.model)
+    try:
+        together = engine.generate_batch(prompts, **settings)
+    finally:
+        counter.remove()
+    assert answers(together) == answers(alone)
+    ids = [prompt_ids(engine, prompt) for prompt in prompts]
+    prefilled = [tokens for _, tokens in counter.prefills()]
+    if method is None:
+        shared = shared_starts(ids)
+        assert shared[1] > shared[3] > 16 and shared[2] > shared[1]  # documents, and the template
+        assert sorted(prefilled) == sorted(len(row) - start for row, start in zip(ids, shared, strict=True))
+    else:
+        assert sorted(prefilled)[-4:] == sorted(len(row) for row in ids)
 
 
 def test_a_padded_batch_is_still_one_prefill_when_asked(engine):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from eval_run_helpers import embedded_tokenizer, tiny_chat_model
-from test_joined_decode import PROMPTS, PrefillCounter, answers
+from test_joined_decode import PROMPTS, PrefillCounter, answers, prompt_ids, shared_starts
 from tiny_models import tiny_model
 
 from rag_mspoe.engine import Engine
@@ -49,9 +49,10 @@ def test_answers_and_scores_come_from_one_prefill_per_prompt(engine):
     finally:
         counter.remove()
     assert_same(together, answers_apart, scores_apart, tolerance=1e-4)
-    # One forward per distinct prompt, of the whole prompt; the rest are the continuations (one
-    # row each) and the decoding steps of the joined batch.
-    lengths = sorted(engine.count_tokens(prompt) for prompt in PROMPTS)
+    # One forward per distinct prompt, of what follows the start it shares with an earlier one;
+    # the rest are the continuations (one row each) and the decoding steps of the joined batch.
+    ids = [prompt_ids(engine, prompt) for prompt in PROMPTS]
+    lengths = sorted(len(row) - shared for row, shared in zip(ids, shared_starts(ids), strict=True))
     assert sorted(tokens for rows, tokens in counter.prefills() if rows == 1) == lengths
     assert all(rows in (1, len(CONTINUATIONS), len(PROMPTS)) for rows, _ in counter.calls)
 

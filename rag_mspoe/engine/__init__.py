@@ -90,6 +90,8 @@ class Engine(ScoredGeneratingEngine):
     joined_decoding (attribute): whether `generate_batch` prefills each prompt alone and decodes
     the rows together (`joined_decode`; True on the CPU when not compiled) or prefills one
     left-padded batch.
+    shared_prompt_starts (attribute): whether, decoding joined, the unmodified model prefills a
+    start that a prompt shares with an earlier one of the batch once (default True).
     """
 
 

@@ -72,6 +72,10 @@ class EngineBase:
         # (`joined_decode`: a padded batch's prefill costs the singles' or more there); compiled
         # or on a GPU, one left-padded batch does both. Set it to choose.
         self.joined_decoding = self._compile_config is None and model.device.type == "cpu"
+        # There, a prompt that starts as an earlier one of the batch does (the unmodified model's
+        # rows) prefills only the rest; a prefix's rows then come from another forward, which
+        # rounds otherwise in bf16. Set it to False to prefill every prompt whole.
+        self.shared_prompt_starts = True
         # The unmodified model's caches through each prompt's documents, for the methods that keep
         # those rows (scoring only).
         self._document_prefixes = DocumentPrefixCache(model)

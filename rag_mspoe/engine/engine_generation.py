@@ -315,6 +315,7 @@ class GeneratingEngine(EngineBase):
             lambda row: self._spans_given(method, [prepared[row].spans]),
             not_cancelled,
             after_prefill,
+            share_prefixes=method is None and self.shared_prompt_starts,
         )
 
     @staticmethod
