@@ -11,11 +11,11 @@ newline, `--max-new-tokens`). Paths: `padded` (the whole batch in one left-padde
 as sweeps ran before), `joined-N` (`--decode-batch N` answers decoded together, each prompt
 prefilled alone; joined-1 answers one prompt at a time), and `whole-N` (joined-N with every
 prompt prefilled whole: `Engine.shared_prompt_starts = False`; joined rows prefill a start they
-share with an earlier prompt, such as the documents before a later gold, once). They alternate batch by batch in one
-process (`--repeats` times), so the machine's changing load hits each alike; the median seconds
-per path give prompts per hour. `sweep_generate_speedup`: the best joined path (N > 1) against
-the padded one; `..._vs_one_at_a_time` against joined-1; `shared_starts_speedup`: joined-N
-against whole-N for the largest N.
+share with an earlier prompt, such as the documents before a later gold, once). They alternate
+batch by batch in one process (`--repeats` times), so the machine's changing load hits each
+alike; the median seconds per path give prompts per hour. `sweep_generate_speedup`: the best
+joined path (N > 1) against the padded one; `..._vs_one_at_a_time` against joined-1;
+`shared_starts_speedup`: joined-N against whole-N for the largest N.
 Also reported: how many answers differ from the padded path's and from one at a time (bf16
 rounds differently in a batch of another shape; fp32 answers are equal:
 `tests/test_joined_decode.py`).
