@@ -75,17 +75,24 @@ def answers(results):
     return [(r.text, r.completion_tokens, r.finish_reason, r.documents_read) for r in results]
 
 
+def answered_together_as_alone(engine, prompts, settings):
+    """`generate_batch`'s results, checked equal to each prompt's answer alone, and the counter of
+    the batch's forwards."""
+    alone = [engine.generate(prompt, **settings) for prompt in prompts]
+    counter = PrefillCounter(engine.model)
+    try:
+        together = engine.generate_batch(prompts, **settings)
+    finally:
+        counter.remove()
+    assert answers(together) == answers(alone)
+    return together, counter
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_joined_rows_answer_as_each_prompt_alone_in_fp32(engine, method, tmp_path, monkeypatch):
     monkeypatch.setenv("RAG_MSPOE_CACHE", str(tmp_path))  # attention calibration's bias estimate
     settings = {"method": method, "max_new_tokens": 12, "stop": ["a"]}  # rows stop apart
-    alone = [engine.generate(prompt, **settings) for prompt in PROMPTS]
-    counter = PrefillCounter(engine.model)
-    try:
-        together = engine.generate_batch(PROMPTS, **settings)
-    finally:
-        counter.remove()
-    assert answers(together) == answers(alone)
+    together, counter = answered_together_as_alone(engine, PROMPTS, settings)
     if method is None:  # the rows stopped apart (on "a"), each where it stopped alone
         assert len({r.completion_tokens for r in together}) > 1
     # Each prompt was prefilled alone (a reordering also ranks each prompt alone first), and the
@@ -132,14 +139,7 @@ def test_prompts_that_start_alike_prefill_only_what_follows_their_shared_start(e
         render_qa_prompt("Which is the largest moon of Saturn?", [DOCUMENTS[k] for k in (0, 2, 3, 1, 4)])[0],
         render_qa_prompt(question, DOCUMENTS[:2])[0],
     ]
-    settings = {"method": method, "max_new_tokens": 10}
-    alone = [engine.generate(prompt, **settings) for prompt in prompts]
-    counter = PrefillCounter(engine.model)
-    try:
-        together = engine.generate_batch(prompts, **settings)
-    finally:
-        counter.remove()
-    assert answers(together) == answers(alone)
+    counter = answered_together_as_alone(engine, prompts, {"method": method, "max_new_tokens": 10})[1]
     ids = [prompt_ids(engine, prompt) for prompt in prompts]
     prefilled = [tokens for _, tokens in counter.prefills()]
     if method is None:
