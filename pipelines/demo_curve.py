@@ -12,7 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rag_mspoe.calibrated.validation import BASELINE, SHIPPED, middle_position, validation_records
+from rag_mspoe.calibrated.validation import (
+    BASELINE,
+    SHIPPED,
+    middle_position,
+    validation_metrics,
+    validation_records,
+)
 
 # What the demo writes beside its answers: one plot per metric.
 PLOTS = {"match": "committed-curve-exact-match.png", "gold_logprob": "committed-curve-loglik.png"}
@@ -20,13 +26,14 @@ _LABELS = {"match": "exact match (%)", "gold_logprob": "gold answer log-likeliho
 
 
 def summarize_validation(validation: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Per metric, `summarize`'s summary of the unmodified model and the shipped method."""
+    """Per metric the validation holds, `summarize`'s summary of the unmodified model and the
+    shipped method."""
     from rag_mspoe.eval.report import summarize
 
     records = validation_records(validation)
     return {
         metric: summarize(records, metric, baseline=BASELINE, method_order=(BASELINE, SHIPPED))
-        for metric in PLOTS
+        for metric in validation_metrics(validation)
     }
 
 
@@ -77,17 +84,15 @@ def committed_curve(validation: dict[str, Any], out: Path) -> str:
     questions = len(validation["questions"])
     middle = middle_position(validation)
     match = summaries["match"]["methods"]
+    loglik_test = ", sign-flip for the log-likelihood" if "gold_logprob" in summaries else ""
+    tests = f"McNemar for exact match{loglik_test}"
     lines = [
         f"The committed run, not this machine: {validation['model']}, {questions} real NQ-open questions "
         f"per position, none of them used to choose the method, {count} documents, the gold document "
         f"first, in the middle and last (records: {validation['run']} in the repository).",
-        f"n = {questions} questions at every position, the same for both, so every test is paired "
-        "(McNemar for exact match, sign-flip for the log-likelihood).",
+        f"n = {questions} questions at every position, the same for both, so every test is paired ({tests}).",
         "",
-        *_table(summaries["match"], count),
-        "",
-        *_table(summaries["gold_logprob"], count),
-        "",
+        *(line for metric in summaries for line in (*_table(summaries[metric], count), "")),
         f"With the gold document in the middle, the shipped method answers "
         f"{100 * match[SHIPPED]['accuracy'][middle]:.1f} % against the unmodified model's "
         f"{100 * match[BASELINE]['accuracy'][middle]:.1f} % "
@@ -95,9 +100,10 @@ def committed_curve(validation: dict[str, Any], out: Path) -> str:
         f"p = {match[SHIPPED]['p_vs_baseline'][middle]:.2g}).",
     ]
     title = f"Committed run: {validation['model']}, {count} documents, {questions} questions per position"
-    for metric, name in PLOTS.items():
-        plot(summaries[metric], out / name, title=title)
-    lines.append(f"Plots: {', '.join(str(out / name) for name in PLOTS.values())}")
+    plots = [out / PLOTS[metric] for metric in summaries]
+    for metric, path in zip(summaries, plots, strict=True):
+        plot(summaries[metric], path, title=title)
+    lines.append(f"Plots: {', '.join(str(path) for path in plots)}")
     lines.append(
         f"Reproduce it in a clone of the repository ({validation['cpu_hours']} CPU hours in the records):"
     )

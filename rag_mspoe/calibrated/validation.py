@@ -28,7 +28,7 @@ from rag_mspoe.calibrated import SEARCH_PATH, calibrated_method
 VALIDATION_FOLDER = "validation"
 BASELINE = "none"
 SHIPPED = "calibrated"  # the name the shipped method goes by (`--method calibrated`)
-METRICS = ("match", "gold_logprob")
+METRICS = ("match", "gold_logprob")  # exact match always; the log-likelihood where the run scored it
 _DIGITS = 4  # nats kept per log-likelihood: the tables print 2
 
 
@@ -148,7 +148,7 @@ def build_validation(repository: Path, run: ValidationRun) -> dict[str, Any]:
             record = json.loads(line)
             if record["method"] in names:
                 key = (names[record["method"]], int(record["position"]), str(record["example_id"]))
-                scores[key] = {metric: record[metric] for metric in METRICS}
+                scores[key] = {metric: record[metric] for metric in METRICS if record.get(metric) is not None}
                 seconds += record["seconds"]
     # The paired questions: scored by both labels at every position (a run stopped by its budget
     # may hold part of its last question).
@@ -162,6 +162,11 @@ def build_validation(repository: Path, run: ValidationRun) -> dict[str, Any]:
     )
     if not questions:
         raise ValueError(f"{folder}: no question is scored by both labels at every position; finish the run.")
+    # A run measured with `--metrics generate` alone has exact match and no log-likelihood.
+    paired = [scores[name, p, q] for name in names.values() for p in positions for q in questions]
+    metrics = [metric for metric in METRICS if all(metric in score for score in paired)]
+    if "match" not in metrics:
+        raise ValueError(f"{folder}: the records hold no exact match; run the sweep with --metrics generate.")
     return {
         "model": run.model,
         "run": run.folder,
@@ -177,41 +182,43 @@ def build_validation(repository: Path, run: ValidationRun) -> dict[str, Any]:
         # Per method and metric, per gold position, the questions' scores in `questions` order;
         # exact match as a string of 0s and 1s.
         "scores": {
-            name: {
-                "match": {
-                    str(p): "".join(str(int(scores[name, p, q]["match"])) for q in questions)
-                    for p in positions
-                },
-                "gold_logprob": {
-                    str(p): [round(scores[name, p, q]["gold_logprob"], _DIGITS) for q in questions]
-                    for p in positions
-                },
-            }
+            name: {metric: _by_position(scores, name, metric, positions, questions) for metric in metrics}
             for name in names.values()
         },
     }
 
 
+def _by_position(
+    scores: dict[tuple[str, int, str], dict[str, float]],
+    name: str,
+    metric: str,
+    positions: list[int],
+    questions: list[str],
+) -> dict[str, Any]:
+    """Per gold position, the questions' scores in `questions` order: exact match as a string of
+    0s and 1s, a log-likelihood as a list of rounded nats."""
+    if metric == "match":
+        return {str(p): "".join(str(int(scores[name, p, q]["match"])) for q in questions) for p in positions}
+    return {str(p): [round(scores[name, p, q][metric], _DIGITS) for q in questions] for p in positions}
+
+
+def validation_metrics(validation: dict[str, Any]) -> list[str]:
+    """The metrics a validation holds: exact match, and the log-likelihood where the run scored it."""
+    return [metric for metric in METRICS if metric in validation["scores"][BASELINE]]
+
+
 def validation_records(validation: dict[str, Any]) -> list[dict[str, Any]]:
-    """The compact validation as sweep records (method, position, example_id, match,
-    gold_logprob), as `rag_mspoe.eval.report.summarize` reads them."""
+    """The compact validation as sweep records (method, position, example_id, match and, where
+    scored, gold_logprob), as `rag_mspoe.eval.report.summarize` reads them."""
     records = []
     for method, metrics in validation["scores"].items():
         for position in validation["positions"]:
-            matches = metrics["match"][str(position)]
-            likelihoods = metrics["gold_logprob"][str(position)]
-            for question, match, likelihood in zip(
-                validation["questions"], matches, likelihoods, strict=True
-            ):
-                records.append(
-                    {
-                        "method": method,
-                        "position": position,
-                        "example_id": question,
-                        "match": float(match),
-                        "gold_logprob": likelihood,
-                    }
-                )
+            columns = {name: metrics[name][str(position)] for name in validation_metrics(validation)}
+            for index, question in enumerate(validation["questions"]):
+                record = {"method": method, "position": position, "example_id": question}
+                for name, column in columns.items():
+                    record[name] = float(column[index]) if name == "match" else column[index]
+                records.append(record)
     return records
 
 
