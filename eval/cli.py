@@ -90,6 +90,13 @@ def _register_report(subparsers: Any) -> None:
     parser.add_argument(
         "--out", default=None, help="for a sweep folder: write the report here instead of into the run folder"
     )
+    parser.add_argument(
+        "--leave-out",
+        default=None,
+        metavar="FILE",
+        help="for a sweep folder: leave out the examples whose ids FILE lists, one per line "
+        "(e.g. the questions a choice was made on)",
+    )
     parser.set_defaults(func=_report)
 
 
@@ -97,8 +104,8 @@ def _report(args: argparse.Namespace) -> int:
     """Rewrite the report of any run folder, of the kind its manifest names."""
     folder = Path(args.run)
     kind = folder_kind(folder)
-    if kind != "sweep" and (args.methods or args.out):
-        raise ValueError(f"--methods and --out are for sweep folders; {folder} is a {kind} run.")
+    if kind != "sweep" and (args.methods or args.out or args.leave_out):
+        raise ValueError(f"--methods, --out and --leave-out are for sweep folders; {folder} is a {kind} run.")
     print(Evaluation.registry[kind].report(folder, args))
     return 0
 

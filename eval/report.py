@@ -277,18 +277,26 @@ def write_report(
     baseline: str = "none",
     methods: Sequence[str] | None = None,
     out: Path | None = None,
+    leave_out: Path | None = None,
 ) -> dict[str, Any]:
     """Write summary.json (every metric), table.md and the plot (the chosen metric) into `out`
     (default: `folder`).
 
     methods: report only these labels, on the examples they all have (a run whose labels were
     added at different times can be reported for its complete labels at their full size);
-    `LABEL=NAME` shows a label under another name (`baseline` is then the name shown)."""
+    `LABEL=NAME` shows a label under another name (`baseline` is then the name shown).
+    leave_out: a file of example ids, one per line, whose records the report leaves out (the
+    questions a choice was made on, to report on the ones it never saw)."""
     folder = Path(folder)
     out = Path(out) if out is not None else folder
     records = read_records(folder / RESULTS_FILE)
     if not records:
         raise ValueError(f"{folder} has no results yet; run a sweep into it first.")
+    left_out = example_ids(leave_out) if leave_out is not None else set()
+    if left_out:
+        records = [r for r in records if str(r["example_id"]) not in left_out]
+        if not records:
+            raise ValueError(f"{leave_out} lists every example of {folder}; nothing is left to report.")
     manifest = read_manifest(folder) or {}
     order = list(manifest.get("sweep", {}).get("methods", []))
     if methods:
@@ -315,6 +323,8 @@ def write_report(
         "main_metric": chosen,
         "metrics": summaries,
     }
+    if leave_out is not None:
+        document["left_out"] = {"file": str(leave_out), "examples": len(left_out)}
     placement = gold_placement(records)
     if placement:
         document["gold_placement"] = placement
@@ -328,6 +338,18 @@ def write_report(
     title = f"{model}: {sweep.get('task', '')}, {sweep.get('num_documents', '?')} documents"
     plot(summaries[chosen], out / PLOT_FILE, title=title.strip())
     return document
+
+
+def example_ids(path: Path) -> set[str]:
+    """The example ids a file lists, one per line (blank lines and `#` comments skipped)."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as error:
+        raise ValueError(f"Cannot read the example ids in {path}: {error.strerror or error}.") from error
+    ids = {line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")}
+    if not ids:
+        raise ValueError(f"{path} lists no example ids; write one per line.")
+    return ids
 
 
 def shown_names(methods: Sequence[str]) -> dict[str, str]:

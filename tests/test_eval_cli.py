@@ -46,6 +46,24 @@ def test_sweep_report_and_compare_commands(model_dir, tmp_path, capsys):
     assert main(["report", str(tmp_path / "a"), "--methods", "pine"]) == 1
     assert "no records for pine; its labels are none, random" in capsys.readouterr().err
 
+    # Leaving out the questions a choice was made on: the report is of the others alone.
+    examples = sorted({r["example_id"] for r in read_records(tmp_path / "a" / "results.jsonl")})
+    assert len(examples) == 2
+    seen = tmp_path / "seen.txt"
+    seen.write_text(f"# chosen on\n{examples[0]}\n\n")
+    fresh = ["report", str(tmp_path / "a"), "--leave-out", str(seen), "--out", str(tmp_path / "fresh")]
+    assert main(fresh) == 0
+    capsys.readouterr()
+    summary = json.loads((tmp_path / "fresh" / "summary.json").read_text())
+    assert summary["left_out"] == {"file": str(seen), "examples": 1}
+    assert summary["metrics"]["gold_logprob"]["examples_per_position"] == {"0": 1, "1": 1, "3": 1}
+    seen.write_text("\n".join(examples))
+    assert main(fresh) == 1
+    assert "lists every example" in capsys.readouterr().err
+    seen.write_text("# nothing\n")
+    assert main(fresh) == 1
+    assert "lists no example ids; write one per line" in capsys.readouterr().err
+
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "cmp")]) == 0
     assert "| none | 0 | 2 |" in capsys.readouterr().out
     assert (tmp_path / "cmp" / "comparison.json").is_file()

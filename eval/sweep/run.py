@@ -110,6 +110,7 @@ class Sweep(Evaluation):
             baseline=options.baseline,
             methods=options.methods,
             out=out,
+            leave_out=Path(options.leave_out) if options.leave_out else None,
         )
         return _table(out)
 
