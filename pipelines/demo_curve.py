@@ -46,6 +46,8 @@ def _table(summary: dict[str, Any], count: int) -> list[str]:
     percent = summary["metric"] == "match"
     scale, digits, unit = (100.0, 1, " points") if percent else (1.0, 2, " nats")
     base, shipped = summary["methods"][BASELINE], summary["methods"][SHIPPED]
+    # The first column fits its longest row name ("middle (10 of 20)") and a space.
+    first = max(17, *(len(_where(position, count)) + 1 for position in summary["positions"]))
 
     def cell(entry: dict[str, Any], position: int) -> str:
         low, high = entry["ci"][position]
@@ -56,18 +58,19 @@ def _table(summary: dict[str, Any], count: int) -> list[str]:
 
     lines = [
         f"  {_LABELS[summary['metric']]}, [95% bootstrap interval]",
-        f"  {'gold document':<17}{'none':<22}{'calibrated':<22}{'difference':<14}p (paired)",
+        f"  {'gold document':<{first}}{'none':<22}{'calibrated':<22}{'difference':<14}p (paired)",
     ]
     for position in summary["positions"]:
         gain = scale * (shipped["accuracy"][position] - base["accuracy"][position])
         lines.append(
-            f"  {_where(position, count):<17}{cell(base, position):<22}{cell(shipped, position):<22}"
+            f"  {_where(position, count):<{first}}{cell(base, position):<22}{cell(shipped, position):<22}"
             f"{gain:+.{digits}f}{unit:<{14 - len(f'{gain:+.{digits}f}')}}"
             f"{shipped['p_vs_baseline'][position]:.2g}"
         )
     gain = scale * (shipped["average"] - base["average"])
     lines.append(
-        f"  {'average':<17}{scale * base['average']:<22.{digits}f}{scale * shipped['average']:<22.{digits}f}"
+        f"  {'average':<{first}}"
+        f"{scale * base['average']:<22.{digits}f}{scale * shipped['average']:<22.{digits}f}"
         f"{gain:+.{digits}f}{unit:<{14 - len(f'{gain:+.{digits}f}')}}"
         f"{shipped['p_average_vs_baseline']:.2g}"
     )
