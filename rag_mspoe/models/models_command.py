@@ -35,13 +35,15 @@ def status(model: embedded_models.EmbeddedModel) -> str:
 
 
 def _calibrated_status(name: str) -> str:
-    """'none shipped', or 'shipped' with the document counts it was validated at."""
+    """'none shipped', or 'shipped' with the kind of method and the document counts it was
+    validated at (`calibrated` is a calibrated reordering for one model, a ranking for another)."""
     if calibrated_config_path(name) is None:
         return "none shipped"
-    counts = calibrated_method(name).validated_documents
+    config = calibrated_method(name)
+    counts = config.validated_documents
     if not counts:
-        return "shipped"
-    return f"shipped, validated at {', '.join(str(n) for n in counts)} documents"
+        return f"shipped ({config.kind})"
+    return f"shipped ({config.kind}), validated at {', '.join(str(n) for n in counts)} documents"
 
 
 def _list(args: argparse.Namespace) -> int:
