@@ -17,7 +17,7 @@ from typing import Any
 
 from rag_mspoe.eval.runs.loop import Evaluation, folder_kind
 from rag_mspoe.eval.runs.manifest import read_manifest
-from rag_mspoe.eval.runs.results import RESULTS_FILE, read_records
+from rag_mspoe.eval.runs.results import read_run_records
 from rag_mspoe.eval.scoring.metrics import bootstrap_ci, paired_test, position_summary
 from rag_mspoe.models.embedded_models import DEFAULT_MODEL
 
@@ -289,7 +289,7 @@ def write_report(
     questions a choice was made on, to report on the ones it never saw)."""
     folder = Path(folder)
     out = Path(out) if out is not None else folder
-    records = read_records(folder / RESULTS_FILE)
+    records = read_run_records(folder)
     if not records:
         raise ValueError(f"{folder} has no results yet; run a sweep into it first.")
     left_out = example_ids(leave_out) if leave_out is not None else set()
@@ -379,7 +379,7 @@ def compare_runs(
     if other != kind:
         raise ValueError(f"{a} holds a {kind} run and {b} a {other} run; compare runs of one kind.")
     pairing = Evaluation.registry[kind].pairing
-    records_a, records_b = read_records(a / RESULTS_FILE), read_records(b / RESULTS_FILE)
+    records_a, records_b = read_run_records(a), read_run_records(b)
     if not records_a or not records_b:
         raise ValueError(f"Both {a} and {b} need results; run them first.")
 

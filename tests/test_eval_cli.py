@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
 import json
+import shutil
 
 import pytest
 from eval_run_helpers import save_tiny_chat_model, write_e2e_inputs
@@ -63,6 +65,19 @@ def test_sweep_report_and_compare_commands(model_dir, tmp_path, capsys):
     seen.write_text("# nothing\n")
     assert main(fresh) == 1
     assert "lists no example ids; write one per line" in capsys.readouterr().err
+
+    # A finished run kept compressed in a repository reports as it is, without gunzip.
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    shutil.copy(tmp_path / "a" / "manifest.json", kept)
+    with (
+        open(tmp_path / "a" / "results.jsonl", "rb") as source,
+        gzip.open(kept / "results.jsonl.gz", "wb") as out,
+    ):
+        shutil.copyfileobj(source, out)
+    assert main(["report", str(kept)]) == 0
+    capsys.readouterr()
+    assert json.loads((kept / "summary.json").read_text())["records"] == 12
 
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "cmp")]) == 0
     assert "| none | 0 | 2 |" in capsys.readouterr().out

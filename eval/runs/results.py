@@ -9,6 +9,7 @@ may write into a run folder.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import os
 from collections.abc import Iterable
@@ -18,6 +19,7 @@ from typing import Any
 from rag_mspoe.files import folder_lock
 
 RESULTS_FILE = "results.jsonl"
+COMPRESSED_RESULTS_FILE = "results.jsonl.gz"  # how a finished run's records are kept in a repository
 SWEEP_KEY = ("method", "position", "example_id")
 Key = tuple[Any, ...]
 
@@ -45,6 +47,16 @@ def read_records(path: Path) -> list[dict[str, Any]]:
                     f"{path}, line {number}: not a JSON record ({exc.msg}); remove that line and rerun."
                 ) from None
     return records
+
+
+def read_run_records(folder: Path) -> list[dict[str, Any]]:
+    """A run folder's records, for reading only: results.jsonl, or where only its compressed copy
+    is kept (a finished run committed to a repository), results.jsonl.gz."""
+    compressed = folder / COMPRESSED_RESULTS_FILE
+    if (folder / RESULTS_FILE).is_file() or not compressed.is_file():
+        return read_records(folder / RESULTS_FILE)
+    with gzip.open(compressed, "rt") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
 
 
 class ResultsFile:
