@@ -292,8 +292,8 @@ def write_report(
     records = read_run_records(folder)
     if not records:
         raise ValueError(f"{folder} has no results yet; run a sweep into it first.")
-    left_out = example_ids(leave_out) if leave_out is not None else set()
-    if left_out:
+    left_out = example_ids(leave_out) if leave_out is not None else None
+    if left_out is not None:
         records = [r for r in records if str(r["example_id"]) not in left_out]
         if not records:
             raise ValueError(f"{leave_out} lists every example of {folder}; nothing is left to report.")
@@ -323,7 +323,7 @@ def write_report(
         "main_metric": chosen,
         "metrics": summaries,
     }
-    if leave_out is not None:
+    if left_out is not None:
         document["left_out"] = {"file": str(leave_out), "examples": len(left_out)}
     placement = gold_placement(records)
     if placement:

@@ -224,9 +224,10 @@ def validation_records(validation: dict[str, Any]) -> list[dict[str, Any]]:
     """The compact validation as sweep records (method, position, example_id, match and, where
     scored, gold_logprob), as `rag_mspoe.eval.report.summarize` reads them."""
     records = []
+    held = validation_metrics(validation)
     for method, metrics in validation["scores"].items():
         for position in validation["positions"]:
-            columns = {name: metrics[name][str(position)] for name in validation_metrics(validation)}
+            columns = {name: metrics[name][str(position)] for name in held}
             for index, question in enumerate(validation["questions"]):
                 record = {"method": method, "position": position, "example_id": question}
                 for name, column in columns.items():
