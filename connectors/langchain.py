@@ -23,11 +23,18 @@ a call of the schema as a tool, so the answer always parses.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextvars import ContextVar
 from operator import itemgetter
 from typing import Any, Literal
 
-from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForLLMRun,
+    BaseCallbackHandler,
+    CallbackManagerForLLMRun,
+)
+from langchain_core.documents import Document
 from langchain_core.language_models import BaseChatModel, BaseLLM, LangSmithParams
 from langchain_core.messages import (
     AIMessage,
@@ -53,10 +60,12 @@ from langchain_core.outputs import (
 )
 from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
 from langchain_core.tools import BaseTool
+from langchain_core.tracers.context import register_configure_hook
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
+from rag_mspoe.connectors.document_finder import RETRIEVED, LocatedPrompt, with_documents_read
 from rag_mspoe.connectors.settings import EngineFields, aretrying, engine_settings, read_order, retrying
 from rag_mspoe.engine import ENGINE_DEFAULT, GenerationResult
 from rag_mspoe.engine.text_stream import TextPiece
@@ -72,6 +81,33 @@ _ROLES = {HumanMessage: "user", SystemMessage: "system", AIMessage: "assistant",
 STRUCTURED_OUTPUT_METHODS = ("json_schema", "json_mode", "function_calling")
 # Call arguments that turn a chat call into a tool-calling one (set by bind_tools).
 _TOOL_ARGUMENTS = ("tools", "tool_choice", "parallel_tool_calls")
+
+
+class RetrievedDocumentsListener(BaseCallbackHandler):
+    """Keeps the texts of the documents every retriever of every chain returns, so that a method
+    reading documents finds them in the prompt the chain stuffs them into."""
+
+    run_inline = True  # before the model of the same chain runs, async chains included
+
+    def on_retriever_end(self, documents: Sequence[Document], **kwargs: Any) -> None:
+        RETRIEVED.add(document.page_content for document in documents)
+
+
+# One listener for every thread and task: LangChain adds a hook's handler where its variable is set,
+# and a default is seen everywhere, where a value set would be seen in one context only.
+_LISTENER: ContextVar[BaseCallbackHandler | None] = ContextVar(
+    "rag_mspoe_retrieved_documents",
+    default=RetrievedDocumentsListener(),  # noqa: B039
+)
+_listening = False
+
+
+def listen_to_retrievers() -> None:
+    """Add the listener to every LangChain run of the process (once): a chain needs no change."""
+    global _listening
+    if not _listening:
+        register_configure_hook(_LISTENER, inheritable=True)
+        _listening = True
 
 
 def to_chat_messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
@@ -139,7 +175,10 @@ def usage_metadata(result: GenerationResult) -> UsageMetadata:
 class EngineParams(EngineFields):
     """The shared fields, with LangChain's `model` alias and its per-call helpers."""
 
-    model_name: str = Field(default="", alias="model", description="Display name; defaults to the engine's.")
+    @model_validator(mode="after")
+    def _listen_to_retrievers(self) -> EngineParams:
+        listen_to_retrievers()
+        return self
 
     def _settings(self, stop: list[str] | None, kwargs: dict[str, Any]) -> dict[str, Any]:
         """Engine settings for one call: per-call keyword arguments over the instance fields."""
@@ -263,14 +302,16 @@ class ChatRagMsPoE(EngineParams, BaseChatModel):
             yield self._last_chunk(tool_stream.answer)
             return
         settings = self._settings(stop, kwargs)
-        stream = self.engine.stream(to_chat_messages(messages), **settings)
+        located = self._located(to_chat_messages(messages), settings)
+        stream = self.engine.stream(located.messages, **settings)
         for piece in stream:
             chunk = self._piece_chunk(piece, self._asks_logprobs(settings))
             if run_manager:
                 run_manager.on_llm_new_token(piece, chunk=chunk)
             yield chunk
         assert stream.result is not None
-        yield self._last_chunk(ToolAnswer(stream.result.text, (), stream.result), streamed=True)
+        result = with_documents_read(stream.result, located)
+        yield self._last_chunk(ToolAnswer(result.text, (), result), streamed=True)
 
     async def _astream(
         self,
@@ -294,14 +335,16 @@ class ChatRagMsPoE(EngineParams, BaseChatModel):
             yield self._last_chunk(tool_stream.answer)
             return
         settings = self._settings(stop, kwargs)
-        stream = self.engine.astream(to_chat_messages(messages), **settings)
+        located = self._located(to_chat_messages(messages), settings)
+        stream = self.engine.astream(located.messages, **settings)
         async for piece in stream:
             chunk = self._piece_chunk(piece, self._asks_logprobs(settings))
             if run_manager:
                 await run_manager.on_llm_new_token(piece, chunk=chunk)
             yield chunk
         assert stream.result is not None
-        yield self._last_chunk(ToolAnswer(stream.result.text, (), stream.result), streamed=True)
+        result = with_documents_read(stream.result, located)
+        yield self._last_chunk(ToolAnswer(result.text, (), result), streamed=True)
 
     def bind_tools(
         self,
@@ -380,14 +423,16 @@ class ChatRagMsPoE(EngineParams, BaseChatModel):
         schema = kwargs.pop("json_schema", None)
         tool_options = {key: kwargs.pop(key) for key in _TOOL_ARGUMENTS if key in kwargs}
         settings = self._settings(stop, kwargs)
-        prompt = to_chat_messages(messages)
+        located = self._located(to_chat_messages(messages), settings)
         if tool_options.get("tools"):
-            return generate_with_tools(self._model_engine(), prompt, **tool_options, **settings)
+            answer = generate_with_tools(self._model_engine(), located.messages, **tool_options, **settings)
+            return dataclasses.replace(answer, result=with_documents_read(answer.result, located))
         if schema is None:
-            result = self.engine.generate(prompt, **settings)
+            result = self.engine.generate(located.messages, **settings)
         else:
             del settings["stop"]  # the schema decides where the answer ends
-            result = generate_json(self._model_engine(), prompt, schema, **settings)
+            result = generate_json(self._model_engine(), located.messages, schema, **settings)
+        result = with_documents_read(result, located)
         return ToolAnswer(result.text, (), result)
 
     def _tool_stream(
@@ -399,9 +444,9 @@ class ChatRagMsPoE(EngineParams, BaseChatModel):
     ) -> Any:
         """A tool-calling stream (`stream_with_tools` or `astream_with_tools`) for bound tools."""
         tool_options = {key: kwargs.pop(key) for key in _TOOL_ARGUMENTS if key in kwargs}
-        return start(
-            self._model_engine(), to_chat_messages(messages), **tool_options, **self._settings(stop, kwargs)
-        )
+        settings = self._settings(stop, kwargs)
+        located = self._located(to_chat_messages(messages), settings)
+        return start(self._model_engine(), located.messages, **tool_options, **settings)
 
     @staticmethod
     def _event_chunk(event: str | ToolCallDelta) -> ChatGenerationChunk:
@@ -473,11 +518,14 @@ class RagMsPoELLM(EngineParams, BaseLLM):
         **kwargs: Any,
     ) -> LLMResult:
         settings = self._settings(stop, kwargs)
+        located = [self._located_text(prompt, settings) for prompt in prompts]
         results = retrying(
-            lambda: self.engine.generate_batch(prompts, raw=not self.use_chat_template, **settings),
+            lambda: self.engine.generate_batch(
+                [p.messages for p in located], raw=not self.use_chat_template, **settings
+            ),
             self.max_retries,
         )
-        return self._llm_result(results)
+        return self._llm_result([with_documents_read(r, p) for r, p in zip(results, located, strict=True)])
 
     async def _agenerate(
         self,
@@ -487,11 +535,14 @@ class RagMsPoELLM(EngineParams, BaseLLM):
         **kwargs: Any,
     ) -> LLMResult:
         settings = self._settings(stop, kwargs)
+        located = [self._located_text(prompt, settings) for prompt in prompts]
         results = await aretrying(
-            lambda: self.engine.agenerate_batch(prompts, raw=not self.use_chat_template, **settings),
+            lambda: self.engine.agenerate_batch(
+                [p.messages for p in located], raw=not self.use_chat_template, **settings
+            ),
             self.max_retries,
         )
-        return self._llm_result(results)
+        return self._llm_result([with_documents_read(r, p) for r, p in zip(results, located, strict=True)])
 
     def _stream(
         self,
@@ -501,14 +552,16 @@ class RagMsPoELLM(EngineParams, BaseLLM):
         **kwargs: Any,
     ) -> Iterator[GenerationChunk]:
         settings = self._settings(stop, kwargs)
-        stream = self.engine.stream(prompt, raw=not self.use_chat_template, **settings)
+        located = self._located_text(prompt, settings)
+        stream = self.engine.stream(located.messages, raw=not self.use_chat_template, **settings)
         for piece in stream:
             chunk = self._piece_chunk(piece, self._asks_logprobs(settings))
             if run_manager:
                 run_manager.on_llm_new_token(piece, chunk=chunk)
             yield chunk
         assert stream.result is not None
-        yield GenerationChunk(text="", generation_info=self._generation_info(stream.result, streamed=True))
+        result = with_documents_read(stream.result, located)
+        yield GenerationChunk(text="", generation_info=self._generation_info(result, streamed=True))
 
     async def _astream(
         self,
@@ -518,14 +571,20 @@ class RagMsPoELLM(EngineParams, BaseLLM):
         **kwargs: Any,
     ) -> AsyncIterator[GenerationChunk]:
         settings = self._settings(stop, kwargs)
-        stream = self.engine.astream(prompt, raw=not self.use_chat_template, **settings)
+        located = self._located_text(prompt, settings)
+        stream = self.engine.astream(located.messages, raw=not self.use_chat_template, **settings)
         async for piece in stream:
             chunk = self._piece_chunk(piece, self._asks_logprobs(settings))
             if run_manager:
                 await run_manager.on_llm_new_token(piece, chunk=chunk)
             yield chunk
         assert stream.result is not None
-        yield GenerationChunk(text="", generation_info=self._generation_info(stream.result, streamed=True))
+        result = with_documents_read(stream.result, located)
+        yield GenerationChunk(text="", generation_info=self._generation_info(result, streamed=True))
+
+    def _located_text(self, prompt: str, settings: dict[str, Any]) -> LocatedPrompt:
+        """A text prompt as one user message, its retrieved documents marked (see `_located`)."""
+        return self._located([{"role": "user", "content": prompt}], settings)
 
     def _logprobs(self, tokens: tuple[TokenLogprob, ...] | None) -> dict[str, Any] | None:
         """As langchain-openai's completion model gives them (the legacy completions shape)."""

@@ -23,6 +23,7 @@ response lists the calls finished so far in `additional_kwargs["tool_calls"]`, t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -41,18 +42,24 @@ from llama_index.core.base.llms.types import (
     TextBlock,
     ToolCallBlock,
 )
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+from llama_index.core.instrumentation.events import BaseEvent
+from llama_index.core.instrumentation.events.retrieval import RetrievalEndEvent
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.prompts import BasePromptTemplate
+from llama_index.core.schema import MetadataMode
 from llama_index.core.tools import BaseTool
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rag_mspoe.connectors.document_finder import RETRIEVED, LocatedPrompt, with_documents_read
 from rag_mspoe.connectors.settings import EngineFields, aretrying, engine_settings, read_order, retrying
 from rag_mspoe.engine import Engine, GenerationResult
 from rag_mspoe.engine.text_stream import TextPiece
 from rag_mspoe.engine.token_logprobs import TokenLogprob
-from rag_mspoe.prompts.chat_template import DOCUMENT_SPANS, Prompt
+from rag_mspoe.prompts.chat_template import DOCUMENT_SPANS
 from rag_mspoe.tools.json_output import generate_json
 from rag_mspoe.tools.tool_calls import ToolAnswer, astream_with_tools, generate_with_tools, stream_with_tools
 from rag_mspoe.tools.tool_stream import ToolCallDelta
@@ -66,6 +73,33 @@ _ROLES = {
 # Call arguments that turn a chat call into a tool-calling one (set by _prepare_chat_with_tools).
 _TOOL_ARGUMENTS = ("tools", "tool_choice", "parallel_tool_calls")
 Model = TypeVar("Model", bound=BaseModel)
+
+
+class RetrievedNodesListener(BaseEventHandler):
+    """Keeps the texts of the nodes every retriever returns (as query engines and chat engines
+    stuff them into prompts: with their metadata, and bare), so that a method reading documents
+    finds them in the prompt."""
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "RetrievedNodesListener"
+
+    def handle(self, event: BaseEvent, **kwargs: Any) -> None:
+        if isinstance(event, RetrievalEndEvent):
+            for scored in event.nodes:
+                node = scored.node
+                RETRIEVED.add([node.get_content(metadata_mode=MetadataMode.LLM), node.get_content()])
+
+
+_listening = False
+
+
+def listen_to_retrievers() -> None:
+    """Add the listener to LlamaIndex's root dispatcher (once), which every retriever's events reach."""
+    global _listening
+    if not _listening:
+        get_dispatcher().add_event_handler(RetrievedNodesListener())
+        _listening = True
 
 
 def to_chat_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
@@ -111,7 +145,7 @@ def to_chat_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
 class RagMsPoE(EngineFields, FunctionCallingLLM):
     """A LlamaIndex LLM over a local model with rescaled RoPE (Ms-PoE, per layer, ...)."""
 
-    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, arbitrary_types_allowed=True)
 
     use_chat_template: bool = Field(
         default=False, description="complete(): wrap the prompt as a user turn of the chat template."
@@ -120,6 +154,11 @@ class RagMsPoE(EngineFields, FunctionCallingLLM):
     @classmethod
     def class_name(cls) -> str:
         return "RagMsPoE"
+
+    @model_validator(mode="after")
+    def _listen_to_retrievers(self) -> RagMsPoE:
+        listen_to_retrievers()
+        return self
 
     @property
     def metadata(self) -> LLMMetadata:
@@ -164,14 +203,16 @@ class RagMsPoE(EngineFields, FunctionCallingLLM):
 
             return tool_responses()
         settings = engine_settings(self, kwargs)
-        stream = self.engine.stream(to_chat_messages(messages), **settings)
+        located = self._located(to_chat_messages(messages), settings)
+        stream = self.engine.stream(located.messages, **settings)
 
         def responses() -> ChatResponseGen:
             so_far = _Written(settings["logprobs"] is not None)
             for piece in stream:
                 so_far.add(piece)
                 yield self._chat_response(so_far.text, piece, None, tokens=so_far.tokens)
-            yield self._chat_response(so_far.text, "", stream.result)
+            assert stream.result is not None
+            yield self._chat_response(so_far.text, "", with_documents_read(stream.result, located))
 
         return responses()
 
@@ -189,14 +230,16 @@ class RagMsPoE(EngineFields, FunctionCallingLLM):
 
             return tool_responses()
         settings = engine_settings(self, kwargs)
-        stream = self.engine.astream(to_chat_messages(messages), **settings)
+        located = self._located(to_chat_messages(messages), settings)
+        stream = self.engine.astream(located.messages, **settings)
 
         async def responses() -> ChatResponseAsyncGen:
             so_far = _Written(settings["logprobs"] is not None)
             async for piece in stream:
                 so_far.add(piece)
                 yield self._chat_response(so_far.text, piece, None, tokens=so_far.tokens)
-            yield self._chat_response(so_far.text, "", stream.result)
+            assert stream.result is not None
+            yield self._chat_response(so_far.text, "", with_documents_read(stream.result, located))
 
         return responses()
 
@@ -276,43 +319,51 @@ class RagMsPoE(EngineFields, FunctionCallingLLM):
     ) -> Any:
         """A tool-calling stream (`stream_with_tools` or `astream_with_tools`) for the offered tools."""
         tool_options = {key: kwargs.pop(key) for key in _TOOL_ARGUMENTS if key in kwargs}
-        return start(
-            self._model_engine(), to_chat_messages(messages), **tool_options, **engine_settings(self, kwargs)
-        )
+        settings = engine_settings(self, kwargs)
+        located = self._located(to_chat_messages(messages), settings)
+        return start(self._model_engine(), located.messages, **tool_options, **settings)
 
     def _answer(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ToolAnswer:
         """One blocking answer: plain text, or tool calls when tools are offered."""
         tool_options = {key: kwargs.pop(key) for key in _TOOL_ARGUMENTS if key in kwargs}
-        prompt, settings = to_chat_messages(messages), engine_settings(self, kwargs)
+        settings = engine_settings(self, kwargs)
+        located = self._located(to_chat_messages(messages), settings)
         if tool_options.get("tools"):
-            return generate_with_tools(self._model_engine(), prompt, **tool_options, **settings)
-        result = self.engine.generate(prompt, **settings)
+            answer = generate_with_tools(self._model_engine(), located.messages, **tool_options, **settings)
+            return dataclasses.replace(answer, result=with_documents_read(answer.result, located))
+        result = with_documents_read(self.engine.generate(located.messages, **settings), located)
         return ToolAnswer(result.text, (), result)
 
     # -- completion ----------------------------------------------------------------------------------
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        text, settings = self._completion_prompt(prompt, formatted), self._completion_settings(kwargs)
-        result = retrying(lambda: self.engine.generate(text, **settings), self.max_retries)
-        return self._completion_response(result.text, "", result)
+        settings = self._completion_settings(kwargs)
+        located = self._completion_prompt(prompt, formatted, settings)
+        result = retrying(lambda: self.engine.generate(located.messages, **settings), self.max_retries)
+        return self._completion_response(result.text, "", with_documents_read(result, located))
 
     @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        text, settings = self._completion_prompt(prompt, formatted), self._completion_settings(kwargs)
-        result = await aretrying(lambda: self.engine.agenerate(text, **settings), self.max_retries)
-        return self._completion_response(result.text, "", result)
+        settings = self._completion_settings(kwargs)
+        located = self._completion_prompt(prompt, formatted, settings)
+        result = await aretrying(
+            lambda: self.engine.agenerate(located.messages, **settings), self.max_retries
+        )
+        return self._completion_response(result.text, "", with_documents_read(result, located))
 
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
         settings = self._completion_settings(kwargs)
-        stream = self.engine.stream(self._completion_prompt(prompt, formatted), **settings)
+        located = self._completion_prompt(prompt, formatted, settings)
+        stream = self.engine.stream(located.messages, **settings)
 
         def responses() -> CompletionResponseGen:
             so_far = _Written(settings["logprobs"] is not None)
             for piece in stream:
                 so_far.add(piece)
                 yield self._completion_response(so_far.text, piece, None, so_far.tokens)
-            yield self._completion_response(so_far.text, "", stream.result)
+            assert stream.result is not None
+            yield self._completion_response(so_far.text, "", with_documents_read(stream.result, located))
 
         return responses()
 
@@ -321,22 +372,26 @@ class RagMsPoE(EngineFields, FunctionCallingLLM):
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponseAsyncGen:
         settings = self._completion_settings(kwargs)
-        stream = self.engine.astream(self._completion_prompt(prompt, formatted), **settings)
+        located = self._completion_prompt(prompt, formatted, settings)
+        stream = self.engine.astream(located.messages, **settings)
 
         async def responses() -> CompletionResponseAsyncGen:
             so_far = _Written(settings["logprobs"] is not None)
             async for piece in stream:
                 so_far.add(piece)
                 yield self._completion_response(so_far.text, piece, None, so_far.tokens)
-            yield self._completion_response(so_far.text, "", stream.result)
+            assert stream.result is not None
+            yield self._completion_response(so_far.text, "", with_documents_read(stream.result, located))
 
         return responses()
 
     # -- helpers -------------------------------------------------------------------------------------
-    def _completion_prompt(self, prompt: str, formatted: bool) -> Prompt:
+    def _completion_prompt(self, prompt: str, formatted: bool, settings: dict[str, Any]) -> LocatedPrompt:
+        """The prompt as one message, its retrieved documents marked (see `_located`)."""
         # LlamaIndex convention: an unformatted prompt goes through completion_to_prompt first.
         convert = self.completion_to_prompt
-        return prompt if formatted or convert is None else convert(prompt)
+        text = prompt if formatted or convert is None else convert(prompt)
+        return self._located([{"role": "user", "content": text}], settings)
 
     def _completion_settings(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         return {**engine_settings(self, kwargs), "raw": not self.use_chat_template}

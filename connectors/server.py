@@ -43,6 +43,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from rag_mspoe.calibrated import calibrated_config_path
 from rag_mspoe.connectors import openai_schema as schema
 from rag_mspoe.connectors.batching import RequestBatcher
+from rag_mspoe.connectors.document_finder import LocatedPrompt, locate_documents, with_documents_read
 from rag_mspoe.connectors.request_guard import LOOPBACK_HOSTS, UNEXPECTED, GuardSettings, RequestGuard
 from rag_mspoe.engine import (
     ENGINE_DEFAULT,
@@ -355,6 +356,12 @@ def create_app(
                 400, str(exc), param="response_format" if body.response_format else "tools"
             ) from exc
 
+    def with_documents_located(messages: list[dict[str, Any]], options: dict[str, Any]) -> LocatedPrompt:
+        """The messages, with a method that reads documents told where they are, or that there are
+        none: a chat without documents is answered (`rag_mspoe.connectors.document_finder`)."""
+        spec = options["method"]
+        return locate_documents(messages, engine.method if spec is ENGINE_DEFAULT else spec)
+
     def open_stream(prompt: Any, options: dict[str, Any], prompt_field: str) -> Any:
         with client_errors(prompt_field):
             return batcher.stream(prompt, options)
@@ -398,12 +405,13 @@ def create_app(
         options = {**settings(body, raw=False), **constraints(body)}
         if body.calls_tools():
             return await tool_reply(request, body, options)
+        located = with_documents_located(body.prompt(), options)
         if not body.stream:
             result = await answer(
-                request, lambda cancel: batcher.generate(body.prompt(), options, cancel), "messages"
+                request, lambda cancel: batcher.generate(located.messages, options, cancel), "messages"
             )
-            return schema.chat_completion(result, body.model)
-        stream = open_stream(body.prompt(), options, "messages")
+            return schema.chat_completion(with_documents_read(result, located), body.model)
+        stream = open_stream(located.messages, options, "messages")
         chunk_id = schema.new_id("chatcmpl")
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
@@ -413,7 +421,8 @@ def create_app(
                 logprobs = openai_chat_logprobs(piece.tokens) if body.logprobs else None
                 yield schema.chat_chunk(chunk_id, body.model, {"content": piece}, logprobs)
             assert stream.result is not None
-            yield schema.final_chat_chunk(chunk_id, body.model, stream.result, stream.result.finish_reason)
+            result = with_documents_read(stream.result, located)
+            yield schema.final_chat_chunk(chunk_id, body.model, result, result.finish_reason)
             if include_usage:
                 yield schema.usage_chunk(chunk_id, body.model, [stream.result], "chat.completion.chunk")
 

@@ -10,6 +10,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
+from rag_mspoe.connectors.document_finder import LocatedPrompt, locate_documents
 from rag_mspoe.engine import ENGINE_DEFAULT, Engine, GenerationResult, GenerationTimeout, shared_engine
 from rag_mspoe.engine.remote_engine import NEEDS_THE_MODEL, RemoteEngine
 from rag_mspoe.engine.token_logprobs import MAX_TOP_LOGPROBS, chat_alternatives
@@ -81,7 +82,7 @@ async def aretrying(call: Callable[[], Awaitable[T]], max_retries: int) -> T:
 class EngineFields(BaseModel):
     """Fields shared by both adapters: which engine, which method, and the generation settings."""
 
-    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, arbitrary_types_allowed=True)
 
     engine: Engine | RemoteEngine = Field(
         default=None,  # type: ignore[assignment]  # filled from `source` by the validator
@@ -104,7 +105,13 @@ class EngineFields(BaseModel):
         description="dtype of a model loaded from `source`: None or 'auto' (the device's best), 'bfloat16', "
         "'float16' or 'float32'.",
     )
-    model_name: str = Field(default="", description="Display name; defaults to the engine's.")
+    model_name: str = Field(
+        default="",
+        alias="model",
+        description="The model, as other integrations take it: an embedded model's name (`rag-mspoe "
+        "models`), a folder or a .gguf file, loaded once per process. With `engine` or `source`, only "
+        "the name responses show (by default the engine's).",
+    )
     method: Any = Field(
         default=None,
         description="Rescaling method for every call: a short name ('mspoe', 'pi', 'none'), a method config "
@@ -137,6 +144,8 @@ class EngineFields(BaseModel):
     @model_validator(mode="after")
     def _attach_engine(self) -> EngineFields:
         if self.engine is None:
+            if self.source is None and self.model_name:
+                self.source, self.model_name = self.model_name, ""  # model= says what to load
             self.engine = shared_engine(self.source, device=self.device, dtype=self.dtype)
         if not self.model_name:
             self.model_name = self.engine.name
@@ -151,6 +160,13 @@ class EngineFields(BaseModel):
         if isinstance(self.engine, RemoteEngine):
             raise ValueError(NEEDS_THE_MODEL)
         return self.engine
+
+    def _located(self, messages: list[dict[str, Any]], settings: dict[str, Any]) -> LocatedPrompt:
+        """The call's messages with the documents its retriever returned marked, for a method that
+        reads documents (`rag_mspoe.connectors.document_finder`)."""
+        spec = settings["method"]
+        method = self.engine.method if spec is ENGINE_DEFAULT else self.engine.method_config(spec)
+        return locate_documents(messages, method)
 
     @property
     def method_config(self) -> Any:

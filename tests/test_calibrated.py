@@ -52,7 +52,7 @@ def test_engine_takes_calibrated_as_default_and_per_call(shipped):
     assert engine.method == Uniform(factor=1.25)  # found by the model's name, not the display name
     plain = Engine(named_tiny("tiny-cal"), tokenizer, method="none")
     per_call = plain.generate("abcabc", raw=True, max_new_tokens=3, method="calibrated")
-    assert per_call.method == "uniform"
+    assert per_call.method == "calibrated"  # the name asked for, on every screen
     assert per_call == engine.generate("abcabc", raw=True, max_new_tokens=3)
     plain.set_method("calibrated")
     assert plain.method == Uniform(factor=1.25)

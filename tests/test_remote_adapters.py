@@ -20,7 +20,6 @@ from rag_mspoe.connectors.llamaindex import RagMsPoE
 from rag_mspoe.engine import GenerationTimeout
 from rag_mspoe.engine.remote_engine import RemoteEngine
 from rag_mspoe.pipelines.packing import render_qa_prompt
-from rag_mspoe.prompts.document_prompts import MissingDocumentSpans
 
 TOKENIZER = "smollm2-135m-instruct"  # the tiny engine's tokenizer, by its embedded model's name
 DOCUMENTS = [
@@ -154,9 +153,10 @@ def test_the_llamaindex_llm_answers_through_the_endpoint_as_it_does_locally(serv
     chat, pieces = asyncio.run(both())
     assert chat.message.content == expected.message.content
     assert pieces[-1].text == completed
-    for llm in (local, remote):  # a prompt without documents, refused alike
-        with pytest.raises(MissingDocumentSpans, match="invariant-reorder needs to know where"):
-            llm.complete("The capital of France is")
+    plain = tiny_engine.generate("The capital of France is", raw=True, max_new_tokens=12, method="none")
+    for llm in (local, remote):  # a prompt without documents: answered alike, unmodified, and said
+        answer = llm.complete("The capital of France is")
+        assert answer.text == plain.text and answer.raw["documents_read"] == []
     assert remote.metadata.context_window == 8192  # SmolLM2's config, read with its tokenizer
     assert not remote.metadata.is_function_calling_model
     assert remote.tokenizer("Paris") == tiny_engine.encode("Paris")

@@ -25,7 +25,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import torch
 
 from rag_mspoe.attention.bias import PositionalBias, bias_cache_path
-from rag_mspoe.methods.method_config import MethodConfig, check_finite, check_layers, chosen_layers
+from rag_mspoe.methods.method_config import (
+    MethodConfig,
+    check_finite,
+    check_layers,
+    chosen_layers,
+    method_name,
+)
 from rag_mspoe.models.loading import model_display_name
 from rag_mspoe.prompts.chat_template import DOCUMENT_SPANS, Prompt, as_messages
 from rag_mspoe.rope.hooks import cache_argument
@@ -49,7 +55,7 @@ class DocumentReordering(MethodConfig):
     )
 
     def hooks_class(self) -> Any:
-        raise rewrites_not_rescales(self.kind)
+        raise rewrites_not_rescales(method_name(self))
 
     def needs_document_spans(self) -> bool:
         return True
@@ -207,12 +213,13 @@ def positional_bias(model: Any, documents: int) -> torch.Tensor:
     return table
 
 
-def rewrites_not_rescales(kind: str) -> TypeError:
+def rewrites_not_rescales(name: str) -> TypeError:
     """The error for applying a method that rewrites prompts with `rescale`."""
     return TypeError(
-        f"{kind} rewrites the prompt before the model reads it, so it is not applied to a model with "
-        f"rescale(); run it through the engine (Engine(..., method='{kind}'), the adapters, the "
-        "server, `rag-mspoe sweep`)."
+        f"{name} rewrites the prompt before the model reads it (it reorders the documents), so it is "
+        f"not applied to a model with rescale(); run it where prompts are read: "
+        f"Engine.load(model, method='{name}'), ChatRagMsPoE(model=..., method='{name}'), "
+        f"RagMsPoE(model=..., method='{name}'), `rag-mspoe serve --method {name}`, `rag-mspoe sweep`."
     )
 
 

@@ -34,13 +34,21 @@ def calibrated_config_path(model_name: str) -> Path | None:
     return None
 
 
+def shipped_models() -> list[str]:
+    """The models a calibrated config ships for."""
+    return sorted({path.stem for folder in SEARCH_PATH for path in folder.glob("*.json")})
+
+
 def calibrated_method(model_name: str) -> MethodConfig:
     """The calibrated config for the model `model_name`; NoCalibratedMethodError when none ships."""
     path = calibrated_config_path(model_name)
     if path is None:
         out = f"runs/calibrate-{model_name.replace('/', '-')}"
+        shipped = ", ".join(shipped_models()) or "none"
         raise NoCalibratedMethodError(
-            f"No calibrated method ships for the model {model_name!r}. Make one with "
+            f"No calibrated method ships for the model {model_name!r}; one ships for {shipped} (load "
+            "one by its name: model=NAME in the LangChain and LlamaIndex adapters, --model NAME in "
+            "commands, Engine.load(NAME)). Or make one for this model with "
             f"`rag-mspoe calibrate search --model {model_name} --space calibrated-reorder "
             f"--data questions.jsonl.gz --out {out}` (or `calibrate layers`, `heads`, `hidden`), "
             f"then use it with `--method-config calibrated={out}/rag_mspoe_method.json` "
@@ -51,4 +59,6 @@ def calibrated_method(model_name: str) -> MethodConfig:
         raise NoCalibratedMethodError(
             f"{path} was calibrated for {base_model!r}, not {model_name!r}; it must not ship under that name."
         )
-    return load_method(path)
+    method = load_method(path)
+    method.shipped_as = "calibrated"  # the name users typed, shown in responses and reports
+    return method

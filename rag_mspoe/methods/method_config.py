@@ -139,6 +139,9 @@ class MethodConfig:
     # config's "validated_documents"); None: not recorded. Not a field: it says where the config
     # was measured, not what it does, so equal settings stay equal configs.
     validated_documents: ClassVar[tuple[int, ...] | None] = None
+    # The name a config shipped for a model answers to ("calibrated"), so every screen shows the
+    # name users typed; None for others. Not a field, for the same reason.
+    shipped_as: ClassVar[str | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -369,6 +372,8 @@ def method_name(method: MethodConfig | None) -> str:
     """A short display name: the preset name when the config equals one, else its kind."""
     if method is None:
         return "none"
+    if method.shipped_as:
+        return method.shipped_as
     for name, named in NAMED_METHODS.items():
         if named == method:
             return name

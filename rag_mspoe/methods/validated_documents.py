@@ -24,8 +24,8 @@ _warned_guard = threading.Lock()
 def warn_outside_validated(method: MethodConfig, documents: int, model_name: str) -> None:
     """Warn once per (model, method, document count) when `documents` is not a validated count."""
     counts = method.validated_documents
-    if counts is None or documents in counts:
-        return
+    if counts is None or documents in counts or documents < 2:
+        return  # fewer than two documents: nothing to read apart or reorder
     label = method_name(method)
     with _warned_guard:
         if (model_name, label, documents) in _warned:
