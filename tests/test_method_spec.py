@@ -157,3 +157,40 @@ def test_a_method_name_may_label_its_own_method():
     assert resolve("pi=pi:1.5").method == Uniform(factor=1.5)
     assert resolve("reorder=longcontextreorder").order == "reorder"
     assert resolve("my-none=pi").name == "my-none"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("ntk:nan", "'nan' is not a number; write a finite one in plain digits"),
+        ("yarn:nan", "'nan' is not a number"),
+        ("dynamic-ntk:inf", "'inf' is not a number"),
+        ("dynamic-ntk:1e400", "'1e400' is not a number"),
+        ("pine:nan", "'nan' is not a number"),
+        ("pi: 2", "' 2' is not a number; write a finite one in plain digits"),
+        ("pi:\uff12", "'\uff12' is not a number; write a finite one in plain digits"),  # a full-width 2
+        ("pi:1_0", "'1_0' is not a number"),
+        ("pi:1e-300", "'pi:1e-300': factor must be at least 1e-06"),
+        ("mspoe:1e-9-2", "min_ratio must be at least 1e-06"),
+        ("mspoe:-1", "give Ms-PoE's ratio range as min-max"),
+        ("mspoe:-1-2", "'mspoe:-1-2': min_ratio must be a positive number"),
+    ],
+)
+def test_method_arguments_are_finite_plain_numbers_in_range(spec, message):
+    for parse in (resolve, parse_method):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            parse(spec)
+
+
+def test_ms_poe_ranges_split_between_numbers_not_at_a_sign():
+    assert parse_method("mspoe:1e-1-2") == MsPoE(min_ratio=0.1, max_ratio=2.0)
+    assert parse_method("mspoe:1-2.5") == MsPoE(min_ratio=1.0, max_ratio=2.5)
+
+
+@pytest.mark.parametrize(
+    "spec", ["x" * 10_000, "pi+" + "x" * 10_000, "a=" + "y" * 10_000 + ".json", "a\x00b+pi"]
+)
+def test_a_spec_no_file_system_can_look_up_is_a_message_not_an_os_error(spec):
+    with pytest.raises(ValueError) as error:
+        resolve(spec)
+    assert len(str(error.value)) < 2000

@@ -32,6 +32,7 @@ import logging
 import math
 import numbers
 import os
+import re
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -354,14 +355,20 @@ def argument_methods() -> dict[str, type[MethodConfig]]:
 def load_method(path: str | os.PathLike[str]) -> MethodConfig:
     """Read a config saved by `MethodConfig.save` (a .json file or the folder holding one)."""
     target = Path(path)
-    if target.is_dir():
-        target = target / METHOD_FILE
-    if not target.is_file():
-        raise FileNotFoundError(f"No method config at {target}; save one with config.save(folder).")
     try:
+        if target.is_dir():
+            target = target / METHOD_FILE
+        if not target.is_file():
+            raise FileNotFoundError(f"No method config at {target}; save one with config.save(folder).")
         data = json.loads(target.read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{target} is not valid JSON ({exc}); re-save the method config.") from exc
+    except FileNotFoundError:
+        raise
+    except (OSError, UnicodeDecodeError) as exc:
+        # A name too long to look up, a folder that cannot be read: a message, not a traceback.
+        reason = exc.strerror if isinstance(exc, OSError) else exc
+        raise ValueError(f"Cannot read a method config at {str(target)[:200]!r}: {reason}.") from None
     try:
         return MethodConfig.from_dict(data)
     except (TypeError, ValueError) as exc:
@@ -397,10 +404,21 @@ def document_counts(value: Any) -> tuple[int, ...]:
     return tuple(sorted(set(value)))
 
 
+# RoPE positions are divided by a factor: far below this one rotary angles overflow float32
+# (1e-300 made every position inf and every logit NaN), long after a factor means anything.
+MIN_POSITION_FACTOR = 1e-6
+
+
 def check_factor(name: str, value: float) -> None:
+    """A factor RoPE positions are divided by: finite and at least MIN_POSITION_FACTOR."""
     check_finite(name, value)
     if not value > 0:
         raise ValueError(f"{name} must be a positive number, got {value!r}")
+    if value < MIN_POSITION_FACTOR:
+        raise ValueError(
+            f"{name} must be at least {MIN_POSITION_FACTOR:g}, got {value!r}: smaller factors stretch "
+            "positions towards float32's overflow"
+        )
 
 
 def check_finite(name: str, value: float) -> None:
@@ -409,12 +427,20 @@ def check_finite(name: str, value: float) -> None:
         raise ValueError(f"{name} must be a finite number, got {value!r}")
 
 
+# A finite decimal number in ASCII: float() also takes 'nan', 'inf', '1_0', ' 2' and other scripts'
+# digits ('２'), each of which would name a method under a label of its own.
+NUMBER = r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?"
+
+
 def number_argument(part: str, text: str) -> float:
     """A number in a spec part's argument; the error names the part."""
-    try:
-        return float(text)
-    except ValueError:
-        raise ValueError(f"{part!r}: {text!r} is not a number; write e.g. 'pi:2' or 'yarn:1.5'.") from None
+    value = float(text) if re.fullmatch(NUMBER, text, re.ASCII) else math.nan
+    if not math.isfinite(value):
+        raise ValueError(
+            f"{part!r}: {text!r} is not a number; write a finite one in plain digits, "
+            "e.g. 'pi:2' or 'yarn:1.5'."
+        )
+    return value
 
 
 def check_layers(layers: Sequence[int] | None) -> None:

@@ -184,9 +184,9 @@ def resolve_all(specs: Sequence[str], model_name: str | None = None) -> list[Res
 def split_spec(spec: str | os.PathLike[str], model_name: str | None = None) -> tuple[str, list[SpecPart]]:
     """The label ('' when none) and the parsed parts of a spec."""
     text = os.fspath(spec).strip()
-    if not isinstance(spec, str) or (_may_split(text) and Path(text).expanduser().exists()):
+    if not isinstance(spec, str) or (_may_split(text) and _is_path(text)):
         # A path object, or an existing path whose name holds '+' or '=': one saved config.
-        return "", [SpecPart(text, "rescaling", load_method(Path(text).expanduser()))]
+        return "", [SpecPart(text, "rescaling", load_method(_expanded(text)))]
     label, sep, body = text.partition("=")
     if not sep:
         label, body = "", text
@@ -263,6 +263,24 @@ def _may_split(text: str) -> bool:
     return "+" in text or "=" in text
 
 
+def _is_path(text: str, folder: bool = False) -> bool:
+    """Whether `text` names an existing path (a folder, with `folder`). A name the system cannot
+    look up (too long, a NUL byte, '~nobody') names none, so the spec reads as names instead."""
+    try:
+        path = _expanded(text)
+        return path.is_dir() if folder else path.exists()
+    except (OSError, ValueError):
+        return False
+
+
+def _expanded(text: str) -> Path:
+    """`text` as a path, '~' expanded where a home folder is known ('~nobody' stays as written)."""
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:
+        return Path(text)
+
+
 def _parse_part(part: str, model_name: str | None) -> SpecPart:
     name, sep, arg = part.lower().partition(":")
     argument = arg if sep else None
@@ -278,19 +296,22 @@ def _parse_part(part: str, model_name: str | None) -> SpecPart:
             return SpecPart(part, "rescaling", NAMED_METHODS[name])
     if name in ROPE_NAMES:
         factor = DEFAULT_ROPE_FACTOR if argument is None else number_argument(part, argument)
-        if factor < 1:
+        if factor < 1:  # number_argument refused NaN and infinities
             raise ValueError(f"{part!r}: the RoPE scaling factor must be at least 1.")
         return SpecPart(part, "rope", {"rope_type": ROPE_NAMES[name], "factor": factor})
     takes_argument = argument_methods()
     if argument is not None and name in takes_argument:
-        return SpecPart(part, "rescaling", takes_argument[name].from_argument(part, argument))
-    path = Path(part).expanduser()
-    if path.suffix == ".json" or path.is_dir():
-        return SpecPart(part, "rescaling", load_method(path))
+        try:
+            return SpecPart(part, "rescaling", takes_argument[name].from_argument(part, argument))
+        except ValueError as exc:  # a config's own check ('factor must be ...') names no part
+            raise ValueError(str(exc) if part in str(exc) else f"{part!r}: {exc}") from None
+    if Path(part).suffix == ".json" or _is_path(part, folder=True):
+        return SpecPart(part, "rescaling", load_method(_expanded(part)))
     if argument is not None and name in known_names():
         raise ValueError(f"{part!r}: {name!r} takes no ':' argument.")
+    shown = repr(part) if len(part) <= 80 else f"{part[:60]!r}... ({len(part)} characters)"
     raise ValueError(
-        f"Unknown method {part!r}. Use {', '.join(known_names())}, "
+        f"Unknown method {shown}. Use {', '.join(known_names())}, "
         "'name:arg' (pi:2, mspoe:1.2-1.8, dynamic-ntk:2, yarn:2, hidden:DIM,FACTOR), "
         "the path of a saved method config (.json or its folder), "
         "or combine parts with '+' (layerwise+pi)."

@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from rag_mspoe.methods.method_config import MethodConfig, check_factor, number_argument
+from rag_mspoe.methods.method_config import NUMBER, MethodConfig, check_factor, check_finite, number_argument
 from rag_mspoe.rope.awareness import ranks_from_order
 from rag_mspoe.rope.head_rotation import HeadPlan
 from rag_mspoe.rope.rotary_scaling import RopeScaling
@@ -51,7 +52,9 @@ class MsPoE(RopeScaling):
             raise ValueError(f"max_ratio ({self.max_ratio}) must be at least min_ratio ({self.min_ratio})")
         if self.skip_layers < 0:
             raise ValueError(f"skip_layers must be >= 0, got {self.skip_layers}")
-        check_factor("alpha", self.alpha)
+        check_finite("alpha", self.alpha)  # a threshold, not a factor positions are divided by
+        if not self.alpha > 0:
+            raise ValueError(f"alpha must be a positive number, got {self.alpha!r}")
         if self.gqa_policy not in ("kv_group", "query_head"):
             raise ValueError(f"gqa_policy must be 'kv_group' or 'query_head', got {self.gqa_policy!r}")
         if self.head_order is not None:
@@ -63,10 +66,11 @@ class MsPoE(RopeScaling):
 
     @classmethod
     def from_argument(cls, part: str, argument: str) -> MethodConfig:
-        low, sep, high = argument.partition("-")
-        if not sep:
+        # Split at the '-' between two numbers, not at a sign ('mspoe:-1', 'mspoe:1e-1-2').
+        bounds = re.fullmatch(f"({NUMBER})-({NUMBER})", argument, re.ASCII)
+        if bounds is None:
             raise ValueError(f"{part!r}: give Ms-PoE's ratio range as min-max, e.g. 'mspoe:1.2-1.8'.")
-        return cls(min_ratio=number_argument(part, low), max_ratio=number_argument(part, high))
+        return cls(min_ratio=number_argument(part, bounds[1]), max_ratio=number_argument(part, bounds[2]))
 
     @property
     def is_static(self) -> bool:
