@@ -52,8 +52,11 @@ class RetrievedTexts:
                 text = text.strip()
                 if len(text) < MIN_DOCUMENT_CHARS:
                     continue
-                self._texts[text] = None
-                self._texts.move_to_end(text)
+                # As Python writes it inside a list's repr, where some templates put their chunks
+                # (LlamaIndex's simple_summarize): line breaks and quotes escaped.
+                for form in (text, repr(text)[1:-1]):
+                    self._texts[form] = None
+                    self._texts.move_to_end(form)
             while len(self._texts) > self._capacity:
                 self._texts.popitem(last=False)
 
