@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from rag_mspoe.connectors.settings import read_order
 from rag_mspoe.engine import GenerationResult
@@ -85,12 +85,23 @@ class ResponseFormat(_Request):
 class ChatMessage(_Request):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[ContentPart] | None = None
-    name: str | None = None
+    name: str | None = None  # a tool message's tool; the chat templates have no place for others'
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
     # Where the documents are in the content, as [start, end) characters (an extension, for
     # methods that read documents; 'Document [i]' lines are found without it).
     document_spans: list[tuple[int, int]] | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name_only_for_tools(cls, value: str | None, info: ValidationInfo) -> str | None:
+        role = info.data.get("role")
+        if value is not None and role != "tool":
+            raise ValueError(
+                f"name is not read in a {role} message (the chat template has no place for it, so it "
+                "would be dropped); leave it out, or write the name into the content"
+            )
+        return value
 
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
@@ -100,6 +111,11 @@ class ChatMessage(_Request):
 
 class StreamOptions(_Request):
     include_usage: bool = False
+
+
+# Below this temperature sampling is greedy decoding in all but name: two tokens whose logits
+# differ by 1e-3 are drawn 1 : e^100 apart.
+MIN_SAMPLING_TEMPERATURE = 1e-5
 
 
 class _CompletionParams(_Request):
@@ -128,6 +144,11 @@ class _CompletionParams(_Request):
 
     def requested_tokens(self) -> int | None:
         return self.max_tokens
+
+    def sampling_temperature(self) -> float:
+        """The engine's temperature: one so small that logits divided by it overflow (1e-38 gave
+        NaN probabilities) samples what greedy decoding picks, so it is greedy decoding."""
+        return self.temperature if self.temperature >= MIN_SAMPLING_TEMPERATURE else 0.0
 
     def logprob_alternatives(self) -> int | None:
         """The engine's `logprobs` setting: None, or how many alternatives each token shows."""
@@ -169,6 +190,8 @@ class ChatCompletionRequest(_CompletionParams):
                 message["tool_calls"] = [call.model_dump() for call in m.tool_calls]
             if m.tool_call_id:
                 message["tool_call_id"] = m.tool_call_id
+            if m.name is not None:
+                message["name"] = m.name
             if m.document_spans is not None:
                 message[DOCUMENT_SPANS] = [list(span) for span in m.document_spans]
             messages.append(message)

@@ -259,7 +259,7 @@ def create_app(
         method = routes.method_for(body.model)
         return {
             "max_new_tokens": requested or min(DEFAULT_MAX_TOKENS, max_tokens_limit),
-            "temperature": body.temperature,
+            "temperature": body.sampling_temperature(),
             "top_p": body.top_p,
             "stop": body.stop,
             "seed": body.seed,

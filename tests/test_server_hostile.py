@@ -506,3 +506,90 @@ def test_connections_past_the_limit_get_a_503_until_others_close(engine):
             sock.close()
         time.sleep(0.2)
         assert answered_quickly(url, engine)
+
+
+def _called(arguments: str) -> list[dict]:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    return [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "name": "f", "content": "ok"},
+    ]
+
+
+def test_malformed_tool_call_history_is_a_400_naming_it_and_logs_no_traceback(engine, caplog):
+    deep = '{"a": ' + "[" * 600 + "]" * 600 + "}"
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    with running(create_app(engine)) as url, caplog.at_level(logging.INFO):
+        for arguments, words in [
+            (deep, "nest deeper than 64 levels"),
+            ('{"a": "\\ud800"}', "lone surrogate"),
+        ]:
+            for extra in ({}, {"tools": [tool]}, {"stream": True}):
+                response = httpx.post(f"{url}{CHAT}", json=chat(engine, messages=_called(arguments), **extra))
+                error = response.json()["error"]
+                assert (response.status_code, error["param"]) == (400, "messages"), (words, extra, error)
+                assert words in error["message"] and "TextEncodeInput" not in error["message"]
+        assert "Traceback" not in caplog.text
+        assert (
+            httpx.post(f"{url}{CHAT}", json=chat(engine, messages=_called('{"a": [1]}'))).status_code == 200
+        )
+
+
+def test_a_temperature_too_small_to_sample_at_decodes_greedily(engine):
+    with running(create_app(engine)) as url:
+        greedy = httpx.post(f"{url}{CHAT}", json=chat(engine, max_tokens=8)).json()
+        for temperature in (1e-45, 1e-38, 1e-6):
+            body = chat(engine, max_tokens=8, temperature=temperature, seed=1)
+            response = httpx.post(f"{url}{CHAT}", json=body)
+            assert response.status_code == 200, response.text
+            assert response.json()["choices"][0]["message"] == greedy["choices"][0]["message"]
+            streamed = httpx.post(f"{url}{CHAT}", json={**body, "stream": True})
+            events = sse_events(streamed.text)
+            assert all("error" not in event for event in events), events[-1]
+            text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices"))
+            assert text == greedy["choices"][0]["message"]["content"]
+
+
+def _schema_format(schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+
+def test_a_schema_no_value_fits_or_too_many_references_is_a_400_and_the_server_lives(engine):
+    chain = {
+        f"a{i}": {"type": "object", "properties": {"x": {"$ref": f"#/$defs/a{i + 1}"}}} for i in range(3000)
+    }
+    schemas = {
+        "leads back to itself": {"$ref": "#"},
+        "leads back": {
+            "$defs": {"a": {"allOf": [{"$ref": "#/$defs/b"}]}, "b": {"$ref": "#/$defs/a"}},
+            "$ref": "#/$defs/a",
+        },
+        "3001 different $refs": {"$defs": {**chain, "a3000": {"type": "string"}}, "$ref": "#/$defs/a0"},
+    }
+    with running(create_app(engine)) as url:
+        for words, schema in schemas.items():
+            for where in ("response_format", "tools"):
+                if where == "tools":
+                    tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
+                    extra: dict = {"tools": [tool], "tool_choice": "required"}
+                else:
+                    extra = {"response_format": _schema_format(schema)}
+                response = httpx.post(f"{url}{CHAT}", json=chat(engine, **extra), timeout=60)
+                error = response.json()["error"]
+                assert (response.status_code, error["param"]) == (400, where), (words, where, error)
+                assert words in error["message"], error
+        tree = {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}}}
+        body = chat(engine, response_format=_schema_format(tree), max_tokens=16)
+        assert httpx.post(f"{url}{CHAT}", json=body).status_code == 200  # recursion that reads something
+
+
+def test_a_name_is_read_on_tool_messages_and_refused_where_it_would_be_dropped(engine):
+    with running(create_app(engine)) as url:
+        assert httpx.post(f"{url}{CHAT}", json=chat(engine, messages=_called('{"a": 1}'))).status_code == 200
+        for role in ("user", "system", "assistant"):
+            messages = [{"role": role, "content": "hi", "name": "bob"}, {"role": "user", "content": "hi"}]
+            response = httpx.post(f"{url}{CHAT}", json=chat(engine, messages=messages))
+            error = response.json()["error"]
+            assert (response.status_code, error["param"]) == (400, "messages.0.name")
+            assert "would be dropped" in error["message"]

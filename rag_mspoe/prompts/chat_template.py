@@ -25,6 +25,9 @@ Message = Mapping[str, Any]
 Prompt = str | Sequence[Message]
 
 ROLES = ("system", "user", "assistant", "tool")
+# How deep a tool call's arguments may nest: the masking and the template walk them recursively,
+# and real arguments nest a few levels (600 overflowed Python's stack).
+MAX_ARGUMENT_DEPTH = 64
 # A message's optional list of [start, end) character ranges of the documents in its content
 # (`rag_mspoe.prompts.document_prompts`); the chat template never sees it.
 DOCUMENT_SPANS = "document_spans"
@@ -63,6 +66,8 @@ def as_messages(prompt: Prompt) -> list[dict[str, Any]]:
             raise PromptError(
                 f"Message {i} content must be a string (this model reads text only), got {content!r}."
             )
+        if not _is_unicode(content):
+            raise PromptError(f"Message {i} content holds a lone surrogate ({_SURROGATE_FIX}).")
         converted: dict[str, Any] = {"role": role, "content": content}
         if calls:
             if role != "assistant":
@@ -113,21 +118,54 @@ def _tool_call(call: Any, index: int) -> dict[str, Any]:
     if isinstance(arguments, str):  # the OpenAI wire format sends arguments as JSON text
         try:
             arguments = json.loads(arguments)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError):  # RecursionError: nested past the stack
             raise PromptError(
                 f"Message {index}: the arguments of the call of {function['name']!r} are not JSON: "
-                f'{arguments!r}; send them as a JSON object\'s text, e.g. \'{{"city": "Paris"}}\'.'
-            ) from exc
+                f'{arguments[:200]!r}; send them as a JSON object\'s text, e.g. \'{{"city": "Paris"}}\'.'
+            ) from None
     if not isinstance(arguments, Mapping):
         raise PromptError(
             f"Message {index}: the arguments of the call of {function['name']!r} must be a JSON "
             f"object (named arguments), got {arguments!r}."
         )
+    problem = _argument_problem(arguments)
+    if problem:
+        raise PromptError(f"Message {index}: the arguments of the call of {function['name']!r} {problem}.")
     return {
         "id": str(call.get("id") or ""),
         "type": "function",
         "function": {"name": function["name"], "arguments": arguments},
     }
+
+
+_SURROGATE_FIX = "half of a UTF-16 pair, which no UTF-8 text holds; send the whole character"
+
+
+def _is_unicode(text: str) -> bool:
+    """Whether `text` is encodable text: a lone surrogate ('\\ud800' decoded from JSON) is not,
+    and the tokenizer fails on it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _argument_problem(arguments: Mapping[str, Any]) -> str | None:
+    """What makes parsed arguments unusable (too deep, a lone surrogate), or None; walked with a
+    stack, not recursion, since the depth is what is checked."""
+    stack: list[tuple[Any, int]] = [(arguments, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_ARGUMENT_DEPTH:
+            return f"nest deeper than {MAX_ARGUMENT_DEPTH} levels; send flatter arguments"
+        if isinstance(value, str) and not _is_unicode(value):
+            return f"hold a lone surrogate ({_SURROGATE_FIX})"
+        if isinstance(value, Mapping):
+            stack += [(key, depth) for key in value] + [(item, depth + 1) for item in value.values()]
+        elif isinstance(value, list | tuple):
+            stack += [(item, depth + 1) for item in value]
+    return None
 
 
 def _without_spans(message: dict[str, Any]) -> dict[str, Any]:

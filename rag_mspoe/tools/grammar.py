@@ -102,6 +102,9 @@ class Grammar:
         return str(llguidance.LLMatcher.grammar_from_lark(self.source))
 
 
+# llguidance follows a chain of references on the native stack: 1,000 chained definitions
+# crashed a server thread (a segmentation fault, not an error), 800 did not.
+MAX_SCHEMA_REFS = 256
 _SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
 _SCHEMA_VALUES = ("items", "additionalProperties", "not", "contains", "if", "then", "else")
@@ -118,7 +121,88 @@ def closed_objects(schema: Any) -> Any:
     of an `allOf` describe one object together: it is closed once, over the keys all of them name
     (closing each part alone would let each forbid the others' keys, so no object would fit).
     """
+    _check_references(schema)
     return _closed(schema, schema, close=True, inlined=frozenset())
+
+
+def _check_references(root: Any) -> None:
+    """Refuse what llguidance cannot compile safely: more different `$ref`s than MAX_SCHEMA_REFS,
+    and a `$ref` that leads back to itself through `$ref`s and `allOf` parts alone. Walked with
+    stacks: a schema may nest deep and chain many references."""
+    refs: set[str] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Mapping):
+            if isinstance(node.get("$ref"), str):
+                refs.add(node["$ref"])
+            stack += node.values()
+        elif isinstance(node, list):
+            stack += node
+    if len(refs) > MAX_SCHEMA_REFS:
+        raise GrammarError(
+            f"The schema holds {len(refs)} different $refs, more than the {MAX_SCHEMA_REFS} a grammar "
+            "takes here; merge definitions."
+        )
+    cycle = _ref_cycle(root, refs)
+    if cycle is not None:
+        raise GrammarError(
+            f"The schema's $ref {cycle!r} leads back to itself through nothing but references, so no "
+            "JSON value fits it; give the reference something to match (a type, properties) or drop it."
+        )
+
+
+def _ref_cycle(root: Any, refs: set[str]) -> str | None:
+    """A `$ref` among `refs` that leads back to itself through `$ref`s and `allOf` parts alone
+    (`{"$ref": "#"}`): llguidance compiles it to a grammar that matches nothing, and the answer
+    came back empty."""
+    leads_to = {ref: _required_refs(_pointed(root, ref)) for ref in refs}
+    done: set[str] = set()
+    for start in leads_to:
+        path, on_path = [(start, iter(leads_to[start]))], {start}
+        while path:
+            ref, following = path[-1]
+            after = next(following, None)
+            if after is None:
+                done.add(ref)
+                on_path.discard(ref)
+                path.pop()
+            elif after in on_path:
+                return after
+            elif after not in done and after in leads_to:
+                path.append((after, iter(leads_to[after])))
+                on_path.add(after)
+    return None
+
+
+def _required_refs(schema: Any) -> list[str]:
+    """The references a value must also fit to fit `schema`, before any of it is read: its own
+    `$ref` and those of its `allOf` parts."""
+    found, stack = [], [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Mapping):
+            if isinstance(node.get("$ref"), str):
+                found.append(node["$ref"])
+            if isinstance(node.get("allOf"), list):
+                stack += node["allOf"]
+    return found
+
+
+def _pointed(root: Any, ref: str) -> Any:
+    """The part of `root` a local reference ('#', '#/$defs/a') points to; None if none."""
+    if ref != "#" and not ref.startswith("#/"):
+        return None
+    node = root
+    for part in ref[2:].split("/") if ref != "#" else []:
+        key = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, Mapping):
+            node = node.get(key)
+        elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
+            node = node[int(key)]
+        else:
+            return None
+    return node
 
 
 def _closed(schema: Any, root: Any, close: bool, inlined: frozenset[str]) -> Any:
