@@ -152,8 +152,9 @@ def _register_demo(subparsers: Any) -> None:
     parser.add_argument(
         "--questions",
         type=int,
-        default=len(DEMO_QUESTIONS),
-        help=f"how many of the {len(DEMO_QUESTIONS)} demo corpus questions to ask",
+        default=1,
+        help=f"how many of the {len(DEMO_QUESTIONS)} demo corpus questions to ask (default 1: one worked "
+        "example; a handful of questions cannot tell methods apart, the committed curve does)",
     )
     parser.add_argument(
         "--live-curve",
@@ -452,34 +453,27 @@ def _print_demo_question(result: DemoResult) -> None:
 def _print_demo_answer(result: DemoResult, answer: MethodAnswer) -> None:
     width = max(len(name) for name in ("none", "calibrated", answer.method))
     mark = "yes" if answer.correct else "no "
-    read = ""
-    if answer.read_order is not None and result.gold_positions:
-        gold = result.gold_positions[0] - 1
-        if gold in answer.read_order:
-            read = f" [read the answer's document {_ordinal(answer.read_order.index(gold) + 1)}]"
     text = _shorten(answer.text, 90)
-    print(f"   {answer.method:<{width}}  {answer.seconds:5.1f} s  correct: {mark}  {text}{read}", flush=True)
-
-
-def _ordinal(number: int) -> str:
-    return f"{number}{'st' if number == 1 else 'nd' if number == 2 else 'rd' if number == 3 else 'th'}"
+    print(f"   {answer.method:<{width}}  {answer.seconds:5.1f} s  correct: {mark}  {text}", flush=True)
+    if answer.read_order is not None:
+        order = "  ".join(
+            f"{number}" + ("*" if number in result.gold_positions else "")
+            for number in (index + 1 for index in answer.read_order)
+        )
+        print(f"   {'':<{width}}  read the documents in this order: {order}", flush=True)
 
 
 def _print_demo_summary(results: list[DemoResult], methods: list[str]) -> None:
-    caveat = " Too few to compare methods: that is the curve's job." if len(methods) > 1 else ""
-    print(
-        f"\nSummary of these {len(results)} questions (greedy decoding; correct = expected answer in "
-        f"the first line).{caveat}"
-    )
+    """How the answers were made and timed; no tally: a few questions cannot compare methods."""
     width = max(len(m) for m in methods)
+    print(
+        "\nGreedy answers; correct = the expected answer in the first line. A question or two shows "
+        "what a method does, not whether it helps: the committed curve below does that."
+    )
     for method in methods:
         answers = [a for r in results for a in r.answers if a.method == method]
-        correct = sum(a.correct for a in answers)
         seconds = sum(a.seconds for a in answers)
-        print(
-            f"  {method:<{width}}  correct {correct}/{len(answers)}  "
-            f"generate {seconds:.1f} s in all, {seconds / len(answers):.2f} s per answer"
-        )
+        print(f"  {method:<{width}}  {seconds / len(answers):.1f} s per answer on this machine")
 
 
 def _write_demo_answers(results: list[DemoResult], path: Path) -> None:

@@ -29,7 +29,7 @@ from rag_mspoe.pipelines.packing import PackedPrompt
 from rag_mspoe.pipelines.retrieval import Retriever
 
 DEMO_METHODS = ("none", "pi", "mspoe", "layerwise")
-DEMO_TOP_K = 7
+DEMO_TOP_K = 10  # a document count the shipped methods were validated at
 DEMO_MAX_NEW_TOKENS = 32
 DEMO_POSITIONS = (0, 4, 9)  # first, middle and last of 10 documents
 CURVE_MAX_NEW_TOKENS = 48  # room for a sentence-long answer

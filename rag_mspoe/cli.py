@@ -6,6 +6,7 @@ import argparse
 import importlib
 import logging
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -116,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _note(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+    print(f"note: {message}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -124,12 +129,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from rag_mspoe.progress import silence_library_bars
 
         silence_library_bars()
+        warnings.showwarning = _note  # a command's warnings read as notes, not as source lines
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+    # OSError: a path the system refuses (read-only, too long, a file in the way), as a message.
+    except (ValueError, OSError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
 

@@ -178,8 +178,10 @@ def test_the_demo_shows_the_win_of_the_best_installed_model_as_a_user_runs_it(tm
         assert bar not in result.stderr
     folder = tmp_path / "rag-mspoe-demo" / model
     assert (folder / "answers.jsonl").is_file()
+    assert ".py:" not in result.stderr  # warnings as notes, never with a source line
     if model == QWEN:
         assert "calibrated " in out and "correct: " in out
+        assert "read the documents in this order: " in out  # the worked example: the method's order
         assert "The committed run, not this machine" in out and middle_gain_line(QWEN) in out
         assert VALIDATION_RUNS[QWEN][0].command in out
         assert all((folder / name).is_file() for name in PLOTS.values())
