@@ -30,7 +30,7 @@ from rag_mspoe.eval.report import line_plot
 from rag_mspoe.eval.runs.loop import Evaluation, Pairing, run_evaluation
 from rag_mspoe.eval.runs.results import Key, read_records
 from rag_mspoe.eval.runs.units import Scorer
-from rag_mspoe.eval.scoring.metrics import best_subspan_em, normalize_answer
+from rag_mspoe.eval.scoring.metrics import best_subspan_em, normalize_answer, paired_test
 from rag_mspoe.methods.method_spec import ResolvedMethod, resolve_all
 from rag_mspoe.models.loading import source_name
 
@@ -39,7 +39,9 @@ if TYPE_CHECKING:
 
 KEY_FIELDS = ("method", "example_id")
 PLOT_FILE = "accuracy_by_prompt_position.png"
-RANK_BUCKETS = ((1, 1), (2, 3), (4, 5), (6, 10), (11, 10**9))
+# Where the retriever put the gold: first (no method can gain), just below, or far down.
+RANK_BUCKETS = ((1, 1), (2, 5), (6, 10**9))
+THROUGH = ("pipeline", "langchain", "llamaindex")
 
 
 @dataclass(frozen=True)
@@ -60,12 +62,16 @@ class E2EConfig:
     max_new_tokens: int = 64
     model: str | None = None
     seed: int = 0
+    # The package's own pipeline, or the chain a user writes (rag_mspoe.eval.e2e_chains).
+    through: str = "pipeline"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "corpus", tuple(self.corpus))
         object.__setattr__(self, "methods", tuple(self.methods))
         if self.k < 1:
             raise ValueError(f"k must be at least 1, got {self.k}.")
+        if self.through not in THROUGH:
+            raise ValueError(f"through must be one of {', '.join(THROUGH)}, got {self.through!r}.")
 
 
 def read_questions(path: str) -> list[Question]:
@@ -109,13 +115,14 @@ class EndToEnd(Evaluation):
     pairing = Pairing(None, ("example_id",), ("choice_correct", "match"))
     key_fields = KEY_FIELDS
     unit_name = "answer"
-    identity_fields = ("questions", "corpus", "k", "max_new_tokens", "model", "seed")
+    identity_fields = ("questions", "corpus", "k", "max_new_tokens", "model", "seed", "through")
     config: E2EConfig
     methods: Sequence[ResolvedMethod]
     index_dir: Path
     progress: bool | None = None
     questions: list[Question] = field(default_factory=list)
     retrieved: dict[str, Any] = field(default_factory=dict)
+    index: Any = None  # the open Retriever, for answers through a chain
 
     @classmethod
     def report(cls, folder: Path, options: argparse.Namespace) -> str:
@@ -130,6 +137,13 @@ class EndToEnd(Evaluation):
         parser.add_argument("--methods", nargs="+", default=["none", "mspoe", "longcontextreorder"])
         parser.add_argument("-k", type=int, default=10, help="chunks retrieved per question")
         parser.add_argument("--max-new-tokens", type=int, default=64)
+        parser.add_argument(
+            "--through",
+            choices=THROUGH,
+            default="pipeline",
+            help="answer through the package's pipeline, LangChain's tutorial RAG chain or a LlamaIndex "
+            "query engine (the LLM line the only thing of ours)",
+        )
 
     @classmethod
     def run_command(cls, args: argparse.Namespace) -> int:
@@ -140,6 +154,7 @@ class EndToEnd(Evaluation):
             k=args.k,
             max_new_tokens=args.max_new_tokens,
             model=args.model,
+            through=args.through,
         )
         summary = run_e2e(
             config, args.out, index_dir=args.index, **model_load_options(args), progress=not args.no_progress
@@ -160,9 +175,8 @@ class EndToEnd(Evaluation):
         from rag_mspoe.pipelines.retrieval import Retriever
 
         index_documents(list(self.config.corpus), self.index_dir, progress=self.progress)
-        found = Retriever.load(self.index_dir).retrieve_many(
-            [q.question for q in self.questions], self.config.k
-        )
+        self.index = Retriever.load(self.index_dir)
+        found = self.index.retrieve_many([q.question for q in self.questions], self.config.k)
         self.retrieved = dict(zip([q.id for q in self.questions], found, strict=True))
 
     def scorer(self, model: Any, tokenizer: Any) -> Scorer:
@@ -170,11 +184,14 @@ class EndToEnd(Evaluation):
 
         def score(unit: tuple[ResolvedMethod, Question]) -> list[dict[str, Any]]:
             method, question = unit
-            return [
-                answer_one(
-                    self.config, method, question, self.retrieved[question.id], engines.engine_for(method)
-                )
-            ]
+            engine = engines.engine_for(method)
+            if self.config.through != "pipeline":
+                return [
+                    answer_through(
+                        self.config, method, question, self.retrieved[question.id], self.index, engine
+                    )
+                ]
+            return [answer_one(self.config, method, question, self.retrieved[question.id], engine)]
 
         return score
 
@@ -242,6 +259,48 @@ def answer_one(
     return record
 
 
+def answer_through(
+    config: E2EConfig,
+    method: ResolvedMethod,
+    question: Question,
+    retrieved: Sequence[Any],
+    index: Any,
+    engine: EngineLike,
+) -> dict[str, Any]:
+    """Answer through the chain `config.through` names, as a user's chain would, and record where
+    the gold was retrieved, where it sat in the prompt and where the method read it."""
+    from rag_mspoe.eval.e2e_chains import answer_through_chain
+
+    started = time.perf_counter()
+    gold_rank = next((r.rank for r in retrieved if is_gold(question, r.chunk.source, r.chunk.text)), None)
+    answer = answer_through_chain(
+        config.through, engine, method, question.question, index, config.k, config.max_new_tokens
+    )
+    position = next(
+        (i for i, (source, text) in enumerate(answer.packed) if is_gold(question, source, text)), None
+    )
+    read = answer.documents_read
+    return {
+        "method": method.name,
+        "example_id": question.id,
+        "gold_rank": gold_rank,
+        "gold_prompt_position": position,
+        # Where the model read the gold: its place in the method's order (None: not read).
+        "gold_read_position": position
+        if read is None or position is None
+        else _index_or_none(read, position),
+        "documents_read": read,
+        "packed": len(answer.packed),
+        "prediction": answer.text,
+        "match": best_subspan_em(answer.text, question.answers),
+        "seconds": round(time.perf_counter() - started, 4),
+    }
+
+
+def _index_or_none(items: Sequence[int], item: int) -> int | None:
+    return items.index(item) if item in items else None
+
+
 def _bucket(rank: int | None) -> str:
     if rank is None:
         return "not retrieved"
@@ -250,58 +309,47 @@ def _bucket(rank: int | None) -> str:
 
 
 def write_e2e_report(folder: Path, method_order: Sequence[str] = ()) -> dict[str, Any]:
-    """summary.json and table.md: accuracy per method overall, by gold prompt position, by retrieval rank."""
+    """summary.json and table.md: per method, accuracy and seconds per answer overall and by the
+    gold's retrieval rank, each with the paired test against the unmodified model on the same
+    questions; accuracy by the gold's position in the prompt; and the plot of the latter."""
     records = read_records(folder / "results.jsonl")
     metric = "choice_correct" if any("choice_correct" in r for r in records) else "match"
-    groups: dict[str, dict[str, dict[str, list[float]]]] = defaultdict(
-        lambda: {"overall": defaultdict(list), "position": defaultdict(list), "rank": defaultdict(list)}
-    )
+    by_method: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
     for r in records:
-        value = float(r.get(metric, r["match"]))
-        entry = groups[r["method"]]
-        entry["overall"]["all"].append(value)
-        position = r["gold_prompt_position"]
-        entry["position"]["not packed" if position is None else str(position)].append(value)
-        entry["rank"][_bucket(r["gold_rank"])].append(value)
-    methods = [m for m in dict.fromkeys([*method_order, *groups]) if m in groups]
+        by_method[r["method"]][r["example_id"]] = r
+    methods = [m for m in dict.fromkeys([*method_order, *by_method]) if m in by_method]
+    baseline = next((m for m in methods if m == "none"), None)
 
-    def mean(values: list[float]) -> float:
-        return sum(values) / len(values)
+    def value(r: dict[str, Any]) -> float:
+        return float(r.get(metric, r["match"]))
 
-    summary: dict[str, Any] = {"metric": metric, "overall": {}, "by_position": {}, "by_rank": {}}
+    def cell(method: str, keep: Any) -> dict[str, Any]:
+        chosen = {i: r for i, r in by_method[method].items() if keep(r)}
+        values = [value(r) for r in chosen.values()]
+        entry: dict[str, Any] = {
+            "accuracy": sum(values) / len(values),
+            "n": len(values),
+            "seconds_per_answer": sum(r["seconds"] for r in chosen.values()) / len(values),
+        }
+        if baseline is not None and method != baseline:
+            both = [i for i in chosen if i in by_method[baseline]]
+            if both:
+                ours = [value(chosen[i]) for i in both]
+                theirs = [value(by_method[baseline][i]) for i in both]
+                entry["difference"] = (sum(ours) - sum(theirs)) / len(both)
+                entry["p_vs_none"] = paired_test(ours, theirs)
+        return entry
+
+    def groups(method: str, label: Any) -> dict[str, dict[str, Any]]:
+        names = sorted({label(r) for r in by_method[method].values()}, key=_bucket_order)
+        return {name: cell(method, lambda r, name=name: label(r) == name) for name in names}
+
+    summary: dict[str, Any] = {"metric": metric, "overall": {}, "by_rank": {}, "by_position": {}}
     for method in methods:
-        entry = groups[method]
-        summary["overall"][method] = {
-            "accuracy": mean(entry["overall"]["all"]),
-            "n": len(entry["overall"]["all"]),
-        }
-        summary["by_position"][method] = {
-            k: {"accuracy": mean(v), "n": len(v)} for k, v in entry["position"].items()
-        }
-        summary["by_rank"][method] = {k: {"accuracy": mean(v), "n": len(v)} for k, v in entry["rank"].items()}
-    lines = [
-        f"Accuracy ({metric}) per method; n = questions.",
-        "",
-        "| method | accuracy | n |",
-        "|---|---|---|",
-    ]
-    lines += [f"| {m} | {100 * v['accuracy']:.1f} | {v['n']} |" for m, v in summary["overall"].items()]
-    for title, key in (("gold position in the prompt", "by_position"), ("gold retrieval rank", "by_rank")):
-        lines += [
-            "",
-            f"By {title}: accuracy (n)",
-            "",
-            "| method | " + title + " | accuracy | n |",
-            "|---|---|---|---|",
-        ]
-        for method, cells in summary[key].items():
-            for name in sorted(
-                cells, key=lambda c: (not c[0].isdigit(), int(c.split("-")[0]) if c[0].isdigit() else 0)
-            ):
-                lines.append(
-                    f"| {method} | {name} | {100 * cells[name]['accuracy']:.1f} | {cells[name]['n']} |"
-                )
-    summary["markdown"] = "\n".join(lines) + "\n"
+        summary["overall"][method] = cell(method, lambda r: True)
+        summary["by_rank"][method] = groups(method, lambda r: _bucket(r["gold_rank"]))
+        summary["by_position"][method] = groups(method, _position)
+    summary["markdown"] = _e2e_markdown(summary)
     (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (folder / "table.md").write_text(summary["markdown"])
     by_position = {
@@ -316,3 +364,47 @@ def write_e2e_report(folder: Path, method_order: Sequence[str] = ()) -> dict[str
             ylabel=f"{metric} (%)",
         )
     return summary
+
+
+def _position(record: dict[str, Any]) -> str:
+    position = record["gold_prompt_position"]
+    return "not packed" if position is None else str(position)
+
+
+def _bucket_order(name: str) -> tuple[int, int]:
+    """Ranks and positions in numeric order, then '>N', then 'not retrieved' / 'not packed'."""
+    if name[0].isdigit():
+        return 0, int(name.split("-")[0])
+    return (1, int(name[1:])) if name.startswith(">") else (2, 0)
+
+
+def _e2e_markdown(summary: dict[str, Any]) -> str:
+    def row(method: str, group: str, entry: dict[str, Any]) -> str:
+        change = (
+            f"{100 * entry['difference']:+.1f} (p = {entry['p_vs_none']:.2g})" if "p_vs_none" in entry else ""
+        )
+        return (
+            f"| {method} | {group} | {100 * entry['accuracy']:.1f} | {change} | {entry['n']} "
+            f"| {entry['seconds_per_answer']:.1f} |"
+        )
+
+    lines = [
+        f"Accuracy ({summary['metric']}, %) per method; the change against none is paired on the same "
+        "questions (McNemar); n = questions; seconds per answer as measured in this run.",
+        "",
+        "| method | gold retrieved at rank | accuracy | vs none | n | s / answer |",
+        "|---|---|---|---|---|---|",
+    ]
+    for method, entry in summary["overall"].items():
+        lines.append(row(method, "all", entry))
+        lines += [row(method, rank, cell) for rank, cell in summary["by_rank"][method].items()]
+    lines += [
+        "",
+        "By the gold's position in the prompt the model was given (0 = first):",
+        "",
+        "| method | gold position | accuracy | vs none | n | s / answer |",
+        "|---|---|---|---|---|---|",
+    ]
+    for method, cells in summary["by_position"].items():
+        lines += [row(method, position, cell) for position, cell in cells.items()]
+    return "\n".join(lines) + "\n"

@@ -120,6 +120,29 @@ def test_e2e_command_records_retrieval_rank_and_prompt_position(model_dir, tmp_p
     assert (run / "table.md").read_text().startswith("Accuracy")
 
 
+@pytest.mark.parametrize("chain", ["langchain", "llamaindex"])
+def test_e2e_through_the_chains_users_write(model_dir, tmp_path, chain):
+    corpus, questions_file, questions = write_e2e_inputs(tmp_path, questions=3, documents=3, seed=7)
+    run = tmp_path / "run"
+    methods = ["none", "invariant-reorder", "longcontextreorder"]
+    command = ["e2e", str(questions_file), str(corpus), "--out", str(run), "--model", str(model_dir)]
+    assert main([*command, "-k", "5", "--through", chain, "--methods", *methods, "--no-progress"]) == 0
+    by_key = {(r["method"], r["example_id"]): r for r in read_records(run / "results.jsonl")}
+    slots = {1: 0, 2: 4, 3: 1, 4: 3, 5: 2}  # LongContextReorder of 5 chunks, by retrieval rank
+    for question in questions:
+        plain, read, reordered = (by_key[(m, question["id"])] for m in methods)
+        assert plain["gold_prompt_position"] == plain["gold_rank"] - 1 and plain["packed"] == 5
+        assert plain["documents_read"] is None  # the unmodified model reads no documents apart
+        assert reordered["gold_prompt_position"] == slots[reordered["gold_rank"]]
+        # The method found the chain's five documents and says in which order it read them.
+        assert sorted(read["documents_read"]) == list(range(5))
+        assert read["gold_read_position"] == read["documents_read"].index(read["gold_prompt_position"])
+    summary = json.loads((run / "summary.json").read_text())
+    assert "p_vs_none" in summary["overall"]["invariant-reorder"]
+    assert summary["overall"]["none"]["seconds_per_answer"] > 0
+    assert "| s / answer |" in (run / "table.md").read_text()
+
+
 def test_e2e_runs_the_methods_that_read_the_packed_documents(model_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("RAG_MSPOE_CACHE", str(tmp_path / "cache"))  # the positional-bias estimates
     corpus, questions_file, _ = write_e2e_inputs(tmp_path, questions=2, documents=3, seed=6)
