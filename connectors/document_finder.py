@@ -34,8 +34,17 @@ MIN_DOCUMENT_CHARS = 12
 CAPACITY = 4096  # texts kept: many requests' retrievals, bounded memory
 
 
+# A reordering ranks the documents by the attention of the text after them; "Answer:" alone is too
+# little to rank by (measured: the shipped 0.5B ranking then moves the last document first).
+MIN_QUESTION_CHARS = 24
+
+
 class NoDocumentsFound(UserWarning):
     """A method that reads documents found none in the prompt, so the unmodified model answered."""
+
+
+class NoQuestionAfterDocuments(UserWarning):
+    """A reordering ranks the documents by the text that follows them, and little follows them."""
 
 
 class RetrievedTexts:
@@ -102,17 +111,23 @@ def locate_documents(messages: Sequence[Mapping[str, Any]], method: Any) -> Loca
     if method is None or not method.needs_document_spans():
         return LocatedPrompt(converted, None)
     said = [_said_spans(message) for message in converted]
-    if any(spans is not None for spans in said):
-        return LocatedPrompt(converted, sum(len(spans or []) for spans in said))
-    found = 0
-    for message in converted:
-        if _readable(message):
-            spans = RETRIEVED.spans_in(message["content"])
+    if not any(spans is not None for spans in said):
+        said = [RETRIEVED.spans_in(m["content"]) if _readable(m) else None for m in converted]
+        for message, spans in zip(converted, said, strict=True):
             if spans:
                 message[DOCUMENT_SPANS] = [list(span) for span in spans]
-                found += len(spans)
+    found = sum(len(spans or []) for spans in said)
+    if found and method.rewrites_prompt():
+        _check_question_after(converted, said, method)
     if not found:
-        _warn_once(method)
+        _warn_once(
+            NoDocumentsFound,
+            f"{_name(method)} reads the prompt's documents, and this prompt holds none that a "
+            "retriever returned in this process nor 'Document [i]' lines, so the unmodified model "
+            "answered (the response says documents_read: []). Retrieve the documents with a "
+            "LangChain or LlamaIndex retriever in the same process, or format them with "
+            "rag_mspoe.connectors.format_documents. Said once per process.",
+        )
         last = next((m for m in reversed(converted) if _readable(m)), None)
         if last is not None:
             last[DOCUMENT_SPANS] = []  # says: no documents, so the engine answers unmodified
@@ -128,6 +143,25 @@ def with_documents_read(result: GenerationResult, located: LocatedPrompt) -> Gen
     return dataclasses.replace(result, documents_read=tuple(range(located.documents)))
 
 
+def _check_question_after(
+    messages: Sequence[Mapping[str, Any]], spans: Sequence[Sequence[Span] | None], method: Any
+) -> None:
+    """Warn once when less than a question's worth of text follows the last document."""
+    last = max(index for index, found in enumerate(spans) if found)
+    after = messages[last]["content"][spans[last][-1][1] :]  # type: ignore[index]
+    after += "".join(str(m.get("content") or "") for m in messages[last + 1 :])
+    if len(after.strip()) >= MIN_QUESTION_CHARS:
+        return
+    _warn_once(
+        NoQuestionAfterDocuments,
+        f"{_name(method)} ranks the documents by the text that follows them, and only "
+        f"{after.strip()!r} follows them in this prompt, so its ranking is close to a guess. Put the "
+        "question after the context in the prompt template (as LlamaIndex's templates and the "
+        "lost-in-the-middle benchmark do): '...Context: {context}\nQuestion: {question}\nAnswer:'. "
+        "Said once per process.",
+    )
+
+
 def _said_spans(message: Mapping[str, Any]) -> list[Span] | None:
     if message.get(DOCUMENT_SPANS) is not None:
         return [tuple(span) for span in message[DOCUMENT_SPANS]]  # type: ignore[misc]
@@ -138,22 +172,17 @@ def _readable(message: Mapping[str, Any]) -> bool:
     return message.get("role") in ("user", "system") and isinstance(message.get("content"), str)
 
 
-_warned = False
+_warned: set[type[Warning]] = set()
 
 
-def _warn_once(method: Any) -> None:
-    global _warned
-    if _warned:
+def _warn_once(category: type[Warning], message: str) -> None:
+    if category in _warned:
         return
-    _warned = True
+    _warned.add(category)
+    warnings.warn(message, category, stacklevel=4)
+
+
+def _name(method: Any) -> str:
     from rag_mspoe import method_name
 
-    warnings.warn(
-        f"{method_name(method)} reads the prompt's documents, and this prompt holds none that a "
-        "retriever returned in this process nor 'Document [i]' lines, so the unmodified model "
-        "answered (the response says documents_read: []). Retrieve the documents with a LangChain "
-        "or LlamaIndex retriever in the same process, or format them with "
-        "rag_mspoe.connectors.format_documents. Said once per process.",
-        NoDocumentsFound,
-        stacklevel=3,
-    )
+    return method_name(method)

@@ -47,7 +47,7 @@ def index(tmp_path_factory):
 def fresh_finder(monkeypatch):
     """Each test starts with no retrieved texts and its own once-per-process warning."""
     document_finder.RETRIEVED.clear()
-    monkeypatch.setattr(document_finder, "_warned", False)
+    monkeypatch.setattr(document_finder, "_warned", set())
 
 
 def expected_answer(engine, text, documents, method, **settings):
@@ -149,6 +149,28 @@ def test_a_chat_without_documents_is_answered_unmodified_and_says_so(tiny):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         llm.invoke("Say hello again.")
+
+
+def test_a_reordering_warns_when_no_question_follows_the_documents(tiny, index):
+    import warnings
+
+    from langchain_core.prompts import ChatPromptTemplate
+    from langchain_core.runnables import RunnablePassthrough
+
+    from rag_mspoe.connectors.langchain import ChatRagMsPoE
+    from rag_mspoe.connectors.retrievers import langchain_retriever
+
+    llm = ChatRagMsPoE(engine=tiny, method="invariant-reorder", max_tokens=4)
+    retriever = langchain_retriever(index, k=K)
+    with pytest.warns(document_finder.NoQuestionAfterDocuments, match="Put the question after the context"):
+        tutorial_chain(retriever, llm).invoke(QUESTION)  # 'Question: ... Context: ... Answer:'
+    document_finder._warned.clear()
+    after = ChatPromptTemplate.from_template("Context: {context}\nQuestion: {question}\nAnswer:")
+    chain = {"context": retriever | (lambda docs: "\n\n".join(d.page_content for d in docs))}
+    chain = {**chain, "question": RunnablePassthrough()} | after | llm
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", document_finder.NoQuestionAfterDocuments)
+        assert sorted(chain.invoke(QUESTION).response_metadata["documents_read"]) == list(range(K))
 
 
 def test_methods_that_read_no_documents_look_for_none(tiny):
