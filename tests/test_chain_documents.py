@@ -257,3 +257,21 @@ def test_retrieved_texts_are_found_in_order_the_longest_first_and_never_overlapp
         "The harbour was dredged in 1787.",
         "The ferry takes 38 minutes.",
     ]
+
+
+# -- choosing the model ------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_model_names_the_model_to_load_in_both_adapters(embedded):
+    from rag_mspoe.connectors.langchain import ChatRagMsPoE
+    from rag_mspoe.connectors.llamaindex import RagMsPoE
+    from rag_mspoe.models.embedded_models import DEFAULT_MODEL
+
+    chat = ChatRagMsPoE(model=DEFAULT_MODEL, max_tokens=2)
+    llm = RagMsPoE(model=DEFAULT_MODEL, max_tokens=2)
+    assert chat.engine is llm.engine  # one engine per model and process
+    assert chat.model_name == llm.model_name == chat.engine.name == DEFAULT_MODEL
+    with pytest.raises(
+        ValueError,
+        match="No calibrated method ships for the model 'smollm2-135m-instruct'; one ships for qwen2.5-coder",
+    ):
+        ChatRagMsPoE(model=DEFAULT_MODEL, method="calibrated")

@@ -261,7 +261,7 @@ def test_calibrated_reorder_places_the_top_ranked_document():
         CalibratedReorder(min_margin=-0.1)
     with pytest.raises(ValueError, match=r"does not compose .* Engine.rewritten"):
         parse_method("calibrated-reorder+mspoe")
-    with pytest.raises(TypeError, match="rewrites the prompt"):
+    with pytest.raises(TypeError, match=r"rewrites the prompt .* ChatRagMsPoE\(model=\.\.\., method="):
         rescaled(tiny_chat_model()[0], CalibratedReorder()).__enter__()
 
 
