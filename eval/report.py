@@ -11,19 +11,21 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from rag_mspoe.eval.runs.loop import Evaluation, folder_kind
-from rag_mspoe.eval.runs.manifest import read_manifest
+from rag_mspoe.eval.runs.manifest import MANIFEST_FILE, read_manifest
 from rag_mspoe.eval.runs.results import read_run_records
 from rag_mspoe.eval.scoring.metrics import bootstrap_ci, paired_test, position_summary
+from rag_mspoe.files import check_output_folder
 from rag_mspoe.models.embedded_models import DEFAULT_MODEL
 
 SUMMARY_FILE = "summary.json"
 TABLE_FILE = "table.md"
 PLOT_FILE = "accuracy_by_position.png"
+COMPARISON_FILE = "comparison.json"
 METRICS = ("choice_correct", "match", "gold_logprob")
 METRIC_LABELS = {
     "choice_correct": "forced-choice accuracy",
@@ -289,6 +291,12 @@ def write_report(
     questions a choice was made on, to report on the ones it never saw)."""
     folder = Path(folder)
     out = Path(out) if out is not None else folder
+    if out.resolve() != folder.resolve():  # into a new folder, or one a report was written into
+        if (out / MANIFEST_FILE).is_file():
+            raise ValueError(
+                f"{out} holds another run, whose report this would replace; give --out a new folder."
+            )
+        check_output_folder(out, SUMMARY_FILE, is_ours=_json_with("run", "main_metric", "metrics"))
     records = read_run_records(folder)
     if not records:
         raise ValueError(f"{folder} has no results yet; run a sweep into it first.")
@@ -338,6 +346,20 @@ def write_report(
     title = f"{model}: {sweep.get('task', '')}, {sweep.get('num_documents', '?')} documents"
     plot(summaries[chosen], out / PLOT_FILE, title=title.strip())
     return document
+
+
+def _json_with(*keys: str) -> Callable[[Path], bool]:
+    """Whether a file is a JSON object holding `keys`: what tells the summary.json a report wrote
+    (or a comparison's file) from a user's file of that name."""
+
+    def holds(path: Path) -> bool:
+        try:
+            written = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return False
+        return isinstance(written, dict) and set(keys) <= written.keys()
+
+    return holds
 
 
 def example_ids(path: Path) -> set[str]:
@@ -446,7 +468,8 @@ def compare_runs(
     }
     if out is not None:
         target = Path(out)
+        check_output_folder(target, COMPARISON_FILE, is_ours=_json_with("kind", "a", "b", "rows"))
         target.mkdir(parents=True, exist_ok=True)
-        (target / "comparison.json").write_text(json.dumps(result, indent=2) + "\n")
+        (target / COMPARISON_FILE).write_text(json.dumps(result, indent=2) + "\n")
         (target / "comparison.md").write_text(result["markdown"])
     return result

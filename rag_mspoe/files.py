@@ -5,11 +5,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
 LOCK_FILE = ".lock"
+# What `atomic_write` leaves of a file when it is killed mid-write.
+_TEMPORARY_FILE = re.compile(r"^\..+\.[0-9a-f]{12}\.tmp$")
 
 
 def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:
@@ -68,14 +71,55 @@ def folder_lock(folder: str | os.PathLike[str], busy_message: str) -> Iterator[N
     from filelock import FileLock, Timeout
 
     path = Path(folder)
-    path.mkdir(parents=True, exist_ok=True)
     # Not thread-local: the lock belongs to this block, whichever thread ends it.
     lock = FileLock(path / LOCK_FILE, thread_local=False)
     try:
+        path.mkdir(parents=True, exist_ok=True)
         lock.acquire(blocking=False)
     except Timeout:
         raise RuntimeError(busy_message) from None
+    except OSError as exc:  # a read-only folder, a file in the way
+        raise RuntimeError(
+            f"Cannot write into {path}: {exc.strerror}; choose a folder you can write to."
+        ) from None
     try:
         yield
     finally:
         lock.release()
+
+
+def check_output_folder(
+    folder: str | os.PathLike[str],
+    marker: str,
+    *,
+    option: str = "--out",
+    early: Collection[str] = (),
+    is_ours: Callable[[Path], bool] = Path.is_file,
+) -> None:
+    """Raise ValueError unless `folder` is new, empty, or written by the command: it holds
+    `marker` (the file the command writes first) and `is_ours(marker)`; so a command never
+    overwrites, or mixes its files with, files of a user's.
+
+    early: files the command may write before `marker` (what a first run killed in between leaves);
+    the lock and `atomic_write`'s temporary files count as the command's too. option: the option
+    that names the folder, which the message tells the user to change.
+    """
+    path = Path(folder)
+    if not path.exists():
+        return
+    if not path.is_dir():
+        raise ValueError(f"{path} is a file, not a folder; give {option} a new folder.")
+    if (path / marker).exists() and is_ours(path / marker):
+        return
+    foreign = sorted(
+        name
+        for name in os.listdir(path)
+        if name != LOCK_FILE and name not in early and not _TEMPORARY_FILE.match(name)
+    )
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise ValueError(
+            f"{path} holds files this command did not write ({shown}); it writes only into a new or "
+            f"empty folder or one it wrote before (with its {marker}). Move them out, or give {option} "
+            "a new folder."
+        )

@@ -153,9 +153,11 @@ def test_calibrate_refuses_a_checkpoint_that_carries_a_pickle(tiny_folder, tmp_p
 
     out = tmp_path / "foreign"
     ran = tmp_path / "payload-ran"
+    search = [arg if arg != "ga,cmaes" else "cmaes" for arg in SEARCH]
+    command = [sys.executable, "-m", "rag_mspoe.cli", *search, "--model", str(tiny_folder), "--out", str(out)]
+    assert subprocess.run(command, capture_output=True, timeout=300).returncode == 0  # a search's folder
     # An old-style checkpoint whose "CMA-ES object" opens a file when unpickled.
     payload = pickle.dumps(_OpensAFile(str(ran)))
-    (out / "cmaes").mkdir(parents=True)
     (out / "cmaes" / "checkpoint.json").write_text(
         json.dumps(
             {
@@ -173,8 +175,6 @@ def test_calibrate_refuses_a_checkpoint_that_carries_a_pickle(tiny_folder, tmp_p
             }
         )
     )
-    search = [arg if arg != "ga,cmaes" else "cmaes" for arg in SEARCH]
-    command = [sys.executable, "-m", "rag_mspoe.cli", *search, "--model", str(tiny_folder), "--out", str(out)]
 
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
 

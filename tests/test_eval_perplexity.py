@@ -51,8 +51,9 @@ def records_by(folder):
 def test_perplexity_table_for_pi_and_dynamic_ntk_with_and_without_layer_factors(tiny, text_file, tmp_path):
     methods = ("none", "pi:2", "dynamic-ntk:2", "layerwise+pi:2", "layerwise+dynamic-ntk:2")
     config = PerplexityConfig(text=str(text_file), lengths=(32, 96), methods=methods, windows=2)
-    summary = run_perplexity(config, tmp_path, model=tiny[0], tokenizer=tiny[1], progress=False)
-    records = records_by(tmp_path)
+    run = tmp_path / "run"  # beside the text, not around it
+    summary = run_perplexity(config, run, model=tiny[0], tokenizer=tiny[1], progress=False)
+    records = records_by(run)
     assert len(records) == len(methods) * 2 * 2
     table = summary["perplexity"]
     assert set(table) == set(methods) and all(set(row) == {32, 96} for row in table.values())
@@ -61,8 +62,8 @@ def test_perplexity_table_for_pi_and_dynamic_ntk_with_and_without_layer_factors(
     assert table["dynamic-ntk:2"][96] != table["none"][96]
     assert table["pi:2"][32] != table["none"][32]
     assert table["layerwise+pi:2"][32] != table["pi:2"][32]
-    assert "| layerwise+dynamic-ntk:2 |" in (tmp_path / "table.md").read_text()
-    assert (tmp_path / "perplexity_by_length.png").read_bytes().startswith(b"\x89PNG")
+    assert "| layerwise+dynamic-ntk:2 |" in (run / "table.md").read_text()
+    assert (run / "perplexity_by_length.png").read_bytes().startswith(b"\x89PNG")
 
     # Each window's value is the model's own mean token loss over it.
     model, tokenizer = tiny
@@ -71,8 +72,8 @@ def test_perplexity_table_for_pi_and_dynamic_ntk_with_and_without_layer_factors(
         loss = model(torch.tensor([ids]), labels=torch.tensor([ids])).loss
     assert records[("none", 32, 1)]["perplexity"] == pytest.approx(math.exp(float(loss)), rel=1e-4)
 
-    again = run_perplexity(config, tmp_path, model=model, tokenizer=tokenizer, progress=False)
-    assert again["perplexity"] == table and len(read_records(tmp_path / "results.jsonl")) == len(records)
+    again = run_perplexity(config, run, model=model, tokenizer=tokenizer, progress=False)
+    assert again["perplexity"] == table and len(read_records(run / "results.jsonl")) == len(records)
 
 
 def test_text_too_short_and_prompt_orders_are_refused(tiny, text_file, tmp_path):

@@ -192,19 +192,20 @@ def test_a_variant_added_to_a_run_recorded_without_rankings_ranks_once_and_takes
 
     monkeypatch.setenv("RAG_MSPOE_CACHE", str(tmp_path / "cache"))
     default = CalibratedReorder().save(tmp_path / "default.json")
+    run = tmp_path / "run"  # beside the config and the cache, not around them
     settings = dict(num_documents=4, positions=(0, 3), samples=2, metrics=("loglik",))
     run_sweep(
         SweepConfig(methods=("calibrated-reorder",), **settings),
-        tmp_path,
+        run,
         model=tiny[0],
         tokenizer=tiny[1],
         progress=False,
     )
-    results = tmp_path / "results.jsonl"
+    results = run / "results.jsonl"
     older = [{k: v for k, v in r.items() if k != "ranking_attention"} for r in read_records(results)]
     results.write_text("".join(json.dumps(r) + "\n" for r in older))
     both = SweepConfig(methods=("calibrated-reorder", f"same={default}"), **settings)
-    run_sweep(both, tmp_path, model=tiny[0], tokenizer=tiny[1], progress=False)
+    run_sweep(both, run, model=tiny[0], tokenizer=tiny[1], progress=False)
     first = {(r["position"], r["example_id"]): r for r in older}
     added = [r for r in read_records(results) if r["method"] == "same"]
     assert len(added) == 4

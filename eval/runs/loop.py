@@ -33,6 +33,8 @@ from rag_mspoe.eval.runs.inputs import (
     where,
 )
 from rag_mspoe.eval.runs.manifest import (
+    MANIFEST_FILE,
+    claim_run_folder,
     finish_session,
     jsonable,
     model_facts,
@@ -40,7 +42,6 @@ from rag_mspoe.eval.runs.manifest import (
     read_manifest,
     record_methods,
     refuse_other_settings,
-    refuse_records_without_manifest,
     write_manifest,
 )
 from rag_mspoe.eval.runs.ray_backend import score_on_ray
@@ -79,6 +80,8 @@ class Evaluation:
     key_fields: ClassVar[tuple[str, ...]]  # what makes a record unique in results.jsonl
     identity_fields: ClassVar[tuple[str, ...]]  # settings the records depend on: kept on resume
     growing: ClassVar[tuple[str, ...]] = ("methods",)  # settings a resumed run may extend
+    # Files `plan` may write before the first manifest: what a first run killed in between leaves.
+    early_files: ClassVar[tuple[str, ...]] = ()
     unit_name: ClassVar[str] = "batch"  # what the progress bar counts
     command_help: ClassVar[str]  # the line `rag-mspoe --help` gives the kind's command
     command_description: ClassVar[str | None] = None  # what `rag-mspoe <kind> --help` says first
@@ -200,6 +203,7 @@ def run_evaluation(
         raise ValueError(f"--budget-hours must be a positive number of hours, got {budget_hours}.")
     deadline = None if budget_hours is None else time.monotonic() + budget_hours * 3600
     out = Path(folder)
+    claim_run_folder(out, evaluation.early_files)
     with run_lock(out):
         manifest, first_recorded = _checked_manifest(out, evaluation)
         results = ResultsFile(out / RESULTS_FILE, evaluation.key_fields)
@@ -272,12 +276,16 @@ def _checked_manifest(folder: Path, evaluation: Evaluation) -> tuple[dict[str, A
     settings = relative_to(folder, evaluation.settings())
     manifest = read_manifest(folder)
     unrecorded: list[str] = []
-    if manifest is None:
-        refuse_records_without_manifest(folder)
+    if manifest is None:  # a new run: `claim_run_folder` refused records without their manifest
         manifest = {"methods": {}, "sessions": []}
     else:
         found = run_kind(manifest)
-        if found not in (None, kind):
+        if found is None:
+            raise ValueError(
+                f"{folder / MANIFEST_FILE} is not a run's manifest (it names none of the kinds "
+                f"{', '.join(sorted(Evaluation.registry))}); restore it, or write into a new folder (--out)."
+            )
+        if found != kind:
             raise ValueError(
                 f"{folder} holds a {found} run, not a {kind} run; write into a new folder (--out)."
             )

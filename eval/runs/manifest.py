@@ -13,14 +13,14 @@ import json
 import platform
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 from rag_mspoe.eval.runs.inputs import with_digests
 from rag_mspoe.eval.runs.results import RESULTS_FILE
-from rag_mspoe.files import atomic_write
+from rag_mspoe.files import atomic_write, check_output_folder
 from rag_mspoe.methods.method_spec import ResolvedMethod
 
 MANIFEST_FILE = "manifest.json"
@@ -92,11 +92,26 @@ def read_manifest(folder: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        return dict(json.loads(path.read_text()))
-    except json.JSONDecodeError as exc:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(
             f"{path} is not valid JSON ({exc}); restore it or start in a new folder (--out)."
         ) from exc
+    if not isinstance(manifest, dict):
+        raise ValueError(
+            f"{path} is not a run's manifest (not a JSON object); restore it, or write into a new folder "
+            "(--out)."
+        )
+    return manifest
+
+
+def claim_run_folder(folder: Path, early_files: Collection[str]) -> None:
+    """Refuse a folder a run cannot write into: a file, or a folder of files no run wrote (a run's
+    folder holds its manifest; `early_files` are those a kind writes before it). Records without
+    their manifest are refused first, with the fix for that."""
+    if folder.is_dir() and not (folder / MANIFEST_FILE).is_file():
+        refuse_records_without_manifest(folder)
+    check_output_folder(folder, MANIFEST_FILE, early=early_files)
 
 
 def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:

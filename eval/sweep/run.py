@@ -94,6 +94,7 @@ class Sweep(Evaluation):
     pairing = Pairing("position", ("example_id",), METRICS)
     key_fields = SWEEP_KEY
     growing = ("methods", "positions")
+    early_files = (EXAMPLES_FILE,)  # frozen by `plan`, before the manifest is written
     identity_fields = SweepConfig.IDENTITY
     config: SweepConfig
     methods: Sequence[ResolvedMethod]

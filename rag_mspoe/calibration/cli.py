@@ -199,6 +199,10 @@ class _Fitted:
 
 def _fit(args: argparse.Namespace, fit: Callable[[EngineLike, CalibrationSplit], Any]) -> _Fitted:
     """`fit(engine, calibration split)` timed, on the model and splits the options name."""
+    from rag_mspoe.files import check_output_folder
+
+    # A folder of a fit before is the command's: its config comes first, then report.json.
+    check_output_folder(args.out, "report.json", early=(_config_path(args).name,))
     calibration_split, heldout_split = _splits(args)
     engine = _engine(args)
     started = time.monotonic()

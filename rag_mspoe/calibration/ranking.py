@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rag_mspoe.files import atomic_write
+from rag_mspoe.files import atomic_write, check_output_folder
 
 if TYPE_CHECKING:
     from rag_mspoe.engine.protocol import EngineLike
@@ -207,6 +207,7 @@ def study(
     from rag_mspoe.eval.data.records import with_gold_at
     from rag_mspoe.eval.sweep.batch_scorer import prompt_of
 
+    check_output_folder(folder, INPUTS_FILE)
     folder.mkdir(parents=True, exist_ok=True)
     model = engine.model
     layers = int(model.config.num_hidden_layers)

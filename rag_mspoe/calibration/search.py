@@ -38,7 +38,7 @@ from rag_mspoe.calibration.fitness import (
     utility,
 )
 from rag_mspoe.calibration.optimizers import OPTIMIZERS, CMAESSettings, Optimizer, make_optimizer
-from rag_mspoe.files import atomic_write, file_sha256
+from rag_mspoe.files import atomic_write, check_output_folder, file_sha256
 from rag_mspoe.methods import NAMED_METHODS, LayerWise, MethodConfig
 
 logger = logging.getLogger(__name__)
@@ -113,6 +113,7 @@ def claim_search_folder(
         identity["data"] = os.path.relpath(data.resolve(), folder.resolve())
         identity["data_sha256"] = file_sha256(data)
     if not path.is_file():
+        check_output_folder(folder, path.name)
         folder.mkdir(parents=True, exist_ok=True)
         write_json(path, identity)
         return
@@ -190,8 +191,8 @@ class LayerSearch:
         self.settings = settings
         self.calibration = calibration
         self.num_layers = num_layers
+        self._check_folder()  # before the cache's file: the folder may not be ours
         self.cache = FitnessCache(self.folder / "fitness_cache.jsonl")
-        self._check_folder()
 
     def _identity(self) -> dict[str, Any]:
         return {
