@@ -252,3 +252,11 @@ def test_tool_parameters_with_all_of_and_bare_required_give_valid_calls(tiny):
             )
             jsonschema.validate(call.arguments, parameters)
             assert set(call.arguments) == ({"name", "age"} if call.name == "person" else {"city"})
+
+
+def test_a_panic_inside_llguidance_is_a_grammar_error():
+    # Found by tests/test_fuzz_properties.py: llguidance cut its message about a "format" that is
+    # no string at byte 100, inside a four-byte character, and panicked (a BaseException).
+    schema = {"format": {"type": "object", "properties": {"a" * 66 + "\U00034ce3": {"type": "null"}}}}
+    with pytest.raises(GrammarError, match="cannot be compiled"):
+        Grammar.json_schema(schema)

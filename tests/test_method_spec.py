@@ -194,3 +194,12 @@ def test_a_spec_no_file_system_can_look_up_is_a_message_not_an_os_error(spec):
     with pytest.raises(ValueError) as error:
         resolve(spec)
     assert len(str(error.value)) < 2000
+
+
+def test_a_plus_inside_a_number_does_not_join_parts():
+    # Found by tests/test_fuzz_properties.py: Python writes 1e16 as '1e+16'.
+    assert parse_method("pi:1e+16") == Uniform(factor=1e16)
+    assert parse_method("pi:+2") == Uniform(factor=2.0)
+    assert resolve("mspoe:1e+0-2e+0+pi:2").method == Compose(
+        [MsPoE(min_ratio=1.0, max_ratio=2.0), Uniform(2.0)]
+    )

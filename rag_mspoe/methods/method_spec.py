@@ -192,7 +192,7 @@ def split_spec(spec: str | os.PathLike[str], model_name: str | None = None) -> t
         label, body = "", text
     if not body.strip():
         raise ValueError(f"Empty method spec {text!r}; use e.g. 'none', 'pi' or 'layerwise+pi'.")
-    pieces = [part.strip() for part in body.split("+")]
+    pieces = [part.strip() for part in _JOIN.split(body)]
     if not all(pieces):
         # An empty part would otherwise be read as the path '', the current folder's saved config.
         raise ValueError(
@@ -235,7 +235,7 @@ def _check_reserved_label(text: str, label: str, parts: list[SpecPart], model_na
 
 def _spells(label: str, parts: list[SpecPart], model_name: str | None) -> bool:
     """Whether `label`, read as a spec, means what `parts` mean."""
-    pieces = [piece.strip() for piece in label.split("+")]
+    pieces = [piece.strip() for piece in _JOIN.split(label)]
     try:
         named = [_parse_part(piece, model_name) for piece in pieces if piece]
     except (ValueError, OSError):  # 'calibrated' without a model, a path to nothing: cannot agree
@@ -257,6 +257,11 @@ def combine(configs: Sequence[MethodConfig]) -> MethodConfig | None:
         return configs[0] if configs else None
     flat = [m for config in configs for m in (config.methods if isinstance(config, Compose) else [config])]
     return Compose(methods=flat)
+
+
+# A '+' joins parts, except in a number: an exponent's sign ('pi:1e+16', as Python writes large
+# floats) or a sign after ':' or ','.
+_JOIN = re.compile(r"(?<![0-9.][eE])(?<![:,])\+")
 
 
 def _may_split(text: str) -> bool:

@@ -83,7 +83,16 @@ class Grammar:
     @classmethod
     def _checked(cls, kind: GrammarKind, source: str) -> Grammar:
         grammar = cls(kind, source)
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar.compiled())
+        try:
+            is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar.compiled())
+        except BaseException as exc:
+            # A panic in llguidance's Rust code (a "format" that is no string, in a schema with
+            # multi-byte text, cut its error message inside a character) is a BaseException.
+            if type(exc).__name__ != "PanicException":
+                raise
+            raise GrammarError(
+                f"The {kind.replace('_', ' ')} grammar cannot be compiled: {str(exc)[:300]}"
+            ) from None
         if is_error:
             raise GrammarError(f"The {kind.replace('_', ' ')} grammar cannot be compiled: {messages[0]}")
         return grammar
