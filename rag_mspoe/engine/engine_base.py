@@ -39,6 +39,11 @@ def _lock_for(model: Any) -> threading.Lock:
         return _model_locks.setdefault(model, threading.Lock())
 
 
+# Tokens of the prompt drafted ahead per forward on the CPU (transformers' prompt lookup); measured
+# by benchmarks/bench_answer.py.
+PROMPT_LOOKUP_TOKENS = 10
+
+
 class EngineBase:
     """The model an engine wraps and what generation and scoring both use (`rag_mspoe.engine.Engine`
     documents the arguments)."""
@@ -76,6 +81,10 @@ class EngineBase:
         # rows) prefills only the rest; a prefix's rows then come from another forward, which
         # rounds otherwise in bf16. Set it to False to prefill every prompt whole.
         self.shared_prompt_starts = True
+        # Greedy answers of the unmodified model (a reordering's answers too) drafted from the
+        # prompt (prompt-lookup speculative decoding: n-grams of the prompt proposed and checked
+        # in one forward): RAG answers copy the documents. 0: off. Set it to choose.
+        self.prompt_lookup_tokens = 0
         # The unmodified model's caches through each prompt's documents, for the methods that keep
         # those rows (scoring only).
         self._document_prefixes = DocumentPrefixCache(model)
@@ -91,15 +100,19 @@ class EngineBase:
         compile: bool | Literal["auto"] = "auto",
         quantize: str | None = None,
     ) -> Self:
-        """Load a model (None: the embedded SmolLM2-135M-Instruct) and wrap it.
+        """Load a model (None: the embedded SmolLM2-135M-Instruct) and wrap it, to answer.
 
         device ("auto", "cpu", "cuda", "cuda:N"), dtype and quantize as `load_model` takes them;
-        compile as `Engine` takes it.
+        compile as `Engine` takes it. On the CPU its greedy answers are drafted from the prompt
+        (`prompt_lookup_tokens`), the same answers in less time where they copy the documents.
         """
         model, tokenizer = loading.load_model(
             source, dtype=dtype, device=device, threads=threads, quantize=quantize
         )
-        return cls(model, tokenizer, method=method, compile=compile)
+        engine = cls(model, tokenizer, method=method, compile=compile)
+        if model.device.type == "cpu":
+            engine.prompt_lookup_tokens = PROMPT_LOOKUP_TOKENS
+        return engine
 
     # -- facts -------------------------------------------------------------------------------------
     @property

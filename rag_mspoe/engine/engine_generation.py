@@ -244,6 +244,11 @@ class GeneratingEngine(EngineBase):
                 on_row_end(row, results[row])
 
         try:
+            spans = [item.spans for item in prepared]
+            joined = after_prefill is not None or (
+                len(prepared) > 1 and self.joins_prefills(prepared, method)
+            )
+            drafted = self._drafts_from_prompt(prepared, config, method, joined)
             watch = GenerationWatch(
                 trackers,
                 outlets=outlets,
@@ -251,10 +256,7 @@ class GeneratingEngine(EngineBase):
                 cancel=cancel,
                 deadline=deadline,
                 recorder=recorder,
-            )
-            spans = [item.spans for item in prepared]
-            joined = after_prefill is not None or (
-                len(prepared) > 1 and self.joins_prefills(prepared, method)
+                new_from=len(prepared[0].ids) if drafted else None,
             )
             with (
                 self._method_applied(method, spans, give_spans=not joined),
@@ -271,6 +273,7 @@ class GeneratingEngine(EngineBase):
                     stopping_criteria=[watch],
                     logits_processor=constraints,
                     **self._decoding(),
+                    **({"prompt_lookup_num_tokens": self.prompt_lookup_tokens} if drafted else {}),
                 )
         finally:
             self._lock.release()
@@ -285,6 +288,22 @@ class GeneratingEngine(EngineBase):
             if row not in results and not watch.row_cancelled(row):
                 finish(row)
         return [results[row] for row in sorted(results)]
+
+    def _drafts_from_prompt(
+        self, prepared: Sequence[_Prepared], config: GenerationSettings, method: Any, joined: bool
+    ) -> bool:
+        """Whether this call decodes with prompt-lookup drafts (`prompt_lookup_tokens`): one greedy
+        answer of the unmodified model, free text, no log-probabilities, eager decoding."""
+        return (
+            self.prompt_lookup_tokens > 0
+            and len(prepared) == 1
+            and not joined
+            and method is None
+            and config.temperature == 0
+            and config.grammar is None
+            and config.logprobs is None
+            and self._compile_config is None
+        )
 
     def joins_prefills(self, prepared: Sequence[_Prepared], method: Any) -> bool:
         """Whether these prompts can be prefilled one at a time and decoded together under `method`

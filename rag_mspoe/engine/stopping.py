@@ -148,7 +148,8 @@ class GenerationWatch(StoppingCriteria):
     (by EOS or a stop string), so its stream can close without waiting for the longest answer.
     Setting `cancel` or passing the deadline (time.monotonic() seconds) ends every row at the
     next step. With a recorder (the call's first logits processor), each row's tokens get their
-    log-probabilities, in the result and in the streamed pieces.
+    log-probabilities, in the result and in the streamed pieces. new_from: the prompt's width, when
+    a step may add several tokens (speculative decoding); else each step adds one.
     """
 
     def __init__(
@@ -160,8 +161,10 @@ class GenerationWatch(StoppingCriteria):
         cancel: threading.Event | None = None,
         deadline: float | None = None,
         recorder: LogprobRecorder | None = None,
+        new_from: int | None = None,
     ):
         self.trackers = list(trackers)
+        self._seen = new_from
         self._recorder = recorder
         self._outlets = list(outlets)
         if self._outlets and len(self._outlets) != len(self.trackers):
@@ -176,11 +179,16 @@ class GenerationWatch(StoppingCriteria):
         return bool(self._outlets) and self._outlets[row].cancel.is_set()
 
     def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
-        for row, (tracker, token_id) in enumerate(zip(self.trackers, input_ids[:, -1].tolist(), strict=True)):
-            entry = None
-            if self._recorder is not None and not tracker.done:  # a finished row gets padding
-                entry = self._recorder.entry(row, token_id)
-            tracker.push(token_id, entry)
+        start = input_ids.shape[1] - 1 if self._seen is None else self._seen
+        if self._seen is not None:
+            self._seen = input_ids.shape[1]
+        new_tokens = input_ids[:, start:].tolist()
+        for row, (tracker, token_ids) in enumerate(zip(self.trackers, new_tokens, strict=True)):
+            for token_id in token_ids:
+                entry = None
+                if self._recorder is not None and not tracker.done:  # a finished row gets padding
+                    entry = self._recorder.entry(row, token_id)
+                tracker.push(token_id, entry)
         for row, outlet in enumerate(self._outlets):
             if not outlet.cancel.is_set():
                 piece = self.trackers[row].take_streamable()

@@ -1,0 +1,116 @@
+"""Seconds per RAG answer: bf16 decoding, the default answering path, the default path with the
+shipped method, and llama.cpp on the same GGUF where llama-cpp-python is installed.
+
+    python benchmarks/bench_answer.py --quick        # 4 prompts; the full run takes 12
+
+Real 10-document NQ-open prompts (the search half: nothing validated is read), the gold passage
+in the middle, greedy answers of `--new-tokens` tokens (32, as NQ needs) and of 128. The paths
+take turns prompt by prompt in one process, one thread, so the ratios compare like with like on a
+machine whose speed drifts. `speculative_identical` is true when the default path's answers (drafted
+from the prompt) equal plain greedy decoding's. One JSON line on stdout; progress on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from bench_cpu_inference import DATA
+from bench_llama_cpp import joined_gguf
+
+MIDDLE = 4  # the gold passage fifth of ten
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="qwen2.5-coder-0.5b-instruct", help="an embedded model's name")
+    parser.add_argument("--prompts", type=int, default=12)
+    parser.add_argument("--quick", action="store_true", help="4 prompts")
+    parser.add_argument("--new-tokens", type=int, nargs="+", default=[32, 128])
+    args = parser.parse_args()
+    import torch
+
+    from rag_mspoe.engine import Engine
+    from rag_mspoe.eval.data.loaders import load_qa
+    from rag_mspoe.eval.data.prompts import qa_prompt
+    from rag_mspoe.eval.data.records import with_gold_at
+
+    torch.set_num_threads(1)
+    engine = Engine.load(args.model, threads=1)
+    default_lookup = engine.prompt_lookup_tokens
+    count = 4 if args.quick else args.prompts
+    prompts = [qa_prompt(with_gold_at(e, MIDDLE)) for e in load_qa(DATA)[:count]]
+    paths = {
+        "bf16": (0, "none"),
+        "default": (default_lookup, "none"),
+        "default+method": (default_lookup, "calibrated"),
+    }
+    llm = _llama_cpp(args.model)
+    names = [*paths, *(["llama_cpp"] if llm is not None else [])]
+    result: dict[str, Any] = {"model": args.model, "prompts": count, "threads": 1}
+    for tokens in args.new_tokens:
+        seconds: dict[str, list[float]] = {name: [] for name in names}
+        answers: dict[str, list[str]] = {name: [] for name in paths}
+        for number, prompt in enumerate(prompts):
+            for name in names if number % 2 == 0 else reversed(names):
+                started = time.perf_counter()
+                if name == "llama_cpp":
+                    _llama_answer(llm, engine, prompt, tokens)
+                else:
+                    engine.prompt_lookup_tokens, method = paths[name]
+                    answers[name].append(engine.generate(prompt, max_new_tokens=tokens, method=method).text)
+                seconds[name].append(time.perf_counter() - started)
+                print(
+                    f"{tokens} tokens, prompt {number + 1}/{count}, {name}: {seconds[name][-1]:.1f} s",
+                    file=sys.stderr,
+                )
+        mean = {name: sum(values) / len(values) for name, values in seconds.items()}
+        result[f"{tokens}_tokens"] = {
+            "seconds_per_answer": {name: round(value, 2) for name, value in mean.items()},
+            "default_vs_bf16": round(mean["bf16"] / mean["default"], 2),
+            "method_vs_unmodified": round(mean["default+method"] / mean["default"], 2),
+            "speculative_identical": answers["default"] == answers["bf16"],
+            **({"method_vs_llama_cpp": round(mean["default+method"] / mean["llama_cpp"], 2)} if llm else {}),
+        }
+    result["default_path"] = f"bf16, prompt lookup {default_lookup} tokens" if default_lookup else "bf16"
+    result["drift_max_nats_per_token"] = 0.0  # the default path runs the bf16 weights: nothing moves
+    result["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    print(json.dumps(result))
+
+
+def _llama_cpp(name: str) -> Any:
+    try:
+        import llama_cpp
+    except ImportError:
+        print("llama-cpp-python is not installed: llama.cpp left out", file=sys.stderr)
+        return None
+    from llama_cpp_layout import use_plain_weight_layout
+
+    use_plain_weight_layout()
+    with joined_gguf(name) as gguf:  # llama.cpp maps the file: a joined copy may go once loaded
+        return llama_cpp.Llama(
+            model_path=str(gguf), n_ctx=4096, n_threads=1, n_threads_batch=1, verbose=False
+        )
+
+
+def _llama_answer(llm: Any, engine: Any, prompt: str, tokens: int) -> None:
+    """llama.cpp's greedy answer to the same token ids our engine reads (chat template included)."""
+    from rag_mspoe.prompts.chat_template import render
+
+    llm.reset()
+    llm.eval(render(engine.tokenizer, prompt))
+    for _ in range(tokens):
+        token = llm.sample(temp=0.0)
+        if token == llm.token_eos():
+            break
+        llm.eval([token])
+
+
+if __name__ == "__main__":
+    main()

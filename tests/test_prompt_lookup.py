@@ -1,0 +1,79 @@
+"""Prompt-lookup speculative decoding: greedy answers drafted from the prompt are the answers plain
+greedy decoding gives, token for token, in fewer forwards when the answer copies the documents."""
+
+from __future__ import annotations
+
+import pytest
+
+from rag_mspoe.engine import Engine
+
+DOCUMENT = (
+    "Gull Point Light stands on the northern tip of Vellin Cay. Its lamp was first lit on "
+    "2 November 1874 by Maren Holt, a salt raker's widow who kept the light for thirty-one years."
+)
+PROMPTS = [
+    f"Context:\n{DOCUMENT}\n\nQuestion: Copy the sentence that says who first lit the lamp.\nAnswer:",
+    f"Context:\n{DOCUMENT}\n\nQuestion: Who kept the light for thirty-one years?\nAnswer:",
+]
+
+
+@pytest.fixture(scope="module")
+def engine(embedded):
+    return Engine(*embedded, method="none")
+
+
+def forwards(engine, call):
+    """What `call` returns, and how many forwards of the model it took."""
+    count = 0
+    forward = engine.model.forward
+
+    def counted(*args, **kwargs):
+        nonlocal count
+        count += 1
+        return forward(*args, **kwargs)
+
+    engine.model.forward = counted
+    try:
+        return call(), count
+    finally:
+        del engine.model.forward
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_drafted_answers_are_the_greedy_answers_in_fewer_forwards(engine, prompt):
+    engine.prompt_lookup_tokens = 0
+    plain, plain_forwards = forwards(engine, lambda: engine.generate(prompt, max_new_tokens=40))
+    engine.prompt_lookup_tokens = 10
+    try:
+        drafted, drafted_forwards = forwards(engine, lambda: engine.generate(prompt, max_new_tokens=40))
+        assert drafted == plain  # text, token counts, finish reason
+        assert drafted_forwards < plain_forwards  # tokens copied from the prompt came several a forward
+        streamed = engine.stream(prompt, max_new_tokens=40)
+        assert "".join(streamed) == plain.text and streamed.result == plain
+        # A stop string inside a drafted run of tokens ends the answer where plain decoding does.
+        stop = plain.text.split()[2]
+        assert engine.generate(prompt, max_new_tokens=40, stop=[stop]) == (
+            Engine(engine.model, engine.tokenizer, method="none").generate(
+                prompt, max_new_tokens=40, stop=[stop]
+            )
+        )
+    finally:
+        engine.prompt_lookup_tokens = 0
+
+
+def test_drafting_is_for_one_greedy_unmodified_answer(tiny_engine):
+    prompt = PROMPTS[0]
+    tiny_engine.prompt_lookup_tokens = 10
+    try:
+        # Sampled, batched, with log-probabilities or under a hooked method: decoded as before.
+        for settings in ({"temperature": 0.7, "seed": 1}, {"logprobs": 2}, {"method": "mspoe"}):
+            tiny_engine.prompt_lookup_tokens = 10
+            drafted = tiny_engine.generate(prompt, max_new_tokens=6, **settings)
+            tiny_engine.prompt_lookup_tokens = 0
+            assert drafted == tiny_engine.generate(prompt, max_new_tokens=6, **settings)
+        tiny_engine.prompt_lookup_tokens = 10
+        batch = tiny_engine.generate_batch(PROMPTS, max_new_tokens=6)
+        assert batch == [tiny_engine.generate(p, max_new_tokens=6) for p in PROMPTS]
+    finally:
+        tiny_engine.prompt_lookup_tokens = 0
