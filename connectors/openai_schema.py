@@ -257,6 +257,21 @@ class CompletionRequest(_CompletionParams):
         return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
 
 
+def openapi_bodies() -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Each endpoint's OpenAPI `requestBody`, and the schemas they refer to (for the document's
+    components): the routes read their bodies themselves (strictly, with their own errors), so
+    FastAPI does not know them, and /openapi.json would describe no body to clients and fuzzers."""
+    bodies, components = {}, {}
+    for path, model in (
+        ("/v1/chat/completions", ChatCompletionRequest),
+        ("/v1/completions", CompletionRequest),
+    ):
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(schema.pop("$defs", {}))
+        bodies[path] = {"required": True, "content": {"application/json": {"schema": schema}}}
+    return bodies, components
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 

@@ -227,6 +227,18 @@ def create_app(
         ),
     )
     started = int(time.time())
+    bodies, body_schemas = schema.openapi_bodies()
+    described = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        """FastAPI's document (made once), with the schemas of the bodies the routes read themselves."""
+        fresh = app.openapi_schema is None
+        document = described()
+        if fresh:
+            document.setdefault("components", {}).setdefault("schemas", {}).update(body_schemas)
+        return document
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, exc: ApiError) -> JSONResponse:
@@ -399,7 +411,11 @@ def create_app(
         ]
         return {"object": "list", "data": data}
 
-    @app.post("/v1/chat/completions", response_model=None)
+    @app.post(
+        "/v1/chat/completions",
+        response_model=None,
+        openapi_extra={"requestBody": bodies["/v1/chat/completions"]},
+    )
     async def chat_completions(request: Request) -> Any:
         body = await read_body(request, schema.ChatCompletionRequest)
         options = {**settings(body, raw=False), **constraints(body)}
@@ -462,7 +478,9 @@ def create_app(
 
         return sse(events)
 
-    @app.post("/v1/completions", response_model=None)
+    @app.post(
+        "/v1/completions", response_model=None, openapi_extra={"requestBody": bodies["/v1/completions"]}
+    )
     async def completions(request: Request) -> Any:
         body = await read_body(request, schema.CompletionRequest)
         options = settings(body, raw=True)

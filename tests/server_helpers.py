@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 
@@ -91,3 +92,45 @@ def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
 def sse_events(text: str) -> list[dict[str, Any]]:
     """The JSON events of a server-sent event stream's body (the closing `[DONE]` left out)."""
     return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+
+
+@contextlib.contextmanager
+def serve_process(log: Path, *options: str, start_timeout_s: float = 120) -> Iterator[str]:
+    """`rag-mspoe serve OPTIONS` as a real process on a free loopback port, its log in `log`;
+    yields its URL, and stops it on exit."""
+    import os
+    import subprocess
+    import sys
+
+    import httpx
+
+    port = free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "rag_mspoe.cli",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *options,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    url = f"http://127.0.0.1:{port}"
+    with open(log, "w") as written:
+        process = subprocess.Popen(command, stdout=written, stderr=subprocess.STDOUT, env=env)
+        try:
+            deadline = time.monotonic() + start_timeout_s
+            while True:
+                try:
+                    httpx.get(f"{url}/health", timeout=2).raise_for_status()
+                    break
+                except httpx.HTTPError:
+                    assert process.poll() is None, log.read_text()[-3000:]
+                    assert time.monotonic() < deadline, "the server did not start"
+                    time.sleep(0.3)
+            yield url
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
