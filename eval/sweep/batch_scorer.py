@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rag_mspoe.attention.invariant_reorder import InvariantReorder
+from rag_mspoe.attention.pine import Pine
 from rag_mspoe.attention.reorder import CalibratedReorder, DocumentReordering, documents_read, moved_slot
 from rag_mspoe.eval.data import prompts
 from rag_mspoe.eval.data.records import KVExample, with_gold_at
@@ -56,9 +57,12 @@ def arranged_example(
     return arranged, indices.index(position)
 
 
-def prompt_of(example: Example) -> list[dict[str, Any]]:
-    """The example's prompt: one user message that says where its documents are."""
-    return prompts.prompt_message(example)
+def prompt_of(example: Example, method: ResolvedMethod | None = None) -> list[dict[str, Any]]:
+    """The example's prompt under `method`: one user message that says where its documents are.
+    PINE reads the documents as a set: each is told so that it reads the same wherever it stands
+    (`prompts.qa_prompt_with_spans`), or the gold's number would tell PINE where the gold is."""
+    order_free = method is not None and isinstance(method.method, Pine)
+    return prompts.prompt_message(example, order_free=order_free)
 
 
 def reorders_documents(method: ResolvedMethod) -> bool:
@@ -125,7 +129,7 @@ class BatchScorer:
             arranged_example(method, self.examples[index], position, self.config.seed)
             for position, index in batch.items
         ]
-        texts = [prompt_of(example) for example, _ in arranged]
+        texts = [prompt_of(example, method) for example, _ in arranged]
         records: list[dict[str, Any]] = [
             {
                 "method": method.name,
