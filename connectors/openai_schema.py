@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from rag_mspoe.connectors.settings import read_order
 from rag_mspoe.engine import GenerationResult
+from rag_mspoe.engine.engine_types import MIN_SAMPLING_TEMPERATURE
 from rag_mspoe.engine.token_logprobs import (
     MAX_TOP_LOGPROBS,
     TokenLogprob,
@@ -111,11 +112,6 @@ class ChatMessage(_Request):
 
 class StreamOptions(_Request):
     include_usage: bool = False
-
-
-# Below this temperature sampling is greedy decoding in all but name: two tokens whose logits
-# differ by 1e-3 are drawn 1 : e^100 apart.
-MIN_SAMPLING_TEMPERATURE = 1e-5
 
 
 class _CompletionParams(_Request):

@@ -88,13 +88,14 @@ def _through_llamaindex(
     from llama_index.core.instrumentation.event_handlers import BaseEventHandler
     from llama_index.core.instrumentation.events.llm import LLMChatEndEvent, LLMCompletionEndEvent
     from llama_index.core.postprocessor import LongContextReorder
+    from llama_index.core.postprocessor.types import BaseNodePostprocessor
     from llama_index.core.query_engine import RetrieverQueryEngine
 
     from rag_mspoe.connectors.llamaindex import RagMsPoE
     from rag_mspoe.connectors.llamaindex_retriever import LlamaIndexRetriever
 
     llm = RagMsPoE(engine=engine, method=_llm_method(method), max_tokens=max_tokens)
-    postprocessors = [LongContextReorder()] if method.order == "reorder" else []
+    postprocessors: list[BaseNodePostprocessor] = [LongContextReorder()] if method.order == "reorder" else []
     query_engine = RetrieverQueryEngine.from_args(
         LlamaIndexRetriever(index, k=k), llm=llm, node_postprocessors=postprocessors
     )

@@ -218,7 +218,15 @@ class ChunkIndex:
                         "is damaged. Restore the file, or rebuild the index into a new folder "
                         "(--index NEW_FOLDER)."
                     )
-            index._faiss = faiss.read_index(str(folder / index._file("vectors")))
+            vectors = folder / index._file("vectors")
+            try:
+                index._faiss = faiss.read_index(str(vectors))
+            except RuntimeError as exc:  # faiss's own C++ message: a truncated or foreign file
+                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "unreadable"
+                raise IndexFolderError(
+                    f"{vectors} cannot be read ({reason}): the index is damaged. Restore the file, or "
+                    "rebuild the index into a new folder (--index NEW_FOLDER)."
+                ) from None
             index._configure_search()
             index._chunks = _read_chunks(folder / index._file("chunks"))
         found = {META_FILE: index._meta.count}

@@ -364,3 +364,8 @@ def test_embedded_model_answers_and_stops_at_end_of_turn(embedded):
     assert "<|im_end|>" not in result.text
     assert engine.context_window == 8192
     assert engine.name == "smollm2-135m-instruct"
+
+
+def test_a_temperature_too_small_to_sample_with_is_greedy_decoding(tiny_engine):
+    greedy = tiny_engine.generate("Paris is", max_new_tokens=5)
+    assert tiny_engine.generate("Paris is", max_new_tokens=5, temperature=1e-38, seed=3) == greedy

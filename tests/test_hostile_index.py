@@ -129,8 +129,16 @@ def test_a_folder_a_killed_run_left_holding_only_its_lock_is_used(tmp_path):
             lambda d: _drop_last_line(d / "chunks-000001.jsonl"),
             "inconsistent: its files hold different numbers of chunks (meta.json 5, chunks-000001.jsonl 4",
         ),
+        (lambda d: _truncate(d / "vectors-000001.faiss"), "vectors-000001.faiss cannot be read ("),
     ],
-    ids=["torn-meta", "foreign-meta", "missing-chunk-store", "bad-chunk-line", "short-chunk-store"],
+    ids=[
+        "torn-meta",
+        "foreign-meta",
+        "missing-chunk-store",
+        "bad-chunk-line",
+        "short-chunk-store",
+        "torn-vectors",
+    ],
 )
 def test_a_damaged_index_names_the_file_and_the_fix(tmp_path, damage, message):
     _, index_dir = _built_index(tmp_path)
@@ -144,6 +152,10 @@ def test_a_damaged_index_names_the_file_and_the_fix(tmp_path, damage, message):
     assert str(index_dir) in result.stderr
     assert "Traceback" not in result.stderr
     assert checksums(tmp_path) == before
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:100])
 
 
 def _replace_line(path: Path, number: int, text: str) -> None:

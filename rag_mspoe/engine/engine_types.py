@@ -71,6 +71,11 @@ class GenerationResult:
     logprobs: tuple[TokenLogprob, ...] | None = None
 
 
+# Below this temperature sampling is greedy decoding in all but name: two tokens whose logits
+# differ by 1e-3 are drawn 1 : e^100 apart.
+MIN_SAMPLING_TEMPERATURE = 1e-5
+
+
 @dataclass(frozen=True)
 class GenerationSettings:
     """Per-call settings, checked once. temperature == 0 means greedy decoding."""
@@ -102,6 +107,9 @@ class GenerationSettings:
             raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}.")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}.")
+        if self.temperature < MIN_SAMPLING_TEMPERATURE:
+            # Sampling that cold is greedy decoding in all but name, and would overflow the softmax.
+            object.__setattr__(self, "temperature", 0.0)
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
         if self.truncate not in ("error", "middle"):
