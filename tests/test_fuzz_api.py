@@ -7,7 +7,6 @@ the number of draws per operation (benchmarks/fuzz.py runs them for as long as i
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import httpx
@@ -17,21 +16,12 @@ pytest.importorskip("fastapi")
 schemathesis = pytest.importorskip("schemathesis")
 
 from eval_run_helpers import save_tiny_chat_model, tiny_chat_model  # noqa: E402
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from fuzz_settings import fuzzed  # noqa: E402
+from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from server_helpers import serve_process  # noqa: E402
 
-EXAMPLES = int(os.environ.get("RAG_MSPOE_FUZZ_EXAMPLES", "150"))
 MAX_TOKENS = 8  # the server's limit: answers stay short, so draws go to the requests
-# CI draws the same cases every run (a failure there is a bug, not luck); benchmarks/fuzz.py sets
-# the number of draws and a new seed each round.
-fuzzed = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize="RAG_MSPOE_FUZZ_EXAMPLES" not in os.environ,
-    database=None,
-    suppress_health_check=list(HealthCheck),
-)
 
 
 def check_answer(status: int, content_type: str, text: str) -> None:

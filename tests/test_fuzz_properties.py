@@ -8,28 +8,17 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from fuzz_settings import fuzzed
+from hypothesis import given
 from hypothesis import strategies as st
 
 from rag_mspoe.methods.method_config import MIN_POSITION_FACTOR
 from rag_mspoe.methods.method_spec import known_names, resolve
 from rag_mspoe.prompts.chat_template import PromptError, as_messages, render
 from rag_mspoe.tools.json_output import check_schema
-
-EXAMPLES = int(os.environ.get("RAG_MSPOE_FUZZ_EXAMPLES", "150"))
-# CI draws the same cases every run (a failure there is a bug, not luck); benchmarks/fuzz.py sets
-# the number of draws and a new seed each round.
-fuzzed = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize="RAG_MSPOE_FUZZ_EXAMPLES" not in os.environ,
-    database=None,
-    suppress_health_check=list(HealthCheck),
-)
 
 # Text of any code point, lone surrogates and NUL included: what JSON's \u escapes can carry.
 ANY_TEXT = st.text(st.characters(codec=None, exclude_categories=()), max_size=40)
