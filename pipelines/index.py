@@ -324,15 +324,19 @@ class ChunkIndex:
         if not self.exists(self.path):
             # Mark the folder as this index's before writing anything else into it.
             self._write_meta({"generation": 0, "count": 0, "documents": {}})
-        previous = [self._file("vectors"), self._file("chunks")] if meta.generation else []
         meta.generation += 1
         if self._faiss is not None:
             atomic_write(self.path / self._file("vectors"), faiss.serialize_index(self._faiss).tobytes())
             lines = "".join(json.dumps(asdict(c), ensure_ascii=False) + "\n" for c in self._chunks)
             atomic_write(self.path / self._file("chunks"), lines.encode("utf-8"))
         self._write_meta({"generation": meta.generation, "count": meta.count, "documents": meta.documents})
-        for name in previous:  # only the files this index wrote: never a user's look-alike
-            (self.path / name).unlink(missing_ok=True)
+        # Every other generation's files go, the ones a killed save left too (the folder holds
+        # only this index's own names: `check_index_folder`, under the writer's lock).
+        current = {self._file("vectors"), self._file("chunks")}
+        for entry in self.path.iterdir():
+            stale = _GENERATION_FILE.match(entry.name) or _TEMPORARY_FILE.match(entry.name)
+            if stale and entry.name not in current:
+                entry.unlink(missing_ok=True)
 
     def _write_meta(self, state: dict[str, Any]) -> None:
         record = {"format": self._meta.format, "settings": asdict(self._meta.settings), **state}

@@ -77,6 +77,13 @@ def test_only_the_current_generation_stays_on_disk(tmp_path):
     index_documents(docs, index_dir, embedder=embedder(), progress=False)
     names = sorted(path.name for path in index_dir.iterdir())
     assert names == [".lock", "chunks-000002.jsonl", "meta.json", "vectors-000002.faiss"]
+    # What a save killed after writing its files, before switching meta.json, left: gone next save.
+    (index_dir / "vectors-000007.faiss").write_bytes(b"half a generation")
+    (index_dir / ".chunks-000003.jsonl.0a1b.tmp").write_text("half a file")
+    write_corpus(docs, {"well.txt": "The well of Tarsk is forty metres deep."})
+    index_documents(docs, index_dir, embedder=embedder(), progress=False)
+    names = sorted(path.name for path in index_dir.iterdir())
+    assert names == [".lock", "chunks-000003.jsonl", "meta.json", "vectors-000003.faiss"]
 
 
 def test_a_failed_save_leaves_the_previous_index_whole(tmp_path, monkeypatch):
