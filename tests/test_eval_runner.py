@@ -83,7 +83,8 @@ def test_a_sweep_runs_the_methods_that_read_documents(tiny, tmp_path, monkeypatc
     for record in records:
         placed = with_gold_at(examples[record["example_id"]], record["position"])
         answer = candidates_of(placed)[1]
-        (expected, _), *_ = engine.score_continuations(prompt_of(placed), [answer], method=record["method"])
+        prompt = prompt_of(placed, resolve(record["method"]))  # PINE reads its documents by content
+        (expected, _), *_ = engine.score_continuations(prompt, [answer], method=record["method"])
         assert record["gold_logprob"] == pytest.approx(expected, abs=1e-4)
     by_method = {m: [r["gold_logprob"] for r in records if r["method"] == m] for m in config.methods}
     assert by_method["pine"] != by_method["none"] != by_method["attention-calibration"]
