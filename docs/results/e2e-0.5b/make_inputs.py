@@ -18,20 +18,28 @@ RESULTS = HERE.parent
 QUESTIONS = 120
 
 
+def jsonl(path: Path | str) -> list[dict]:
+    with gzip.open(path, "rt") as lines:
+        return [json.loads(line) for line in lines]
+
+
 def main(calibration_file: str) -> None:
-    oracle = [json.loads(line) for line in gzip.open(calibration_file, "rt")]
+    oracle = jsonl(calibration_file)
     with open(HERE / "pool.jsonl", "w") as pool:
         for record in oracle:
             gold = record["ctxs"][0]
             pool.write(json.dumps({"title": gold["title"], "text": gold["text"]}) + "\n")
     confirm = RESULTS / "nq20-1.5b-confirm"
-    read = {line.strip() for line in open(confirm / "read-before-ids.txt") if line.strip()[:1].isdigit()}
-    read |= {str(json.loads(line)["id"]) for line in gzip.open(confirm / "validation-20-fresh.jsonl.gz")}
-    validation = [json.loads(line) for line in gzip.open(RESULTS / "nq10-split" / "validation-10.jsonl.gz")]
+    read_text = (confirm / "read-before-ids.txt").read_text()
+    read = {line.strip() for line in read_text.splitlines() if line.strip()[:1].isdigit()}
+    read |= {str(r["id"]) for r in jsonl(confirm / "validation-20-fresh.jsonl.gz")}
+    validation = jsonl(RESULTS / "nq10-split" / "validation-10.jsonl.gz")
     fresh = [r for r in validation if str(r["id"]) not in read][:QUESTIONS]
     with open(HERE / "questions.jsonl", "w") as out:
         for r in fresh:
-            out.write(json.dumps({"id": str(r["id"]), "question": r["question"], "answers": r["answers"]}) + "\n")
+            out.write(
+                json.dumps({"id": str(r["id"]), "question": r["question"], "answers": r["answers"]}) + "\n"
+            )
 
 
 if __name__ == "__main__":

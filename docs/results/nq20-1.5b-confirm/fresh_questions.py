@@ -25,8 +25,13 @@ from pathlib import Path
 RESULTS = Path("docs/results")
 HERE = RESULTS / "nq20-1.5b-confirm"
 VALIDATION = RESULTS / "nq20-1.5b" / "validation-20.jsonl.gz"
-SAME_QUESTIONS = [RESULTS / "nq10-split" / "validation-10.jsonl.gz", RESULTS / "nq5-0.5b" / "validation-5.jsonl.gz"]
+SAME_QUESTIONS = [
+    RESULTS / "nq10-split" / "validation-10.jsonl.gz",
+    RESULTS / "nq5-0.5b" / "validation-5.jsonl.gz",
+]
 DATA_FILES = {VALIDATION, *SAME_QUESTIONS, RESULTS / "nq10-split" / "search-10.jsonl.gz"}
+# Runs started after this protocol was fixed; they choose their questions after these 300.
+LATER_RUNS = {RESULTS / "e2e-0.5b"}
 COUNT = 300
 
 
@@ -44,13 +49,15 @@ def main() -> int:
     validation = lines(VALIDATION)
     ids = [str(r["id"]) for r in validation]
     for other in SAME_QUESTIONS:  # the three validation files hold the same questions, same ids
-        if [(str(r["id"]), r["question"]) for r in lines(other)] != [(i, r["question"]) for i, r in zip(ids, validation)]:
+        if [(str(r["id"]), r["question"]) for r in lines(other)] != [
+            (i, r["question"]) for i, r in zip(ids, validation, strict=True)
+        ]:
             raise SystemExit(f"{other} does not hold the same questions as {VALIDATION}")
     known = set(ids)
 
     read: set[str] = set()
     for path in sorted(RESULTS.rglob("*.jsonl*")):
-        if path in DATA_FILES or HERE in path.parents:
+        if path in DATA_FILES or HERE in path.parents or LATER_RUNS & set(path.parents):
             continue
         for record in lines(path):
             for key in ("example_id", "id"):
@@ -60,19 +67,23 @@ def main() -> int:
     read_list = [i for i in ids if i in read]  # in file order
     fresh = [r for r in validation if str(r["id"]) not in read]
     chosen = fresh[:COUNT]
-    print(f"{len(ids)} validation questions, {len(read_list)} read before, {len(fresh)} fresh, "
-          f"{len(chosen)} chosen (file indices {ids.index(str(chosen[0]['id']))}"
-          f"-{ids.index(str(chosen[-1]['id']))})")
+    print(
+        f"{len(ids)} validation questions, {len(read_list)} read before, {len(fresh)} fresh, "
+        f"{len(chosen)} chosen (file indices {ids.index(str(chosen[0]['id']))}"
+        f"-{ids.index(str(chosen[-1]['id']))})"
+    )
 
     read_text = "".join(f"{i}\n" for i in read_list)
     data_text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in chosen)
     if args.check:
         same_read = (HERE / "read-before-ids.txt").read_text() == read_text
-        same_data = [json.dumps(r, ensure_ascii=False) for r in lines(HERE / "validation-20-fresh.jsonl.gz")] == [
-            json.dumps(r, ensure_ascii=False) for r in chosen
-        ]
-        print(f"read-before-ids.txt {'matches' if same_read else 'DIFFERS'}; "
-              f"validation-20-fresh.jsonl.gz {'matches' if same_data else 'DIFFERS'}")
+        same_data = [
+            json.dumps(r, ensure_ascii=False) for r in lines(HERE / "validation-20-fresh.jsonl.gz")
+        ] == [json.dumps(r, ensure_ascii=False) for r in chosen]
+        print(
+            f"read-before-ids.txt {'matches' if same_read else 'DIFFERS'}; "
+            f"validation-20-fresh.jsonl.gz {'matches' if same_data else 'DIFFERS'}"
+        )
         return 0 if same_read and same_data else 1
     (HERE / "read-before-ids.txt").write_text(read_text)
     with gzip.GzipFile(HERE / "validation-20-fresh.jsonl.gz", "wb", mtime=0) as f:
