@@ -29,7 +29,7 @@ TREE = ROOT / ".mypy_cache" / "package-tree"
 CANARIES = {
     "rag_mspoe.engine": "Engine",
     "rag_mspoe.tools.tool_calls": "ToolCall",
-    "rag_mspoe.connectors.server": "ModelRoutes",
+    "rag_mspoe.connectors.server_models": "ModelRoutes",
     "rag_mspoe.pipelines.index": "ChunkIndex",
     "rag_mspoe.eval.runs.loop": "Evaluation",
 }
