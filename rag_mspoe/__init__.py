@@ -35,12 +35,8 @@ Architectures
     UnsupportedArchitectureError   a model whose architecture is not in ARCHITECTURES
 """
 
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-# First, since importing it installs the finder that keeps the old flat module paths
-# (`rag_mspoe.loading`, ...) importable.
-from rag_mspoe import moved_modules
 from rag_mspoe.attention import AttentionCalibration, Pine, document_spans
 from rag_mspoe.methods import (
     NAMED_METHODS,
@@ -84,11 +80,6 @@ def __getattr__(name: str) -> Any:
         from rag_mspoe.engine.protocol import EngineLike
 
         return EngineLike
-    # `rag_mspoe.loading.load_model` after a bare `import rag_mspoe`, as before the modules moved.
-    if f"rag_mspoe.{name}" in moved_modules.MOVED:
-        module: ModuleType = moved_modules.moved(f"rag_mspoe.{name}")
-        globals()[name] = module  # warned once, as an import would be
-        return module
     raise AttributeError(f"module 'rag_mspoe' has no attribute {name!r}")
 
 

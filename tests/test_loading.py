@@ -9,7 +9,8 @@ import torch
 import transformers
 from tiny_models import fake_gguf_conversion, tiny_model, tiny_tokenizer
 
-from rag_mspoe import ModelLoadError, load_model, loading, model_cache, model_display_name
+from rag_mspoe import ModelLoadError, load_model, model_display_name
+from rag_mspoe.models import loading, model_cache
 from rag_mspoe.models.loading import default_threads
 
 
