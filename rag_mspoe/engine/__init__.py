@@ -90,8 +90,9 @@ class Engine(ScoredGeneratingEngine):
     joined_decoding (attribute): whether `generate_batch` prefills each prompt alone and decodes
     the rows together (`joined_decode`; True on the CPU when not compiled) or prefills one
     left-padded batch.
-    shared_prompt_starts (attribute): whether, decoding joined, the unmodified model prefills a
-    start that a prompt shares with an earlier one of the batch once (default True).
+    shared_prompt_starts (attribute): whether the unmodified model prefills a start it has read
+    before once: a prompt's start shared with an earlier one of a joined batch, and a single
+    answer's start that a calibrated reordering's ranking pass read (default True).
     """
 
 

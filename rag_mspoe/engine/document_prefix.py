@@ -6,11 +6,15 @@ as the unmodified model does. Scoring a prompt under several of them (a sweep, a
 search) then needs those rows once: the cache is kept here, keyed by the tokens, and each method
 runs only the question and the answer on a copy of it. For a 10-document prompt that is ~30 of
 ~1,300 tokens per method.
+
+The unmodified model's answer to a prompt that starts as a kept one does (a calibrated reordering
+that kept its documents' order, or moved one far down) starts from those rows too (`start_of`).
 """
 
 from __future__ import annotations
 
 import copy
+import os
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
@@ -76,6 +80,27 @@ class DocumentPrefixCache:
                 _, (_, dropped) = self._caches.popitem(last=False)
                 self._bytes -= dropped
         return copy.deepcopy(self._caches[key][0])
+
+    def start_of(self, ids: Sequence[int], at_least: int) -> tuple[Any, int] | None:
+        """(cache, length): a copy of the kept rows that share the longest start with `ids`, cut
+        to that start, leaving `ids` at least its last token to read; None when no kept prefix
+        shares `at_least` tokens or the model's cache cannot be cut (a sliding window)."""
+        from transformers.cache_utils import DynamicCache, DynamicLayer
+
+        wanted = tuple(ids[:-1])
+        best, found = 0, None
+        for key in self._caches:
+            length = len(os.path.commonprefix([key, wanted]))
+            if length > best:
+                best, found = length, key
+        if found is None or best < at_least:
+            return None
+        self._caches.move_to_end(found)
+        layers = self._caches[found][0].layers
+        if not all(type(layer) is DynamicLayer for layer in layers):
+            return None
+        kept = [(layer.keys[:, :, :best].clone(), layer.values[:, :, :best].clone()) for layer in layers]
+        return DynamicCache(ddp_cache_data=kept, config=self.model.config), best
 
 
 def _bytes(cache: Any) -> int:

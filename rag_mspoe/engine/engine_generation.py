@@ -25,12 +25,13 @@ from rag_mspoe.engine.engine_types import (
     PromptTooLongError,
     Truncation,
 )
-from rag_mspoe.engine.joined_decode import joinable, prefill_apart
+from rag_mspoe.engine.joined_decode import MIN_SHARED_PREFIX, joinable, prefill_apart
 from rag_mspoe.engine.stopping import GenerationWatch, TextTracker
 from rag_mspoe.engine.text_stream import AsyncTextStream, End, StreamOutlet, TextStream
 from rag_mspoe.engine.token_logprobs import LogprobRecorder
 from rag_mspoe.methods.method_config import method_name
 from rag_mspoe.prompts.chat_template import Prompt
+from rag_mspoe.rope.hooks import cache_argument
 from rag_mspoe.tools.grammar import Grammar, GrammarProcessor, grammar_tokenizer
 
 
@@ -248,7 +249,8 @@ class GeneratingEngine(EngineBase):
             joined = after_prefill is not None or (
                 len(prepared) > 1 and self.joins_prefills(prepared, method)
             )
-            drafted = self._drafts_from_prompt(prepared, config, method, joined)
+            kept = {} if joined else self._kept_start(prepared, method)
+            drafted = not kept and self._drafts_from_prompt(prepared, config, method, joined)
             watch = GenerationWatch(
                 trackers,
                 outlets=outlets,
@@ -263,7 +265,7 @@ class GeneratingEngine(EngineBase):
                 self._seeded(config.seed),
                 torch.inference_mode(),
             ):
-                cache = self._prefilled_apart(prepared, method, cancel, after_prefill) if joined else {}
+                cache = self._prefilled_apart(prepared, method, cancel, after_prefill) if joined else kept
                 self.model.generate(
                     **self._batch(prepared),
                     **cache,
@@ -304,6 +306,23 @@ class GeneratingEngine(EngineBase):
             and config.logprobs is None
             and self._compile_config is None
         )
+
+    def _kept_start(self, prepared: Sequence[_Prepared], method: Any) -> dict[str, Any]:
+        """generate's cache argument for one prompt the unmodified model answers: the rows of its
+        longest start that the model has kept (`document_prefixes`), so that only the rest is
+        prefilled. A calibrated reordering's ranking pass read the prompt through its documents;
+        when the order stays, the answer reads only the question again.
+
+        Prompt-lookup drafting cannot start from a cache (generate's assisted decoding reads the
+        whole prompt again), so a start is taken instead of drafting only where it saves more:
+        half the prompt or more."""
+        if len(prepared) != 1 or method is not None or not self.shared_prompt_starts:
+            return {}
+        if self._compile_config is not None:  # its static cache is allocated by generate
+            return {}
+        ids = prepared[0].ids
+        found = self._document_prefixes.start_of(ids, max(MIN_SHARED_PREFIX, len(ids) // 2))
+        return {} if found is None else cache_argument(found[0])
 
     def joins_prefills(self, prepared: Sequence[_Prepared], method: Any) -> bool:
         """Whether these prompts can be prefilled one at a time and decoded together under `method`

@@ -1,0 +1,82 @@
+"""A calibrated reordering's answer starts from the rows its ranking pass read: when the order stays,
+only the question is read again, and the answer is the one a full prefill gives."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from eval_run_helpers import tiny_chat_model
+
+from rag_mspoe.attention.reorder import CalibratedReorder
+from rag_mspoe.engine import Engine
+from rag_mspoe.eval.data.records import with_gold_at
+from rag_mspoe.eval.data.synthetic import generate_invented_qa
+from rag_mspoe.eval.sweep.batch_scorer import prompt_of
+
+# A margin no ranking reaches: the order always stays. Strength 0 needs no bias estimate.
+KEEPS_ORDER = CalibratedReorder(strength=0.0, min_margin=2.0)
+
+
+@pytest.fixture
+def engine(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAG_MSPOE_CACHE", str(tmp_path / "cache"))
+    return Engine(*tiny_chat_model(), method="none")
+
+
+@pytest.fixture
+def prompt():
+    return prompt_of(with_gold_at(generate_invented_qa(6, 1, seed=3)[0], 2))
+
+
+def tokens_read(engine: Engine, call: Callable[[], Any]) -> tuple[Any, int]:
+    """What `call` returns, and how many tokens the model's forwards read."""
+    count = 0
+    forward = engine.model.forward
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal count
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        count += ids.shape[-1]
+        return forward(*args, **kwargs)
+
+    engine.model.forward = counted
+    try:
+        return call(), count
+    finally:
+        del engine.model.forward
+
+
+def answer(engine: Engine, prompt: Any, shared: bool, **settings: Any) -> tuple[Any, int]:
+    engine.document_prefixes.clear()
+    engine.shared_prompt_starts = shared
+    return tokens_read(engine, lambda: engine.generate(prompt, max_new_tokens=8, **settings))
+
+
+def test_a_kept_order_reads_the_documents_once(engine, prompt):
+    full, full_tokens = answer(engine, prompt, shared=False, method=KEEPS_ORDER)
+    kept, kept_tokens = answer(engine, prompt, shared=True, method=KEEPS_ORDER)
+    assert kept == full
+    assert kept.documents_read == tuple(range(6))
+    ids, spans = engine.document_spans_of(KEEPS_ORDER, prompt)
+    # The ranking pass read the prompt through its documents once; the answer, only what follows.
+    assert full_tokens - kept_tokens >= spans[-1][1] - 1
+
+
+def test_prompt_lookup_never_starts_from_a_kept_cache(engine, prompt):
+    # generate's assisted decoding reads the whole prompt again on top of a given cache, which
+    # would answer from the prompt twice over: a kept start turns drafting off instead.
+    engine.prompt_lookup_tokens = 10
+    drafted, _ = answer(engine, prompt, shared=True, method=KEEPS_ORDER)
+    engine.prompt_lookup_tokens = 0
+    plain, _ = answer(engine, prompt, shared=False, method=KEEPS_ORDER)
+    assert drafted == plain
+
+
+def test_a_short_shared_start_is_read_again(engine, prompt):
+    engine.shared_prompt_starts = True
+    ids, spans = engine.document_spans_of(KEEPS_ORDER, prompt)
+    engine.document_prefixes.copy_of(ids[: spans[0][0]])  # only the template before the documents
+    _, read = tokens_read(engine, lambda: engine.generate(prompt, method="none", max_new_tokens=1))
+    assert read == engine.count_tokens(prompt)
