@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rag_mspoe.calibrated.measured_losses import warn_measured_loss
 from rag_mspoe.pipelines.packing import PackedPrompt, pack, prompt_budget
 from rag_mspoe.pipelines.retrieval import DEFAULT_TOP_K, RetrievedChunk, Retriever
 
@@ -139,7 +140,10 @@ def pack_for_engine(
     reorder: bool = False,
     cite: bool = True,
 ) -> PackedPrompt:
-    """Pack under the engine's context window, leaving room for `max_new_tokens`."""
+    """Pack under the engine's context window, leaving room for `max_new_tokens`. LongContextReorder
+    (`reorder`) is warned about once where it was measured to lose on the engine's model."""
+    if reorder:
+        warn_measured_loss(engine.name, "longcontextreorder")
     return pack(
         question,
         retrieved,

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self, cast
 import torch
 
 from rag_mspoe.attention.spans import Span, document_spans
+from rag_mspoe.calibrated.measured_losses import warn_measured_loss
 from rag_mspoe.engine.document_prefix import DocumentPrefixCache
 from rag_mspoe.engine.engine_types import ENGINE_DEFAULT, CallMethod
 from rag_mspoe.methods.method_config import MethodConfig, method_name
@@ -165,10 +166,11 @@ class EngineBase:
 
     def _resolve_method(self, spec: CallMethod) -> MethodConfig | None:
         """A call's method config: the engine's default for ENGINE_DEFAULT, else the spec's (None:
-        the unmodified model)."""
-        if spec is ENGINE_DEFAULT:
-            return self._method
-        return self.method_config(spec)
+        the unmodified model). A method measured to lose on this model is warned about once."""
+        method = self._method if spec is ENGINE_DEFAULT else self.method_config(spec)
+        if method is not None:
+            warn_measured_loss(self.name, method_name(method))
+        return method
 
     def _render(
         self, prompt: Prompt, raw: bool, prefix: str, tools: Sequence[Mapping[str, Any]] = ()

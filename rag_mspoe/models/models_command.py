@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from rag_mspoe.calibrated import calibrated_config_path, calibrated_method
+from rag_mspoe.calibrated.measured_losses import measured_losses
 from rag_mspoe.models import embedded_models
 
 
@@ -52,6 +53,8 @@ def _list(args: argparse.Namespace) -> int:
         print(f"{model.name}{default}: {model.size / 1e6:,.0f} MB, {status(model)}")
         calibrated = _calibrated_status(model.name)
         print(f"    {model.description}; calibrated method: {calibrated}")
+        for loss in measured_losses(model.name):
+            print(f"    measured to lose: {loss.summary()}")
         print(f"    install: {model.install_command()}")
         if converted(model):  # a folder other tools read as it is
             print(f"    folder: {model.converted_dir()}")
