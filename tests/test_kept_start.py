@@ -3,11 +3,11 @@ only the question is read again, and the answer is the one a full prefill gives.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 from eval_run_helpers import tiny_chat_model
+from forward_counts import counted_forwards
 
 from rag_mspoe.attention.reorder import CalibratedReorder
 from rag_mspoe.engine import Engine
@@ -30,28 +30,11 @@ def prompt():
     return prompt_of(with_gold_at(generate_invented_qa(6, 1, seed=3)[0], 2))
 
 
-def tokens_read(engine: Engine, call: Callable[[], Any]) -> tuple[Any, int]:
-    """What `call` returns, and how many tokens the model's forwards read."""
-    count = 0
-    forward = engine.model.forward
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        nonlocal count
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        count += ids.shape[-1]
-        return forward(*args, **kwargs)
-
-    engine.model.forward = counted
-    try:
-        return call(), count
-    finally:
-        del engine.model.forward
-
-
 def answer(engine: Engine, prompt: Any, shared: bool, **settings: Any) -> tuple[Any, int]:
     engine.document_prefixes.clear()
     engine.shared_prompt_starts = shared
-    return tokens_read(engine, lambda: engine.generate(prompt, max_new_tokens=8, **settings))
+    result, counts = counted_forwards(engine, lambda: engine.generate(prompt, max_new_tokens=8, **settings))
+    return result, counts.tokens
 
 
 def test_a_kept_order_reads_the_documents_once(engine, prompt):
@@ -78,5 +61,5 @@ def test_a_short_shared_start_is_read_again(engine, prompt):
     engine.shared_prompt_starts = True
     ids, spans = engine.document_spans_of(KEEPS_ORDER, prompt)
     engine.document_prefixes.copy_of(ids[: spans[0][0]])  # only the template before the documents
-    _, read = tokens_read(engine, lambda: engine.generate(prompt, method="none", max_new_tokens=1))
-    assert read == engine.count_tokens(prompt)
+    _, counts = counted_forwards(engine, lambda: engine.generate(prompt, method="none", max_new_tokens=1))
+    assert counts.tokens == engine.count_tokens(prompt)

@@ -4,6 +4,7 @@ greedy decoding gives, token for token, in fewer forwards when the answer copies
 from __future__ import annotations
 
 import pytest
+from forward_counts import counted_forwards
 
 from rag_mspoe.engine import Engine
 
@@ -22,33 +23,17 @@ def engine(embedded):
     return Engine(*embedded, method="none")
 
 
-def forwards(engine, call):
-    """What `call` returns, and how many forwards of the model it took."""
-    count = 0
-    forward = engine.model.forward
-
-    def counted(*args, **kwargs):
-        nonlocal count
-        count += 1
-        return forward(*args, **kwargs)
-
-    engine.model.forward = counted
-    try:
-        return call(), count
-    finally:
-        del engine.model.forward
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_drafted_answers_are_the_greedy_answers_in_fewer_forwards(engine, prompt):
     engine.prompt_lookup_tokens = 0
-    plain, plain_forwards = forwards(engine, lambda: engine.generate(prompt, max_new_tokens=40))
+    plain, plain_counts = counted_forwards(engine, lambda: engine.generate(prompt, max_new_tokens=40))
     engine.prompt_lookup_tokens = 10
     try:
-        drafted, drafted_forwards = forwards(engine, lambda: engine.generate(prompt, max_new_tokens=40))
+        drafted, drafted_counts = counted_forwards(engine, lambda: engine.generate(prompt, max_new_tokens=40))
         assert drafted == plain  # text, token counts, finish reason
-        assert drafted_forwards < plain_forwards  # tokens copied from the prompt came several a forward
+        # Tokens copied from the prompt came several a forward.
+        assert drafted_counts.forwards < plain_counts.forwards
         streamed = engine.stream(prompt, max_new_tokens=40)
         assert "".join(streamed) == plain.text and streamed.result == plain
         # A stop string inside a drafted run of tokens ends the answer where plain decoding does.
