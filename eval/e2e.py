@@ -33,6 +33,7 @@ from rag_mspoe.eval.runs.units import Scorer
 from rag_mspoe.eval.scoring.metrics import best_subspan_em, normalize_answer, paired_test
 from rag_mspoe.methods.method_spec import ResolvedMethod, resolve_all
 from rag_mspoe.models.loading import source_name
+from rag_mspoe.pipelines.retrieval import FIRST_STAGES, FirstStage
 
 if TYPE_CHECKING:
     from rag_mspoe.engine.protocol import EngineLike
@@ -61,6 +62,8 @@ class E2EConfig:
     k: int = 10
     max_new_tokens: int = 64
     model: str | None = None
+    # How the retriever finds chunks: dense (embeddings), lexical (BM25) or hybrid (fused).
+    first_stage: FirstStage = "dense"
     seed: int = 0
     # The package's own pipeline, or the chain a user writes (rag_mspoe.eval.e2e_chains).
     through: str = "pipeline"
@@ -70,6 +73,9 @@ class E2EConfig:
         object.__setattr__(self, "methods", tuple(self.methods))
         if self.k < 1:
             raise ValueError(f"k must be at least 1, got {self.k}.")
+        if self.first_stage not in FIRST_STAGES:
+            stages = ", ".join(FIRST_STAGES)
+            raise ValueError(f"first_stage must be one of {stages}, got {self.first_stage!r}.")
         if self.through not in THROUGH:
             raise ValueError(f"through must be one of {', '.join(THROUGH)}, got {self.through!r}.")
 
@@ -115,7 +121,16 @@ class EndToEnd(Evaluation):
     pairing = Pairing(None, ("example_id",), ("choice_correct", "match"))
     key_fields = KEY_FIELDS
     unit_name = "answer"
-    identity_fields = ("questions", "corpus", "k", "max_new_tokens", "model", "seed", "through")
+    identity_fields = (
+        "questions",
+        "corpus",
+        "k",
+        "max_new_tokens",
+        "model",
+        "seed",
+        "through",
+        "first_stage",
+    )
     config: E2EConfig
     methods: Sequence[ResolvedMethod]
     index_dir: Path
@@ -136,6 +151,12 @@ class EndToEnd(Evaluation):
         parser.add_argument("--index", default=None, help="index folder (default: OUT/index)")
         parser.add_argument("--methods", nargs="+", default=["none", "mspoe", "longcontextreorder"])
         parser.add_argument("-k", type=int, default=10, help="chunks retrieved per question")
+        parser.add_argument(
+            "--first-stage",
+            choices=FIRST_STAGES,
+            default="dense",
+            help="how chunks are found: dense (embeddings), lexical (BM25) or hybrid (both, fused by rank)",
+        )
         parser.add_argument("--max-new-tokens", type=int, default=64)
         parser.add_argument(
             "--through",
@@ -155,6 +176,7 @@ class EndToEnd(Evaluation):
             max_new_tokens=args.max_new_tokens,
             model=args.model,
             through=args.through,
+            first_stage=args.first_stage,
         )
         summary = run_e2e(
             config, args.out, index_dir=args.index, **model_load_options(args), progress=not args.no_progress
@@ -175,7 +197,7 @@ class EndToEnd(Evaluation):
         from rag_mspoe.pipelines.retrieval import Retriever
 
         index_documents(list(self.config.corpus), self.index_dir, progress=self.progress)
-        self.index = Retriever.load(self.index_dir)
+        self.index = Retriever.load(self.index_dir, first_stage=self.config.first_stage)
         found = self.index.retrieve_many([q.question for q in self.questions], self.config.k)
         self.retrieved = dict(zip([q.id for q in self.questions], found, strict=True))
 

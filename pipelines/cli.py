@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from rag_mspoe.cli import add_engine_options, engine_options
 from rag_mspoe.pipelines.chunking import DEFAULT_CHUNK_OVERLAP, DEFAULT_CHUNK_SIZE
 from rag_mspoe.pipelines.index import INDEX_KINDS
+from rag_mspoe.pipelines.retrieval import FIRST_STAGES
 
 if TYPE_CHECKING:
     from rag_mspoe.engine.protocol import EngineLike
@@ -193,6 +194,13 @@ def _retrieval_options(parser: argparse.ArgumentParser, default_k: int) -> None:
         default=None,
         help="check that the index was built with this embedding model (default: the index's own)",
     )
+    parser.add_argument(
+        "--first-stage",
+        choices=FIRST_STAGES,
+        default="dense",
+        help="how chunks are found: dense (embeddings, the default), lexical (BM25) or hybrid "
+        "(both, fused by reciprocal rank)",
+    )
 
 
 # -- commands ----------------------------------------------------------------------------------------
@@ -221,7 +229,7 @@ def _index(args: argparse.Namespace) -> int:
 def _search(args: argparse.Namespace) -> int:
     from rag_mspoe.pipelines.retrieval import Retriever
 
-    retriever = Retriever.load(args.index, embedding_model=args.embedding_model)
+    retriever = Retriever.load(args.index, embedding_model=args.embedding_model, first_stage=args.first_stage)
     started = time.perf_counter()
     hits = retriever.retrieve(args.question, args.k)
     seconds = time.perf_counter() - started
@@ -246,7 +254,7 @@ def _ask(args: argparse.Namespace) -> int:
     # lacks before loading anything heavy.
     parse_method(args.method, source_name(args.model))
     load_options = engine_options(args)
-    retriever = Retriever.load(args.index, embedding_model=args.embedding_model)
+    retriever = Retriever.load(args.index, embedding_model=args.embedding_model, first_stage=args.first_stage)
     engine = Engine.load(args.model, **load_options)
     answer = answer_question(
         args.question,

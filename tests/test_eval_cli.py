@@ -120,6 +120,19 @@ def test_e2e_command_records_retrieval_rank_and_prompt_position(model_dir, tmp_p
     assert (run / "table.md").read_text().startswith("Accuracy")
 
 
+def test_e2e_retrieves_with_the_first_stage_asked_and_resumes_only_with_it(model_dir, tmp_path, capsys):
+    corpus, questions_file, questions = write_e2e_inputs(tmp_path, questions=2, documents=3, seed=8)
+    run = tmp_path / "run"
+    command = ["e2e", str(questions_file), str(corpus), "--out", str(run), "--model", str(model_dir)]
+    command += ["-k", "3", "--methods", "none", "--max-new-tokens", "4", "--no-progress"]
+    assert main([*command, "--first-stage", "hybrid"]) == 0
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["e2e"]["first_stage"] == "hybrid"
+    assert len(read_records(run / "results.jsonl")) == len(questions)
+    assert main([*command, "--first-stage", "lexical"]) != 0
+    assert "other settings (first_stage: 'hybrid' there, 'lexical' now)" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("chain", ["langchain", "llamaindex"])
 def test_e2e_through_the_chains_users_write(model_dir, tmp_path, chain):
     corpus, questions_file, questions = write_e2e_inputs(tmp_path, questions=3, documents=3, seed=7)
