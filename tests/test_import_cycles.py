@@ -2,16 +2,13 @@
 
 Every `import` and `from ... import` statement of every module is read with `ast`, at module
 level and inside functions alike (an import inside a function closes a cycle as surely, only
-later), under the names the modules are installed by: pyproject's package-dir maps connectors/,
-pipelines/ and eval/ into rag_mspoe.connectors, rag_mspoe.pipelines and rag_mspoe.eval.
-Imports under `if TYPE_CHECKING:` never run and are left out.
+later). Imports under `if TYPE_CHECKING:` never run and are left out.
 """
 
 from __future__ import annotations
 
 import ast
 import itertools
-import tomllib
 from collections import deque
 from pathlib import Path
 
@@ -20,16 +17,14 @@ ROOT = Path(__file__).resolve().parents[1]
 Graph = dict[str, dict[str, int]]  # module -> {module it imports: line of the first such import}
 
 
-def package_modules(root: Path) -> dict[str, Path]:
-    """Each module's installed name and its file, from the package-dir table of pyproject.toml."""
-    table = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+def package_modules(package: Path) -> dict[str, Path]:
+    """Each module of the package in the folder `package`: its dotted name and its file."""
     modules = {}
-    for package, folder in table.items():
-        for path in sorted((root / folder).rglob("*.py")):
-            parts = path.relative_to(root / folder).with_suffix("").parts
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            modules[".".join((package, *parts))] = path
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(parts)] = path
     return modules
 
 
@@ -72,8 +67,8 @@ def _owning_module(name: str, modules: dict[str, Path]) -> str | None:
     return name or None
 
 
-def import_graph(root: Path) -> Graph:
-    modules = package_modules(root)
+def import_graph(package: Path) -> Graph:
+    modules = package_modules(package)
     graph: Graph = {}
     for module, path in modules.items():
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
@@ -136,8 +131,8 @@ def describe(cycle: list[str], graph: Graph) -> str:
 
 
 def test_the_package_imports_without_cycles():
-    graph = import_graph(ROOT)
-    # Read under the installed names (eval/ is rag_mspoe.eval), function-level imports too.
+    graph = import_graph(ROOT / "rag_mspoe")
+    # Function-level imports count too.
     assert "rag_mspoe.eval.runs.ray_backend" in graph["rag_mspoe.eval.runs.loop"]
     assert "rag_mspoe.eval.runs.manifest" in graph["rag_mspoe.eval.runs.ray_backend"]  # in Worker
     cycles = [describe(cycle, graph) for cycle in find_cycles(graph)]
@@ -150,22 +145,19 @@ def test_the_package_imports_without_cycles():
 
 
 def test_a_cycle_through_an_import_inside_a_function_is_found_and_named(tmp_path):
-    (tmp_path / "pyproject.toml").write_text(
-        '[tool.setuptools]\npackage-dir = { "pkg" = "pkg", "pkg.sub" = "sub" }\n'
-    )
     files = {
         "pkg/__init__.py": "",
         "pkg/a.py": "import os\nfrom pkg.sub import b\n",
         "pkg/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import d\n",
         "pkg/d.py": "import pkg.c\n",
-        "sub/__init__.py": "",
-        "sub/b.py": "def late():\n    from .. import a\n",
+        "pkg/sub/__init__.py": "",
+        "pkg/sub/b.py": "def late():\n    from .. import a\n",
     }
     for name, text in files.items():
-        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
 
-    graph = import_graph(tmp_path)
+    graph = import_graph(tmp_path / "pkg")
 
     assert graph["pkg.sub.b"] == {"pkg.a": 2}  # a relative import, inside a function
     assert graph["pkg.c"] == {}  # for the type checker only
