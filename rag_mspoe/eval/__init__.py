@@ -37,6 +37,8 @@ its own plan, scorer, report, pairing (for `compare`) and command, registered by
     harness.py           lm-evaluation-harness tasks on a rescaled model (kind "harness")
     perplexity.py        perplexity against context length (kind "perplexity")
     e2e.py               questions through the real RAG pipeline (kind "e2e")
+    settings_search/     `rag-mspoe calibrate`: searches a method's settings for one model with
+                         sweeps (layer factors, a static Ms-PoE head order, hidden dimensions)
 """
 
 # Every evaluation kind registers itself (`runs.loop.Evaluation.registry`) when its module is
