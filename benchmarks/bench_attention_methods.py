@@ -27,7 +27,7 @@ import torch
 from rag_mspoe import load_model, rescaled
 from rag_mspoe.attention import AttentionCalibration, Pine, document_spans, estimate_positional_bias
 from rag_mspoe.attention.spans import prompt_with_spans
-from rag_mspoe.pipelines.packing import render_qa_prompt
+from rag_mspoe.prompts.qa_prompt import render_qa_prompt
 
 METHODS = ["none", "attention-calibration", "pine"]
 # Words the synthetic documents are made of; each document takes its own sequence of them.

@@ -162,7 +162,7 @@ def test_the_reference_bias_is_estimated_once_per_layout_and_then_used(tmp_path,
 
     from rag_mspoe.attention import bias_cache_path, estimate_positional_bias, prompt_with_spans
     from rag_mspoe.models import embedded_models
-    from rag_mspoe.pipelines.packing import render_qa_prompt
+    from rag_mspoe.prompts.qa_prompt import render_qa_prompt
 
     tokenizer = AutoTokenizer.from_pretrained(embedded_models.prepare("smollm2-135m-instruct"))
     monkeypatch.setenv("RAG_MSPOE_CACHE", str(tmp_path))

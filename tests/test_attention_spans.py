@@ -8,8 +8,8 @@ from attention_helpers import unnumbered_documents_prompt
 from rag_mspoe.attention import DocumentSpans, char_to_token_spans, prompt_with_spans
 from rag_mspoe.eval.data.prompts import qa_prompt, qa_prompt_with_spans
 from rag_mspoe.eval.data.records import Document, QAExample
-from rag_mspoe.pipelines.packing import format_document, render_qa_prompt
 from rag_mspoe.prompts.chat_template import render
+from rag_mspoe.prompts.qa_prompt import format_document, render_qa_prompt
 
 TOKENIZERS = ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"]
 DOCUMENTS = [

@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-from rag_mspoe.calibration.bezier_ga import BezierGA, GASettings, crossover, individual_key, mutate
-from rag_mspoe.calibration.fitness import FitnessWeights
-from rag_mspoe.calibration.optimizers import make_optimizer
+from rag_mspoe.eval.settings_search.bezier_ga import BezierGA, GASettings, crossover, individual_key, mutate
+from rag_mspoe.eval.settings_search.fitness import FitnessWeights
+from rag_mspoe.eval.settings_search.optimizers import make_optimizer
 from rag_mspoe.rope.bezier import bezier_layer_factors
 
 LAYERS = 30

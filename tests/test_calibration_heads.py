@@ -7,8 +7,8 @@ import torch
 from tiny_models import prompt_ids, tiny_model
 
 from rag_mspoe import MsPoE, head_ratios, rescaled
-from rag_mspoe.calibration.heads import calibrate_head_order
 from rag_mspoe.engine import Engine
+from rag_mspoe.eval.settings_search.heads import calibrate_head_order
 
 
 class _IdsTokenizer:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rag_mspoe import HiddenScale
-from rag_mspoe.calibration.hidden_dims import (
+from rag_mspoe.eval.settings_search.hidden_dims import (
     DimensionSearchSettings,
     candidate_dimensions,
     monotone_layer_counts,

@@ -9,11 +9,11 @@ import pytest
 from eval_run_helpers import tiny_chat_model
 
 from rag_mspoe.attention.reorder import CalibratedReorder, moved_slot
-from rag_mspoe.calibration.ranking import RECORDS_FILE, layer_bands, study
 from rag_mspoe.engine import Engine
 from rag_mspoe.eval.data.records import with_gold_at
 from rag_mspoe.eval.data.synthetic import generate_invented_qa
 from rag_mspoe.eval.runs.results import read_records
+from rag_mspoe.eval.settings_search.ranking import RECORDS_FILE, layer_bands, study
 from rag_mspoe.eval.sweep.batch_scorer import prompt_of
 
 
@@ -86,7 +86,7 @@ def test_the_command_writes_the_table_and_a_config_only_for_a_better_ranking(tmp
 def test_a_setting_that_ranks_better_on_the_same_prompts_is_significant():
     import torch
 
-    from rag_mspoe.calibration.ranking import RankingSetting, accuracy_table
+    from rag_mspoe.eval.settings_search.ranking import RankingSetting, accuracy_table
 
     def record(gold, decoy):
         # Layers 0-1 attend to the gold document, layers 2-3 to a decoy.

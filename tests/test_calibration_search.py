@@ -16,7 +16,10 @@ import torch
 from tiny_models import tiny_model
 
 from rag_mspoe import LayerWise, MsPoE, Uniform, load_method, load_model, rescale, unrescale
-from rag_mspoe.calibration.fitness import (
+from rag_mspoe.cli import main
+from rag_mspoe.engine import Engine
+from rag_mspoe.eval.scoring.model_scores import score_forced_choice
+from rag_mspoe.eval.settings_search.fitness import (
     CalibrationSplit,
     FitnessCache,
     FitnessWeights,
@@ -24,9 +27,6 @@ from rag_mspoe.calibration.fitness import (
     evaluate_cached,
     utility,
 )
-from rag_mspoe.cli import main
-from rag_mspoe.engine import Engine
-from rag_mspoe.eval.scoring.model_scores import score_forced_choice
 
 SEARCH = [
     "calibrate", "layers", "--threads", "1", "--documents", "4", "--examples", "3", "--heldout-examples", "1",
@@ -290,7 +290,7 @@ def test_ray_workers_score_as_the_local_engine(tiny_folder):
     pytest.importorskip("ray")
     import ray
 
-    from rag_mspoe.calibration.fitness import RayEvaluator, start_ray_workers
+    from rag_mspoe.eval.settings_search.fitness import RayEvaluator, start_ray_workers
 
     split = CalibrationSplit(num_documents=3, num_examples=1, seed=3)
     methods = [None, Uniform(2.0), LayerWise(control_points=[(0, 2.0), (3, 1.0)])]

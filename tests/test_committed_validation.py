@@ -18,9 +18,9 @@ from rag_mspoe.calibrated.validation import (
     build_validation,
     validation_metrics,
     validation_records,
-    wins,
 )
-from rag_mspoe.pipelines.demo_curve import PLOTS, committed_curve
+from rag_mspoe.eval.demo_curve import PLOTS, committed_curve
+from rag_mspoe.eval.shipping_rule import wins
 
 MODEL = "tiny-shipped"
 LABEL = "keep-first"

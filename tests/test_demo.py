@@ -22,12 +22,12 @@ from rag_mspoe.calibrated.validation import (
     load_validation,
     load_validations,
     validation_path,
-    wins,
 )
 from rag_mspoe.cli import main
+from rag_mspoe.eval.demo_curve import PLOTS, committed_curve, other_counts, summarize_validation
+from rag_mspoe.eval.shipping_rule import wins
 from rag_mspoe.models import embedded_models, model_cache
 from rag_mspoe.pipelines.demo import demo_model
-from rag_mspoe.pipelines.demo_curve import PLOTS, committed_curve, other_counts, summarize_validation
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 QWEN = "qwen2.5-coder-0.5b-instruct"

@@ -12,15 +12,14 @@ import transformers
 from tiny_models import tiny_config, tiny_model, tiny_tokenizer
 
 from rag_mspoe import DeviceError, load_model
-from rag_mspoe.cli import (
+from rag_mspoe.cli import build_parser, main
+from rag_mspoe.models import devices, quantization
+from rag_mspoe.models.command_options import (
     DTYPE_CHOICES,
     QUANTIZE_CHOICES,
-    build_parser,
     engine_options,
-    main,
     model_load_options,
 )
-from rag_mspoe.models import devices, quantization
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ from rag_mspoe.attention import Pine, document_spans
 from rag_mspoe.engine import Engine
 from rag_mspoe.engine.engine_generation import spans_after_cut
 from rag_mspoe.methods.method_spec import parse_method
-from rag_mspoe.pipelines.packing import render_qa_prompt
 from rag_mspoe.prompts.chat_template import render
 from rag_mspoe.prompts.document_prompts import (
     MissingDocumentSpans,
@@ -25,6 +24,7 @@ from rag_mspoe.prompts.document_prompts import (
     lines_with_spans,
     render_with_spans,
 )
+from rag_mspoe.prompts.qa_prompt import render_qa_prompt
 
 DOCUMENTS = [
     ("Rivers", "The Danube flows through ten countries before it reaches the Black Sea."),

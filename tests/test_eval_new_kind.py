@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 from eval_run_helpers import save_tiny_chat_model
 
-from rag_mspoe.cli import build_parser, main, model_load_options
+from rag_mspoe.cli import build_parser, main
 from rag_mspoe.eval.runs.loop import Evaluation, Pairing, run_evaluation
 from rag_mspoe.eval.runs.results import RESULTS_FILE, Key, read_records
 from rag_mspoe.eval.runs.units import Scorer
 from rag_mspoe.methods.method_spec import ResolvedMethod, resolve_all
+from rag_mspoe.models.command_options import model_load_options
 from rag_mspoe.models.loading import source_name
 
 

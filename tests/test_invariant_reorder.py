@@ -26,8 +26,8 @@ from rag_mspoe.eval.sweep.plan import SweepConfig
 from rag_mspoe.eval.sweep.run import frozen_examples, run_sweep
 from rag_mspoe.methods.method_config import load_method
 from rag_mspoe.methods.method_spec import parse_method
-from rag_mspoe.pipelines.packing import render_qa_prompt
 from rag_mspoe.prompts.document_prompts import MissingDocumentSpans, document_message, render_with_spans
+from rag_mspoe.prompts.qa_prompt import render_qa_prompt
 from rag_mspoe.rope.rescaling import STATE_ATTR
 
 DOCUMENTS = [

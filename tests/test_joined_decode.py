@@ -12,7 +12,7 @@ from rag_mspoe.engine import Engine
 from rag_mspoe.eval.runs.results import read_records
 from rag_mspoe.eval.sweep.plan import SweepConfig
 from rag_mspoe.eval.sweep.run import run_sweep
-from rag_mspoe.pipelines.packing import render_qa_prompt
+from rag_mspoe.prompts.qa_prompt import render_qa_prompt
 
 DOCUMENTS = [
     ("Rivers", "The Danube flows through ten countries before it reaches the Black Sea."),

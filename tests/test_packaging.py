@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# The four top-level folders, and the folder of shipped calibrated configs.
+# The package, its connectors, pipelines and eval, and the folder of shipped calibrated configs.
 PACKAGES = [
     "rag_mspoe",
     "rag_mspoe.connectors",

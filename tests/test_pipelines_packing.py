@@ -5,15 +5,10 @@ from __future__ import annotations
 import pytest
 
 from rag_mspoe.pipelines.chunking import Chunk
-from rag_mspoe.pipelines.packing import (
-    QA_INSTRUCTION,
-    format_document,
-    long_context_reorder,
-    pack,
-    prompt_budget,
-    render_prompt,
-)
+from rag_mspoe.pipelines.packing import pack, prompt_budget, render_prompt
 from rag_mspoe.pipelines.retrieval import RetrievedChunk
+from rag_mspoe.prompts.document_order import long_context_reorder
+from rag_mspoe.prompts.qa_prompt import QA_INSTRUCTION, format_document
 
 
 @pytest.fixture(scope="module")

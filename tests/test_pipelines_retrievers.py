@@ -7,7 +7,7 @@ import inspect
 import pytest
 from pipelines_helpers import embedder, write_corpus
 
-from rag_mspoe.pipelines import langchain_retriever, llamaindex_retriever
+from rag_mspoe.connectors.retrievers import langchain_retriever, llamaindex_retriever
 from rag_mspoe.pipelines.index import ChunkIndex
 from rag_mspoe.pipelines.indexing import index_documents
 from rag_mspoe.pipelines.retrieval import Retriever

@@ -19,7 +19,7 @@ from rag_mspoe.connectors.langchain import ChatRagMsPoE, RagMsPoELLM
 from rag_mspoe.connectors.llamaindex import RagMsPoE
 from rag_mspoe.engine import GenerationTimeout
 from rag_mspoe.engine.remote_engine import RemoteEngine
-from rag_mspoe.pipelines.packing import render_qa_prompt
+from rag_mspoe.prompts.qa_prompt import render_qa_prompt
 
 TOKENIZER = "smollm2-135m-instruct"  # the tiny engine's tokenizer, by its embedded model's name
 DOCUMENTS = [

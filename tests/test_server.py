@@ -70,7 +70,7 @@ DOCUMENTS = [
 
 @pytest.mark.parametrize("name", ["pine", "attention-calibration"])
 def test_methods_that_read_documents_find_them_in_requests(base_url, client, engine, name):
-    from rag_mspoe.pipelines.packing import render_qa_prompt
+    from rag_mspoe.prompts.qa_prompt import render_qa_prompt
 
     text, spans = render_qa_prompt("What is the capital of France?", DOCUMENTS)
     model = f"{engine.name}+{name}"
@@ -93,7 +93,7 @@ def test_methods_that_read_documents_find_them_in_requests(base_url, client, eng
 
 
 def test_a_reordering_method_says_which_given_document_each_one_read_was(base_url, engine):
-    from rag_mspoe.pipelines.packing import render_qa_prompt
+    from rag_mspoe.prompts.qa_prompt import render_qa_prompt
 
     messages = [{"role": "user", "content": render_qa_prompt("What is the capital of France?", DOCUMENTS)[0]}]
     expected = engine.generate(messages, max_new_tokens=4, method="invariant-reorder").documents_read

@@ -218,7 +218,7 @@ def test_run_streams_batches_equal_settings_only(engine):
 
 @pytest.mark.parametrize("method", ["invariant-reorder", "pine", "attention-calibration"])
 def test_streamed_batches_of_methods_that_read_documents_answer_each_prompt_as_alone(engine, method):
-    from rag_mspoe.pipelines.packing import render_qa_prompt
+    from rag_mspoe.prompts.qa_prompt import render_qa_prompt
 
     documents = [
         ("France", "Paris is the capital of France."),

@@ -16,7 +16,7 @@ from rag_mspoe import load_model
 from rag_mspoe.engine import Engine
 from rag_mspoe.models.quantization import quantization_census, quantization_of, quantize_model
 from rag_mspoe.models.weight_only import KERNEL_ROWS, WeightOnlyLinear
-from rag_mspoe.pipelines.packing import render_qa_prompt
+from rag_mspoe.prompts.qa_prompt import render_qa_prompt
 
 DOCUMENTS = [
     ("Rivers", "The Danube flows through ten countries before it reaches the Black Sea."),

@@ -34,6 +34,7 @@ from rag_mspoe.attention.document_hooks import DocumentAttentionMethod
 from rag_mspoe.attention.spans import document_spans, prompt_with_spans
 from rag_mspoe.methods.method_config import MethodConfig, check_finite, check_layers, number_argument
 from rag_mspoe.models.loading import model_display_name
+from rag_mspoe.prompts.qa_prompt import render_qa_prompt
 from rag_mspoe.rope.rescaling import STATE_ATTR, rescaled
 
 
@@ -130,9 +131,6 @@ def estimate_positional_bias(
     the chat template. save=True adds the layouts to the model's file in the cache (where
     AttentionCalibration(bias="reference") looks), a path writes there, False keeps nothing.
     """
-    # The pipelines package imports every pipeline: loaded only when a bias is estimated.
-    from rag_mspoe.pipelines.packing import render_qa_prompt
-
     counts = [num_documents] if isinstance(num_documents, int) else sorted(set(num_documents))
     if not counts or any(k < 1 for k in counts):
         raise ValueError(f"num_documents must be positive, got {num_documents!r}")

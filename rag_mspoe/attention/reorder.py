@@ -26,12 +26,12 @@ import torch
 
 from rag_mspoe.attention.bias import PositionalBias, bias_cache_path
 from rag_mspoe.methods.method_config import (
-    MethodConfig,
     check_finite,
     check_layers,
     chosen_layers,
     method_name,
 )
+from rag_mspoe.methods.prompt_rewriting import PromptRewriting
 from rag_mspoe.models.loading import model_display_name
 from rag_mspoe.prompts.chat_template import DOCUMENT_SPANS, Prompt, as_messages
 from rag_mspoe.rope.hooks import cache_argument
@@ -44,7 +44,7 @@ Placement = Literal["first", "sorted", "last"]
 _NUMBER = re.compile(r"^Document \[\d+\]")
 
 
-class DocumentReordering(MethodConfig):
+class DocumentReordering(PromptRewriting):
     """What every method that reorders a prompt's documents declares: it needs their spans, it
     rewrites the prompt (the unmodified model reads the result), and `rescale` cannot apply it."""
 
@@ -58,9 +58,6 @@ class DocumentReordering(MethodConfig):
         raise rewrites_not_rescales(method_name(self))
 
     def needs_document_spans(self) -> bool:
-        return True
-
-    def rewrites_prompt(self) -> bool:
         return True
 
 

@@ -8,10 +8,10 @@ unmodified model's and the shipped method's exact match and gold log-likelihood,
 (about 20 kB). `rag-mspoe demo` draws the committed position curve of the first (the headline
 run) with the same statistics as `rag-mspoe report`.
 
-A config's `validated_documents` are the counts where its run shows a win (`wins`); a test
-checks the two agree. The files are made from the run folders by `build_validation` (`python -m
-rag_mspoe.calibrated.validation` rewrites every one); a test rebuilds them from docs/results and
-compares, so the two cannot drift.
+A config's `validated_documents` are the counts where its run shows a win
+(`rag_mspoe.eval.shipping_rule.wins`); a test checks the two agree. The files are made from the
+run folders by `build_validation` (`python -m rag_mspoe.calibrated.validation` rewrites every
+one); a test rebuilds them from docs/results and compares, so the two cannot drift.
 """
 
 from __future__ import annotations
@@ -113,28 +113,6 @@ def load_validation(model_name: str) -> dict[str, Any] | None:
     """The committed headline validation of the config shipped for `model_name`, or None."""
     validations = load_validations(model_name)
     return validations[0] if validations else None
-
-
-def wins(validation: dict[str, Any], significance: float = 0.05) -> bool:
-    """Whether the shipped method won in this validation, by exact match: its worst position above
-    the unmodified model's worst (paired p < `significance`), its average not lower, and no
-    position significantly lower. The rule a config ships by, applied to each document count."""
-    from rag_mspoe.eval.report import summarize
-
-    summary = summarize(
-        validation_records(validation), "match", baseline=BASELINE, method_order=(BASELINE, SHIPPED)
-    )
-    base, shipped = summary["methods"][BASELINE], summary["methods"][SHIPPED]
-    significantly_lower = any(
-        shipped["accuracy"][p] < base["accuracy"][p] and shipped["p_vs_baseline"][p] < significance
-        for p in summary["positions"]
-    )
-    return (
-        shipped["worst"] > base["worst"]
-        and shipped["p_worst_vs_baseline"] < significance
-        and shipped["average"] >= base["average"]
-        and not significantly_lower
-    )
 
 
 def build_validation(repository: Path, run: ValidationRun) -> dict[str, Any]:

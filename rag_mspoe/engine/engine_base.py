@@ -18,6 +18,7 @@ from rag_mspoe.engine.document_prefix import DocumentPrefixCache
 from rag_mspoe.engine.engine_types import ENGINE_DEFAULT, CallMethod
 from rag_mspoe.methods.method_config import MethodConfig, method_name
 from rag_mspoe.methods.method_spec import MethodSpec, parse_method
+from rag_mspoe.methods.prompt_rewriting import PromptRewriting
 from rag_mspoe.methods.validated_documents import warn_outside_validated
 from rag_mspoe.models import loading
 from rag_mspoe.prompts.chat_template import Prompt, render
@@ -239,7 +240,7 @@ class EngineBase:
     ) -> tuple[MethodConfig | None, list[Prompt]]:
         """The prompts a method that rewrites them gives (it may run the model: the lock is taken),
         and the method the model then runs: the unmodified model for such methods."""
-        if method is None or not method.rewrites_prompt():
+        if not isinstance(method, PromptRewriting):
             return method, list(prompts)
         with self._lock:
             # Called from Engine's own calls: `self` is the whole engine the method may run.

@@ -37,12 +37,9 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from rag_mspoe.files import atomic_write
-
-if TYPE_CHECKING:
-    from rag_mspoe.engine.protocol import EngineLike
 
 logger = logging.getLogger(__name__)
 
@@ -196,14 +193,9 @@ class MethodConfig:
         return False
 
     def rewrites_prompt(self) -> bool:
-        """Whether the method works by rewriting the prompt (`rewrite`), after which the model
-        reads the new prompt unmodified. Off unless a method declares it."""
+        """Whether the method works by rewriting the prompt, after which the model reads the new
+        prompt unmodified: the methods derived from `rag_mspoe.methods.prompt_rewriting.PromptRewriting`."""
         return False
-
-    def rewrite(self, engine: EngineLike, prompt: Any, *, raw: bool = False) -> Any:
-        """The prompt the model reads instead of `prompt` (methods that `rewrites_prompt`); called by
-        the engine with its lock held, so it may run the model."""
-        raise NotImplementedError(f"{type(self).__name__} does not rewrite prompts.")
 
     def keeps_rows_through_documents(self) -> bool:
         """Whether every prompt row up to the end of its last document computes exactly as in the

@@ -42,6 +42,7 @@ from rag_mspoe.methods.method_config import (
     method_name,
     number_argument,
 )
+from rag_mspoe.prompts.document_order import long_context_reorder
 
 T = TypeVar("T")
 Order = Literal["given", "reorder", "random"]
@@ -104,9 +105,6 @@ class ResolvedMethod:
 
         Items come best first (the retrieval order a sweep's gold position stands for).
         """
-        # Imported here: the pipelines package imports its whole RAG pipeline on first import.
-        from rag_mspoe.pipelines.packing import long_context_reorder
-
         indices = list(range(len(items)))
         if self.order == "reorder":
             indices = long_context_reorder(indices)

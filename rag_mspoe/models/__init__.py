@@ -5,5 +5,5 @@ embedded_models  the models shipped as packages (SmolLM2-135M, Qwen2.5-Coder-0.5
 model_cache      the converted copies under ~/.cache/rag_mspoe; ModelLoadError
 devices          resolve_device, resolve_dtype, place; DeviceError
 quantization     opt-in int8 weights for CPU inference
-models_command   `rag-mspoe models`
+command_options  the command-line options of every command that loads a model
 """

@@ -8,22 +8,14 @@ chunks at both ends, weakest in the middle) is applied only when asked for.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from rag_mspoe.pipelines.retrieval import RetrievedChunk
-from rag_mspoe.prompts.document_prompts import document_message, lines_with_spans
-
-QA_INSTRUCTION = (
-    "Write a high-quality answer for the given question using only the provided search results "
-    "(some of which might be irrelevant)."
-)
-# Added after the instruction when an answer should say which documents it used.
-CITE_INSTRUCTION = "Cite the search results you use as [Document i]."
-
-T = TypeVar("T")
+from rag_mspoe.prompts.document_order import long_context_reorder
+from rag_mspoe.prompts.document_prompts import document_message
+from rag_mspoe.prompts.qa_prompt import render_qa_prompt
 
 
 @dataclass(frozen=True)
@@ -43,11 +35,6 @@ class PackedPrompt:
         return document_message(self.prompt, self.document_spans)
 
 
-def format_document(number: int, title: str, text: str) -> str:
-    # One document per line, as in the benchmark; line breaks inside a chunk become spaces.
-    return f"Document [{number}](Title: {_one_line(title)}) {_one_line(text)}"
-
-
 def render_prompt(question: str, documents: Sequence[RetrievedChunk], *, cite: bool = False) -> str:
     return render_prompt_with_spans(question, documents, cite=cite)[0]
 
@@ -57,26 +44,6 @@ def render_prompt_with_spans(
 ) -> tuple[str, list[tuple[int, int]]]:
     """The prompt and the character span of each document's line in it."""
     return render_qa_prompt(question, [(item.chunk.title, item.chunk.text) for item in documents], cite=cite)
-
-
-def render_qa_prompt(
-    question: str, documents: Sequence[tuple[str, str]], *, cite: bool = False
-) -> tuple[str, list[tuple[int, int]]]:
-    """The QA prompt over (title, text) documents, and the character span of each document's line."""
-    instruction = f"{QA_INSTRUCTION} {CITE_INSTRUCTION}" if cite else QA_INSTRUCTION
-    lines = [format_document(number, title, body) for number, (title, body) in enumerate(documents, start=1)]
-    text, spans = lines_with_spans(f"{instruction}\n\n", lines)
-    return f"{text}\n\nQuestion: {question.strip()}\nAnswer:", spans
-
-
-def long_context_reorder(items: Sequence[T]) -> list[T]:
-    """Given items best first, put the best ones at both ends and the weakest in the middle.
-
-    The same arrangement as LangChain's and LlamaIndex's LongContextReorder: walking from the
-    weakest item, items go alternately to the front and to the back (5 items: 1 3 5 4 2).
-    """
-    weakest_first = list(items)[::-1]
-    return weakest_first[0::2][::-1] + weakest_first[1::2]
 
 
 def prompt_budget(context_window: int, max_new_tokens: int) -> int:
@@ -135,7 +102,3 @@ def pack(
         reordered=reorder,
         document_spans=spans,
     )
-
-
-def _one_line(text: str) -> str:
-    return re.sub(r"\s+", " ", text).strip()

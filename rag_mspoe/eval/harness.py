@@ -34,12 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from rag_mspoe import MethodConfig, method_name, rescaled
-from rag_mspoe.cli import model_load_options
 from rag_mspoe.eval.method_engines import EngineSet, require_given_order
 from rag_mspoe.eval.runs.loop import Evaluation, Pairing, run_evaluation
 from rag_mspoe.eval.runs.results import Key, read_records
 from rag_mspoe.eval.runs.units import Scorer
 from rag_mspoe.methods.method_spec import ResolvedMethod, resolve, resolve_all
+from rag_mspoe.models.command_options import model_load_options
 from rag_mspoe.models.loading import source_name
 from rag_mspoe.rope.variants import rope_variant
 

@@ -37,6 +37,12 @@ its own plan, scorer, report, pairing (for `compare`) and command, registered by
     harness.py           lm-evaluation-harness tasks on a rescaled model (kind "harness")
     perplexity.py        perplexity against context length (kind "perplexity")
     e2e.py               questions through the real RAG pipeline (kind "e2e")
+    settings_search/     `rag-mspoe calibrate`: searches a method's settings for one model with
+                         sweeps (layer factors, a static Ms-PoE head order, hidden dimensions)
+    shipping_rule.py     the rule a config ships by, applied to its committed validation
+    demo_command.py      `rag-mspoe demo`: the pipelines' demo answers, then its position curves:
+    demo_curve.py        the committed one (the shipped method's validation, no model runs)
+    live_curve.py        and a live one (a small sweep on this machine)
 """
 
 # Every evaluation kind registers itself (`runs.loop.Evaluation.registry`) when its module is

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rag_mspoe.cli import model_load_options
 from rag_mspoe.engine.remote_client import Endpoint
 from rag_mspoe.eval.cli import parse_positions
 from rag_mspoe.eval.method_engines import EngineSet
@@ -33,6 +32,7 @@ from rag_mspoe.eval.sweep.batch_scorer import BatchScorer
 from rag_mspoe.eval.sweep.plan import Batch, Example, SweepConfig, load_examples, plan_batches
 from rag_mspoe.eval.sweep.remote import RemoteEngines, RemoteRun, RemoteTarget, connect
 from rag_mspoe.methods.method_spec import ResolvedMethod, resolve_all
+from rag_mspoe.models.command_options import model_load_options
 from rag_mspoe.models.loading import source_name
 
 EXAMPLES_FILE = "examples.jsonl.gz"

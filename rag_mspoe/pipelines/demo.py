@@ -1,16 +1,11 @@
 """The demo: index the shipped Skerrow Isles corpus, ask questions whose answer sits in the middle
 of the retrieved context, and compare the unmodified model with the method shipped for it; then
-the position curve of the committed validation (`demo_curve`), and on request a live one.
+the position curves of the evaluation (`rag_mspoe.eval.demo_curve` and `rag_mspoe.eval.live_curve`).
 
 The corpus (`demo_corpus/`) describes invented islands, so a model can only answer from the
 retrieved documents. Several documents are about the same things (lighthouses, the instrument
 maker, the tides), so the chunk holding the answer is retrieved, but not first: with k=7 it
 lands at position 3 to 5 of the packed context, where "lost in the middle" bites.
-
-The live position curve is a small gold-position sweep over `demo_questions.jsonl.gz`: 8 NQ-open
-questions (Kwiatkowski et al., 2019, CC BY-SA 3.0) with their gold Wikipedia passage and 9
-retrieved distractors (the lost-in-the-middle format of Liu et al., 2023), from the validation
-half of the project's split, which no method was searched on.
 """
 
 from __future__ import annotations
@@ -22,7 +17,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 from rag_mspoe.pipelines.answer import GenerationEngine, pack_for_engine
 from rag_mspoe.pipelines.packing import PackedPrompt
@@ -31,18 +25,10 @@ from rag_mspoe.pipelines.retrieval import Retriever
 DEMO_METHODS = ("none", "pi", "mspoe", "layerwise")
 DEMO_TOP_K = 10  # a document count the shipped methods were validated at
 DEMO_MAX_NEW_TOKENS = 32
-DEMO_POSITIONS = (0, 4, 9)  # first, middle and last of 10 documents
-CURVE_MAX_NEW_TOKENS = 48  # room for a sentence-long answer
 # Embedded models from the most capable down: the demo runs the first one installed.
 DEMO_MODELS = ("qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct")
 # Where the demo writes when not told: a fresh folder per run, named after the model.
 DEMO_ROOT = "rag-mspoe-demo"
-# A live curve item (an NQ prompt of about 1,200 tokens, up to 48 new tokens and the gold
-# answer's log-likelihood) against one corpus answer of the same method (a prompt of about
-# 1,200 tokens, up to 32 new tokens), for the live curve's expected duration. Measured in one
-# run on the 0.5B, one thread, a busy 2-core machine: 515 s for 2 questions at 3 positions,
-# 2.5 times the 208 s its own corpus answers (12.9 s unmodified, 21.7 s calibrated) add up to.
-CURVE_ITEM_PER_ANSWER = 2.5
 
 
 @dataclass(frozen=True)
@@ -81,10 +67,6 @@ class DemoResult:
 
 def demo_corpus_dir() -> Path:
     return Path(str(resources.files("rag_mspoe.pipelines") / "demo_corpus"))
-
-
-def demo_questions_file() -> Path:
-    return Path(str(resources.files("rag_mspoe.pipelines") / "demo_questions.jsonl.gz"))
 
 
 def demo_model() -> str:
@@ -137,41 +119,6 @@ def demo_folder(out: str | None, model: str) -> Path:
             folder = base.with_name(f"{base.name}-{number}")
     folder.mkdir(parents=True, exist_ok=True)
     return folder
-
-
-def expected_curve_seconds(answers: Sequence[MethodAnswer], questions: int) -> float:
-    """About how long the live curve of `questions` questions takes, from this run's own answers."""
-    by_method: dict[str, list[float]] = {}
-    for answer in answers:
-        by_method.setdefault(answer.method, []).append(answer.seconds)
-    per_item = sum(sum(seconds) / len(seconds) for seconds in by_method.values())
-    return CURVE_ITEM_PER_ANSWER * per_item * questions * len(DEMO_POSITIONS)
-
-
-def run_position_curve(
-    model: Any, tokenizer: Any, methods: Sequence[str], folder: Path, *, questions: int, max_new_tokens: int
-) -> Any:
-    """Sweep the gold passage of `questions` real questions through the first, middle and last of
-    10 documents under each method: greedy answers (exact match) and the gold answer's
-    log-likelihood, with the sweep's table and plot in `folder` (resumed if it exists)."""
-    from rag_mspoe.eval.sweep.plan import SweepConfig
-    from rag_mspoe.eval.sweep.run import run_sweep
-    from rag_mspoe.models.loading import model_display_name
-
-    config = SweepConfig(
-        num_documents=10,
-        positions=DEMO_POSITIONS,
-        methods=tuple(methods),
-        samples=questions,
-        data=str(demo_questions_file()),
-        generator=None,
-        metrics=("loglik", "generate"),
-        max_new_tokens=max_new_tokens,
-        # One question at every position per batch: the bar moves once per question and method.
-        batch_size=len(DEMO_POSITIONS),
-        model=model_display_name(model),
-    )
-    return run_sweep(config, folder, model=model, tokenizer=tokenizer, progress=True)
 
 
 def contains_answer(prediction: str, answers: Sequence[str]) -> bool:

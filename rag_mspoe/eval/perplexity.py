@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rag_mspoe.cli import model_load_options
 from rag_mspoe.eval.method_engines import EngineSet, require_given_order
 from rag_mspoe.eval.report import line_plot
 from rag_mspoe.eval.runs.loop import Evaluation, Pairing, run_evaluation
 from rag_mspoe.eval.runs.results import Key, read_records
 from rag_mspoe.eval.runs.units import Scorer
 from rag_mspoe.methods.method_spec import ResolvedMethod, resolve_all
+from rag_mspoe.models.command_options import model_load_options
 from rag_mspoe.models.loading import source_name
 
 KEY_FIELDS = ("method", "length", "window")

@@ -39,7 +39,7 @@ BASELINE = "none"
 @dataclass(frozen=True)
 class HalvingSettings:
     data: str  # QA examples in the lost-in-the-middle format, searched on (never the validation split)
-    space: str  # a name of rag_mspoe.calibration.spaces.SPACES
+    space: str  # a name of rag_mspoe.eval.settings_search.spaces.SPACES
     num_documents: int = 10
     positions: tuple[int, ...] = (0, 4, 9)
     rungs: tuple[int, ...] = (16, 48, 144)  # new questions per rung
@@ -115,7 +115,7 @@ class HalvingSearch:
         self._check_folder()
 
     def _check_folder(self) -> None:
-        from rag_mspoe.calibration.search import claim_search_folder
+        from rag_mspoe.eval.settings_search.search import claim_search_folder
 
         configs = {label: config.to_dict() for label, config in self.candidates.items()}
         identity = {**asdict(self.settings), "candidates": configs}

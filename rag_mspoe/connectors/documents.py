@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from rag_mspoe.pipelines.packing import format_document
+from rag_mspoe.prompts.qa_prompt import format_document
 
 
 def format_documents(documents: Iterable[Any]) -> str:

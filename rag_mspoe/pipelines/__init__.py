@@ -12,19 +12,15 @@ FAISS, sentence-transformers, LangChain and LlamaIndex are imported only when us
 and LlamaIndex retrievers live with the other adapters, in `rag_mspoe.connectors.retrievers`.
 """
 
-from typing import TYPE_CHECKING, Any
-
 from rag_mspoe.pipelines.answer import Answer, Citation, answer_question, generate_answer, parse_citations
 from rag_mspoe.pipelines.chunking import Chunk, chunk_documents
 from rag_mspoe.pipelines.embedding import DEFAULT_EMBEDDING_MODEL, Embedder
 from rag_mspoe.pipelines.index import ChunkIndex, IndexMismatchError, IndexNotFoundError, IndexSettings
 from rag_mspoe.pipelines.indexing import IndexReport, index_documents
 from rag_mspoe.pipelines.ingest import Document, load_documents
-from rag_mspoe.pipelines.packing import PackedPrompt, long_context_reorder, pack, render_prompt
+from rag_mspoe.pipelines.packing import PackedPrompt, pack, render_prompt
 from rag_mspoe.pipelines.retrieval import RetrievedChunk, Retriever
-
-if TYPE_CHECKING:
-    from rag_mspoe.connectors.retrievers import langchain_retriever, llamaindex_retriever
+from rag_mspoe.prompts.document_order import long_context_reorder
 
 __all__ = [
     "DEFAULT_EMBEDDING_MODEL",
@@ -45,21 +41,9 @@ __all__ = [
     "chunk_documents",
     "generate_answer",
     "index_documents",
-    "langchain_retriever",
-    "llamaindex_retriever",
     "load_documents",
     "long_context_reorder",
     "pack",
     "parse_citations",
     "render_prompt",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    # The retriever factories are read on first use: their module imports these pipelines, so
-    # importing it here, while they load, would be circular.
-    if name in ("langchain_retriever", "llamaindex_retriever"):
-        from rag_mspoe.connectors import retrievers
-
-        return getattr(retrievers, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

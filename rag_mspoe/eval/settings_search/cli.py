@@ -25,10 +25,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rag_mspoe.calibration.bezier_ga import GASettings
-from rag_mspoe.calibration.fitness import METRICS, CalibrationSplit, FitnessWeights
-from rag_mspoe.calibration.optimizers import OPTIMIZERS, CMAESSettings
-from rag_mspoe.cli import add_model_options, model_load_options
+from rag_mspoe.eval.settings_search.bezier_ga import GASettings
+from rag_mspoe.eval.settings_search.fitness import METRICS, CalibrationSplit, FitnessWeights
+from rag_mspoe.eval.settings_search.optimizers import OPTIMIZERS, CMAESSettings
+from rag_mspoe.models.command_options import add_model_options, model_load_options
 
 if TYPE_CHECKING:
     from rag_mspoe.engine.protocol import EngineLike
@@ -213,7 +213,7 @@ def _fit(args: argparse.Namespace, fit: Callable[[EngineLike, CalibrationSplit],
 
 
 def _print_rows(rows: list[dict[str, Any]]) -> None:
-    from rag_mspoe.calibration.report import comparison_markdown
+    from rag_mspoe.eval.settings_search.report import comparison_markdown
 
     print(comparison_markdown(rows), end="")
 
@@ -245,9 +245,9 @@ def _layers(args: argparse.Namespace) -> int:
     scaling paper, Section 3.3) with each optimiser at the same budget of fitness evaluations, then
     compare the picks with none, pi and mspoe on a held-out split.
     """
-    from rag_mspoe.calibration.fitness import LocalEvaluator, RayEvaluator, start_ray_workers
-    from rag_mspoe.calibration.report import write_report
-    from rag_mspoe.calibration.search import LayerSearch, SearchSettings
+    from rag_mspoe.eval.settings_search.fitness import LocalEvaluator, RayEvaluator, start_ray_workers
+    from rag_mspoe.eval.settings_search.report import write_report
+    from rag_mspoe.eval.settings_search.search import LayerSearch, SearchSettings
 
     settings = SearchSettings(
         optimizers=tuple(name.strip() for name in args.optimizers.split(",")),
@@ -310,7 +310,7 @@ def _heads(args: argparse.Namespace) -> int:
     Average Ms-PoE's position-awareness scores over the calibration prompts and freeze the head order,
     so generation skips the per-prompt ranking.
     """
-    from rag_mspoe.calibration.heads import calibrate_head_order
+    from rag_mspoe.eval.settings_search.heads import calibrate_head_order
     from rag_mspoe.methods import MsPoE
 
     def fit(engine: EngineLike, split: CalibrationSplit) -> Any:
@@ -334,7 +334,7 @@ def _heads(args: argparse.Namespace) -> int:
 
 # -- hidden -----------------------------------------------------------------------------------------
 def _hidden_options(parser: argparse.ArgumentParser) -> None:
-    from rag_mspoe.calibration.hidden_dims import DimensionSearchSettings
+    from rag_mspoe.eval.settings_search.hidden_dims import DimensionSearchSettings
 
     _common_options(parser, task="kv", examples=16, heldout=0)
     add_dataclass_options(parser, DimensionSearchSettings, prefix="dim_", title="dimension search")
@@ -346,7 +346,10 @@ def _hidden(args: argparse.Namespace) -> int:
     Find the hidden dimension whose value tracks position, and the factor that lowers the gold answers'
     loss on the calibration split; writes no config if none beats the unmodified model.
     """
-    from rag_mspoe.calibration.hidden_dims import DimensionSearchSettings, search_positional_dimension
+    from rag_mspoe.eval.settings_search.hidden_dims import (
+        DimensionSearchSettings,
+        search_positional_dimension,
+    )
 
     def fit(engine: EngineLike, split: CalibrationSplit) -> Any:
         validation = [(item.prompt, item.gold) for item in split.items()]
@@ -388,7 +391,7 @@ def _real_question_options(parser: argparse.ArgumentParser, what: str) -> None:
 
 
 def _search_options(parser: argparse.ArgumentParser) -> None:
-    from rag_mspoe.calibration.spaces import SPACES
+    from rag_mspoe.eval.settings_search.spaces import SPACES
 
     _real_question_options(parser, "search")
     parser.add_argument("--space", required=True, choices=sorted(SPACES), help="the candidates' method")
@@ -420,8 +423,8 @@ def _search(args: argparse.Namespace) -> int:
     with `rag-mspoe sweep`.
     """
     from rag_mspoe import load_model
-    from rag_mspoe.calibration.halving import HalvingSearch, HalvingSettings
-    from rag_mspoe.calibration.spaces import space_candidates
+    from rag_mspoe.eval.settings_search.halving import HalvingSearch, HalvingSettings
+    from rag_mspoe.eval.settings_search.spaces import space_candidates
 
     settings = HalvingSettings(
         data=str(Path(args.data).resolve()),
@@ -472,7 +475,7 @@ def _ranking(args: argparse.Namespace) -> int:
     (attention.jsonl). Writes rag_mspoe_method.json when a setting beats the default's ranking (paired p
     < 0.05); validate it on other questions with `rag-mspoe sweep`.
     """
-    from rag_mspoe.calibration.ranking import study
+    from rag_mspoe.eval.settings_search.ranking import study
     from rag_mspoe.eval.sweep.plan import SweepConfig, load_examples
 
     positions = [int(p) for p in args.positions.split(",")]
@@ -503,7 +506,7 @@ def _ranking(args: argparse.Namespace) -> int:
 
 # -- outputs of heads and hidden ----------------------------------------------------------------------
 def _write_json(path: Path, data: Any) -> None:
-    from rag_mspoe.calibration.search import write_json
+    from rag_mspoe.eval.settings_search.search import write_json
 
     write_json(path, data)
 
@@ -526,9 +529,9 @@ def _compare(
     """With --heldout-examples: forced choice of the result against the unmodified model."""
     if heldout is None:
         return
-    from rag_mspoe.calibration.fitness import FitnessCache, LocalEvaluator, utility
-    from rag_mspoe.calibration.report import comparison_markdown
-    from rag_mspoe.calibration.search import comparison_rows
+    from rag_mspoe.eval.settings_search.fitness import FitnessCache, LocalEvaluator, utility
+    from rag_mspoe.eval.settings_search.report import comparison_markdown
+    from rag_mspoe.eval.settings_search.search import comparison_rows
 
     weights = FitnessWeights.parse(args.weights)
     rows = comparison_rows(

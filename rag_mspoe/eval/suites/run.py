@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
-from rag_mspoe.cli import model_load_options
 from rag_mspoe.engine.engine_generation import middle_cut, spans_after_cut
 from rag_mspoe.eval.method_engines import EngineSet, require_given_order
 from rag_mspoe.eval.runs.loop import Evaluation, Pairing, run_evaluation
@@ -31,6 +30,7 @@ from rag_mspoe.eval.suites.knowledge import ChoiceExample, Scoring, choice_score
 from rag_mspoe.eval.suites.long_context import LongExample, load_long
 from rag_mspoe.eval.suites.report import position_gains, write_suite_report
 from rag_mspoe.methods.method_spec import ResolvedMethod, resolve_all
+from rag_mspoe.models.command_options import model_load_options
 from rag_mspoe.models.loading import source_name
 from rag_mspoe.prompts.chat_template import Prompt
 from rag_mspoe.prompts.document_prompts import document_message

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rag_mspoe.calibration.fitness import POSITIONS
-from rag_mspoe.calibration.search import OptimizerResult
+from rag_mspoe.eval.settings_search.fitness import POSITIONS
+from rag_mspoe.eval.settings_search.search import OptimizerResult
 
 
 def _pyplot() -> Any:

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rag_mspoe.cli import model_load_options
 from rag_mspoe.eval.data.loaders import read_jsonl
 from rag_mspoe.eval.method_engines import EngineSet, stable_seed
 from rag_mspoe.eval.report import line_plot
@@ -32,6 +31,7 @@ from rag_mspoe.eval.runs.results import Key, read_records
 from rag_mspoe.eval.runs.units import Scorer
 from rag_mspoe.eval.scoring.metrics import best_subspan_em, normalize_answer, paired_test
 from rag_mspoe.methods.method_spec import ResolvedMethod, resolve_all
+from rag_mspoe.models.command_options import model_load_options
 from rag_mspoe.models.loading import source_name
 from rag_mspoe.pipelines.retrieval import FIRST_STAGES, FirstStage
 

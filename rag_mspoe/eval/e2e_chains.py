@@ -61,7 +61,7 @@ def _through_langchain(
 
     from rag_mspoe.connectors.langchain import ChatRagMsPoE
     from rag_mspoe.connectors.langchain_retriever import LangChainRetriever
-    from rag_mspoe.pipelines.packing import long_context_reorder
+    from rag_mspoe.prompts.document_order import long_context_reorder
 
     packed: list[tuple[str, str]] = []
 

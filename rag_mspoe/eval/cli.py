@@ -23,8 +23,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from rag_mspoe.cli import add_model_options
 from rag_mspoe.eval.runs.loop import Evaluation, folder_kind
+from rag_mspoe.models.command_options import add_model_options
 
 
 def register(subparsers: Any) -> None:

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from rag_mspoe.calibration.bezier_ga import BezierGA, GASettings, Individual, Scored, from_json
+from rag_mspoe.eval.settings_search.bezier_ga import BezierGA, GASettings, Individual, Scored, from_json
 
 OPTIMIZERS = ("ga", "cmaes", "random")
 

@@ -8,8 +8,8 @@ import json
 import os
 from typing import Any
 
-from rag_mspoe.cli import add_engine_options, engine_options
 from rag_mspoe.methods import UNMODIFIED_NAMES, MethodConfig, method_name, parse_method
+from rag_mspoe.models.command_options import add_engine_options, engine_options
 from rag_mspoe.models.loading import source_name
 
 API_KEY_ENV = "RAG_MSPOE_API_KEY"

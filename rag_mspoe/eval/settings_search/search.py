@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rag_mspoe.calibration.bezier_ga import GASettings, Individual, from_json, individual_key
-from rag_mspoe.calibration.fitness import (
+from rag_mspoe.eval.settings_search.bezier_ga import GASettings, Individual, from_json, individual_key
+from rag_mspoe.eval.settings_search.fitness import (
     Evaluator,
     FitnessCache,
     FitnessWeights,
@@ -37,7 +37,7 @@ from rag_mspoe.calibration.fitness import (
     evaluate_cached,
     utility,
 )
-from rag_mspoe.calibration.optimizers import OPTIMIZERS, CMAESSettings, Optimizer, make_optimizer
+from rag_mspoe.eval.settings_search.optimizers import OPTIMIZERS, CMAESSettings, Optimizer, make_optimizer
 from rag_mspoe.files import atomic_write, check_output_folder, file_sha256
 from rag_mspoe.methods import NAMED_METHODS, LayerWise, MethodConfig
 

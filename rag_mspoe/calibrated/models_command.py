@@ -1,4 +1,5 @@
-"""`rag-mspoe models`: the embedded models, whether each is installed and how to install it."""
+"""`rag-mspoe models`: the embedded models, whether each is installed and how to install it, and
+the method shipped for each (or measured to lose on it)."""
 
 from __future__ import annotations
 
