@@ -158,8 +158,9 @@ class BatchScorer:
         # A method that rewrites prompts does it once here; the unmodified model then reads them.
         rewrites = method.method is not None and method.method.rewrites_prompt()
         done = self._done_records() if rewrites else []  # read once: other workers may have added some
-        if ranks_documents(method):
-            run_method, read = None, self._reordered(model_engine(engine), method, texts, records, done)
+        ranking = ranking_of(method)
+        if ranking is not None:
+            run_method, read = None, self._reordered(model_engine(engine), ranking, texts, records, done)
         else:
             run_method, read = engine.rewritten(texts, method=method.method)
         todo = list(range(len(records)))
@@ -191,7 +192,7 @@ class BatchScorer:
     def _reordered(
         self,
         engine: EngineLike,
-        method: ResolvedMethod,
+        ranking: RecordedRanking,
         texts: Sequence[Prompt],
         records: list[dict[str, Any]],
         done: Sequence[dict[str, Any]],
@@ -200,8 +201,6 @@ class BatchScorer:
         so recorded for the item, or from a ranking pass recorded now (`rankings`)."""
         keys = {(record["position"], record["example_id"]) for record in records}
         recorded = recorded_rankings(done, self.ranking_labels, keys)
-        ranking = ranking_of(method)
-        assert ranking is not None  # the caller's ranks_documents
         return reordered_prompts(engine, ranking, texts, records, recorded)
 
     def _take_scored(
