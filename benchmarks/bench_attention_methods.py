@@ -25,8 +25,9 @@ import bench_rescale  # a sibling script: the same timing loop
 import torch
 
 from rag_mspoe import load_model, rescaled
-from rag_mspoe.attention import AttentionCalibration, Pine, document_spans, estimate_positional_bias
+from rag_mspoe.attention import document_spans, estimate_positional_bias
 from rag_mspoe.attention.spans import prompt_with_spans
+from rag_mspoe.methods import AttentionCalibration, Pine
 from rag_mspoe.prompts.qa_prompt import render_qa_prompt
 
 METHODS = ["none", "attention-calibration", "pine"]

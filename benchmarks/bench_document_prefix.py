@@ -17,11 +17,11 @@ import time
 import torch
 
 from rag_mspoe import load_model
-from rag_mspoe.attention import AttentionCalibration, Pine
 from rag_mspoe.engine import Engine
 from rag_mspoe.eval.data.loaders import load_qa
 from rag_mspoe.eval.data.records import with_gold_at
 from rag_mspoe.eval.sweep.batch_scorer import prompt_of
+from rag_mspoe.methods import AttentionCalibration, Pine
 
 DATA = "docs/results/nq10-split/search-10.jsonl.gz"
 METHODS = [

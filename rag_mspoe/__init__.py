@@ -37,14 +37,16 @@ Architectures
 
 from typing import TYPE_CHECKING, Any
 
-from rag_mspoe.attention import AttentionCalibration, Pine, document_spans
+from rag_mspoe.attention.spans import document_spans
 from rag_mspoe.methods import (
     NAMED_METHODS,
+    AttentionCalibration,
     Compose,
     HiddenScale,
     LayerWise,
     MethodConfig,
     MsPoE,
+    Pine,
     Uniform,
     load_method,
     method_name,

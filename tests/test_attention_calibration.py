@@ -10,8 +10,8 @@ from attention_helpers import block_prompt, incremental_logits, left_padded, log
 from tiny_models import ARCH_NAMES, tiny_model
 
 from rag_mspoe import parse_method, rescale, rescaled, unrescale
-from rag_mspoe.attention import AttentionCalibration, PositionalBias, document_spans
-from rag_mspoe.methods import Compose, MsPoE, load_method
+from rag_mspoe.attention import PositionalBias, document_spans
+from rag_mspoe.methods import AttentionCalibration, Compose, MsPoE, load_method
 
 
 def _prompt(seed: int = 0, documents: int = 4) -> tuple[list[int], list[tuple[int, int]]]:

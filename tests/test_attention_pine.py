@@ -22,7 +22,8 @@ from attention_helpers import (
 from tiny_models import tiny_model
 
 from rag_mspoe import parse_method, rescale, rescaled
-from rag_mspoe.attention import Pine, document_spans
+from rag_mspoe.attention import document_spans
+from rag_mspoe.methods import Pine
 from rag_mspoe.rope.hooks import cache_argument
 
 FULL_ATTENTION = {"layer_types": ["full_attention"] * 4, "use_sliding_window": False, "sliding_window": None}

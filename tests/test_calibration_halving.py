@@ -7,12 +7,12 @@ import json
 import pytest
 from eval_run_helpers import tiny_chat_model
 
-from rag_mspoe.attention import Pine
 from rag_mspoe.eval.data.loaders import save_jsonl
 from rag_mspoe.eval.data.synthetic import generate_invented_qa
 from rag_mspoe.eval.runs.results import read_records
 from rag_mspoe.eval.settings_search.halving import BASELINE, HalvingSearch, HalvingSettings, standings
 from rag_mspoe.eval.settings_search.spaces import SPACES, space_candidates
+from rag_mspoe.methods import Pine
 from rag_mspoe.methods.method_config import MethodConfig
 from rag_mspoe.rope.uniform import Uniform
 

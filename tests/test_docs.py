@@ -1,5 +1,5 @@
-"""The documentation: the site builds in strict mode, and the Python in README.md and the
-getting-started page runs as written, on the embedded model."""
+"""The documentation: the site builds in strict mode, and the Python in README.md, the
+getting-started page and the page on writing a method runs as written, on the embedded model."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # The pages a newcomer copies code from. Blocks in another language (bash, text, toml) are not run.
-RUNNABLE_PAGES = ["README.md", "docs/getting-started.md"]
+RUNNABLE_PAGES = ["README.md", "docs/getting-started.md", "docs/writing-a-method.md"]
 PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```$", re.S | re.M)
 
 

@@ -12,9 +12,10 @@ import torch
 from eval_run_helpers import embedded_tokenizer, tiny_chat_model
 
 from rag_mspoe import rescaled
-from rag_mspoe.attention import Pine, document_spans
+from rag_mspoe.attention import document_spans
 from rag_mspoe.engine import Engine
 from rag_mspoe.engine.engine_generation import spans_after_cut
+from rag_mspoe.methods import Pine
 from rag_mspoe.methods.method_spec import parse_method
 from rag_mspoe.prompts.chat_template import render
 from rag_mspoe.prompts.document_prompts import (
@@ -202,7 +203,7 @@ def test_the_packers_message_says_where_its_documents_are():
 def test_methods_that_keep_the_documents_rows_share_the_unmodified_prefix(arch, tmp_path, monkeypatch):
     from tiny_models import tiny_model
 
-    from rag_mspoe.attention import AttentionCalibration
+    from rag_mspoe.methods import AttentionCalibration
 
     monkeypatch.setenv("RAG_MSPOE_CACHE", str(tmp_path))
     tokenizer = embedded_tokenizer()
@@ -248,7 +249,7 @@ def test_reordering_moves_document_lines_renumbers_them_and_keeps_the_spans():
 
 
 def test_calibrated_reorder_places_the_top_ranked_document():
-    from rag_mspoe.attention import CalibratedReorder
+    from rag_mspoe.methods import CalibratedReorder
 
     relevance = [0.1, 0.5, 0.2, 0.4]
     assert CalibratedReorder().order(relevance) == [1, 0, 2, 3]
@@ -266,8 +267,8 @@ def test_calibrated_reorder_places_the_top_ranked_document():
 
 
 def test_the_engine_answers_calibrated_reorder_from_the_prompt_it_reorders(engine, tmp_path, monkeypatch):
-    from rag_mspoe.attention import AttentionCalibration, CalibratedReorder
     from rag_mspoe.attention.reorder import reordered_prompt
+    from rag_mspoe.methods import AttentionCalibration, CalibratedReorder
     from rag_mspoe.rope.rescaling import STATE_ATTR
 
     monkeypatch.setenv("RAG_MSPOE_CACHE", str(tmp_path))

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from rag_mspoe import NAMED_METHODS, frozen_head_order, parse_method, rescaled
-from rag_mspoe.attention import AttentionCalibration, Pine, document_spans, prompt_with_spans
+from rag_mspoe.attention import document_spans, prompt_with_spans
 from rag_mspoe.attention.document_hooks import RowDocuments
 from rag_mspoe.attention.pine_hooks import document_blocks
+from rag_mspoe.methods import AttentionCalibration, Pine
 from rag_mspoe.prompts.qa_prompt import render_qa_prompt
 from rag_mspoe.rope.hooks import cache_argument, returned_cache
 

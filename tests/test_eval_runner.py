@@ -133,9 +133,9 @@ def test_a_reordered_prompt_the_unmodified_model_already_read_takes_its_scores(t
 
 def test_calibrated_reorderings_of_one_run_share_their_ranking_pass(tiny, tmp_path, monkeypatch):
     # The second label ranks from the attention the first recorded, and answers as it does alone.
-    from rag_mspoe.attention import CalibratedReorder
     from rag_mspoe.engine import Engine
     from rag_mspoe.eval.sweep.batch_scorer import prompt_of
+    from rag_mspoe.methods import CalibratedReorder
 
     monkeypatch.setenv("RAG_MSPOE_CACHE", str(tmp_path / "cache"))
     variant = CalibratedReorder(place="sorted", layers=[0], strength=0.5)
@@ -189,7 +189,7 @@ def test_a_variant_added_to_a_run_recorded_without_rankings_ranks_once_and_takes
 ):
     # A run from before sweeps recorded the ranking pass: the variant runs the pass itself, then
     # finds its prompts among those the first label scored.
-    from rag_mspoe.attention import CalibratedReorder
+    from rag_mspoe.methods import CalibratedReorder
 
     monkeypatch.setenv("RAG_MSPOE_CACHE", str(tmp_path / "cache"))
     default = CalibratedReorder().save(tmp_path / "default.json")

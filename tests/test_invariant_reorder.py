@@ -15,7 +15,7 @@ from eval_run_helpers import tiny_chat_model
 from tiny_models import tiny_model
 
 from rag_mspoe import rescaled
-from rag_mspoe.attention import AttentionCalibration, InvariantReorder, document_spans
+from rag_mspoe.attention import document_spans
 from rag_mspoe.attention.invariant_reorder import JUDGE_NUMBERED, NO, YES, standardised
 from rag_mspoe.attention.reorder import documents_read, moved_slot, prompt_with_documents
 from rag_mspoe.engine import Engine
@@ -24,6 +24,7 @@ from rag_mspoe.eval.runs.results import read_records
 from rag_mspoe.eval.sweep.batch_scorer import candidates_of, prompt_of
 from rag_mspoe.eval.sweep.plan import SweepConfig
 from rag_mspoe.eval.sweep.run import frozen_examples, run_sweep
+from rag_mspoe.methods import AttentionCalibration, InvariantReorder
 from rag_mspoe.methods.method_config import load_method
 from rag_mspoe.methods.method_spec import parse_method
 from rag_mspoe.prompts.document_prompts import MissingDocumentSpans, document_message, render_with_spans

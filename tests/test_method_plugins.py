@@ -18,6 +18,7 @@ from eval_run_helpers import save_tiny_chat_model
 from rag_mspoe import Compose, LayerWise, MethodConfig, MsPoE, Pine, Uniform
 from rag_mspoe.eval.runs.results import read_records
 from rag_mspoe.methods import HiddenScale
+from rag_mspoe.methods.registry import METHODS
 from rag_mspoe.rope.hooks import ModelHooks
 
 # The whole of a third party's package: one module and the metadata pip would write for a
@@ -151,4 +152,4 @@ def test_composing_methods_with_different_hooks_are_refused_by_name():
         ):
             Compose([Uniform(), Tilt()])
     finally:
-        del MethodConfig.registry["tilt-test"]  # other tests must not meet it
+        del METHODS["tilt-test"]  # other tests must not meet it

@@ -20,6 +20,7 @@ from rag_mspoe.eval.sweep.plan import SweepConfig
 from rag_mspoe.eval.sweep.run import run_sweep
 from rag_mspoe.methods.method_config import NAMED_METHODS, number_argument
 from rag_mspoe.methods.method_spec import parse_method, resolve
+from rag_mspoe.methods.registry import METHODS
 from rag_mspoe.rope.hooks import ModelHooks
 
 
@@ -53,7 +54,7 @@ def toy():
             return True
 
     yield Toy
-    del MethodConfig.registry["toy"]  # other test files must not meet it
+    del METHODS["toy"]  # other test files must not meet it
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +83,7 @@ def test_a_clashing_name_is_refused(toy):
             kind: ClassVar[str] = "clash"
             presets: ClassVar[dict[str, dict[str, Any]]] = {"pi": {}}
 
-    assert "clash" not in MethodConfig.registry
+    assert "clash" not in METHODS
 
 
 def test_rescale_applies_its_hooks_and_the_engine_runs_it(toy, tiny):

@@ -9,7 +9,7 @@ import pytest
 from pipelines_helpers import QUESTIONS, embedder, write_corpus
 
 from rag_mspoe.cli import main
-from rag_mspoe.pipelines import langchain_retriever
+from rag_mspoe.connectors.retrievers import langchain_retriever
 from rag_mspoe.pipelines.index import ChunkIndex
 from rag_mspoe.pipelines.indexing import index_documents
 from rag_mspoe.pipelines.lexical import RRF_K, reciprocal_rank_fusion

@@ -14,11 +14,11 @@ from langchain_core.messages import HumanMessage
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from pydantic import BaseModel
 
-from rag_mspoe.attention import InvariantReorder
 from rag_mspoe.connectors.langchain import ChatRagMsPoE, RagMsPoELLM
 from rag_mspoe.connectors.llamaindex import RagMsPoE
 from rag_mspoe.engine import GenerationTimeout
 from rag_mspoe.engine.remote_engine import RemoteEngine
+from rag_mspoe.methods import InvariantReorder
 from rag_mspoe.prompts.qa_prompt import render_qa_prompt
 
 TOKENIZER = "smollm2-135m-instruct"  # the tiny engine's tokenizer, by its embedded model's name

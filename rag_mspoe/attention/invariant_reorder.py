@@ -54,6 +54,7 @@ from rag_mspoe.rope.rescaling import rescaled
 
 if TYPE_CHECKING:
     from rag_mspoe.engine.protocol import EngineLike
+    from rag_mspoe.methods.document_orders import QuestionLikelihoodOrder
 
 Best = Literal["first", "last"]
 BEST_PLACES: tuple[Best, ...] = ("first", "last")
@@ -185,9 +186,14 @@ class InvariantReorder(DocumentReordering):
                 return yes_over_no(engine, next_token_logprobs(engine.model, cache, ids, end))
             return log_likelihood_after(engine.model, cache, ids, end)
 
-    def ranks_like(self, other: InvariantReorder) -> bool:
-        """Whether the two give every document the same score (their orders may still differ)."""
-        return self.score == other.score and self.layers == other.layers
+    def shares_document_scores(self, other: MethodConfig) -> bool:
+        # The same score and layers score every document alike (the orders may still differ).
+        if not isinstance(other, InvariantReorder):
+            return False
+        return (other.score, other.layers) == (self.score, self.layers)
+
+    def question_likelihood_order(self) -> QuestionLikelihoodOrder | None:
+        return self if self.score == "question" else None
 
     def keeps_given_order(self, scores: list[float], texts: list[str]) -> bool:
         """Whether `first_margin` keeps the documents as given: the first one given is the top-ranked

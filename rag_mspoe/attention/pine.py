@@ -79,3 +79,6 @@ class Pine(DocumentAttentionMethod):
 
     def keeps_rows_through_documents(self) -> bool:
         return not self.bidirectional  # then only the rows after the documents change
+
+    def reads_documents_as_a_set(self) -> bool:
+        return True

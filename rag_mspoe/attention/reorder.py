@@ -39,6 +39,7 @@ from rag_mspoe.rope.rescaling import rescaled
 
 if TYPE_CHECKING:
     from rag_mspoe.engine.protocol import EngineLike
+    from rag_mspoe.methods.document_orders import RecordedRanking
 
 Placement = Literal["first", "sorted", "last"]
 _NUMBER = re.compile(r"^Document \[\d+\]")
@@ -58,6 +59,9 @@ class DocumentReordering(PromptRewriting):
         raise rewrites_not_rescales(method_name(self))
 
     def needs_document_spans(self) -> bool:
+        return True
+
+    def reorders_documents(self) -> bool:
         return True
 
 
@@ -91,6 +95,9 @@ class CalibratedReorder(DocumentReordering):
                 raise ValueError(f"{name} must be 0 or more, got {getattr(self, name)}")
         if self.place not in ("first", "sorted", "last"):
             raise ValueError(f"place must be 'first', 'sorted' or 'last', got {self.place!r}")
+
+    def recorded_ranking(self) -> RecordedRanking:
+        return self  # its ranking pass (`ranking_attention`) is what a sweep records
 
     def rewrite(self, engine: EngineLike, prompt: Prompt, *, raw: bool = False) -> Prompt:
         ids, spans = engine.document_spans_of(self, prompt, raw=raw)
@@ -137,7 +144,7 @@ class CalibratedReorder(DocumentReordering):
 
     def prepare(self, model: Any, tokenizer: Any, spans: Sequence[Sequence[tuple[int, int]] | None]) -> None:
         if self.strength:
-            from rag_mspoe.attention.calibration import ensure_reference_bias
+            from rag_mspoe.attention.attention_calibration import ensure_reference_bias
 
             ensure_reference_bias(model, tokenizer, spans)
 
@@ -181,7 +188,7 @@ def document_attention(
     """[layers, heads, documents]: the attention mass each document gets from the rows after the
     last document, per layer of `layers` and head. `cache` holds the unmodified model's rows through
     the last document (a copy is used up); the model must have no method applied."""
-    from rag_mspoe.attention.calibration import AttentionCalibration
+    from rag_mspoe.attention.attention_calibration import AttentionCalibration
     from rag_mspoe.attention.spans import document_spans
     from rag_mspoe.rope.rescaling import STATE_ATTR
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rag_mspoe.engine.engine_types import CallMethod, GenerationResult, Prefill
 from rag_mspoe.prompts.chat_template import Prompt
@@ -21,7 +21,30 @@ if TYPE_CHECKING:
     from rag_mspoe.methods.method_config import MethodConfig
 
 
-class EngineLike(Protocol):
+class AnswersPrompts(Protocol):
+    """What answering prompts in batches needs of an engine, whether its model runs here (`Engine`)
+    or on a server (`RemoteEngine`)."""
+
+    def generate_batch(
+        self, prompts: Sequence[Prompt], *, cancel: threading.Event | None = None, **settings: Any
+    ) -> list[GenerationResult]: ...
+
+
+@runtime_checkable
+class ScoresWhileGenerating(Protocol):
+    """An engine that scores continuations from the prefill its generation makes (`Engine`); one
+    whose model runs on a server gets its answers without them."""
+
+    def generate_and_score(
+        self,
+        items: Sequence[tuple[Prompt, Sequence[str]]],
+        *,
+        cancel: threading.Event | None = None,
+        **settings: Any,
+    ) -> list[tuple[GenerationResult, list[tuple[float, int]]]]: ...
+
+
+class EngineLike(AnswersPrompts, ScoresWhileGenerating, Protocol):
     """An engine: a model and its tokenizer, a default method, generation and scoring."""
 
     @property
@@ -65,10 +88,6 @@ class EngineLike(Protocol):
     def generate(
         self, prompt: Prompt, *, cancel: threading.Event | None = None, **settings: Any
     ) -> GenerationResult: ...
-
-    def generate_batch(
-        self, prompts: Sequence[Prompt], *, cancel: threading.Event | None = None, **settings: Any
-    ) -> list[GenerationResult]: ...
 
     def score_continuations(
         self,

@@ -13,11 +13,12 @@ The chat template comes from one of two places, recorded as `template`:
 - a local tokenizer of the served model renders every prompt, which goes to /v1/completions as
   text: answers are scored from the server's log-probabilities of the prompt's own tokens (echo),
   exactly the tokens the local engine scores (those after the point where the answer changes the
-  prompt's tokenization), and `invariant-reorder` ranks documents the same way;
+  prompt's tokenization), and a method that reorders documents by their question likelihood
+  (`invariant-reorder`, `MethodConfig.question_likelihood_order`) ranks them the same way;
 - without one, the server's /v1/chat/completions applies its own template: greedy answers only.
 
 A method that hooks the model (RoPE rescaling, attention changes) cannot run on someone else's
-server; `remote_method_problem` says which ones can.
+server; `remote_method_problem` says which ones can, from what each method declares.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from rag_mspoe.attention.invariant_reorder import InvariantReorder
 from rag_mspoe.attention.reorder import document_texts, prompt_with_documents
 from rag_mspoe.engine.engine_generation import with_read_order
 from rag_mspoe.engine.engine_types import (
@@ -48,6 +48,7 @@ from rag_mspoe.engine.remote_client import (
     prompt_logprobs,
 )
 from rag_mspoe.engine.text_stream import AsyncTextStream, End, TextPiece, TextStream
+from rag_mspoe.methods.document_orders import QuestionLikelihoodOrder
 from rag_mspoe.methods.method_config import MethodConfig, method_name
 from rag_mspoe.methods.method_spec import MethodSpec, parse_method
 from rag_mspoe.prompts.chat_template import DOCUMENT_SPANS, Prompt, as_messages, raw_text, render_text
@@ -65,14 +66,16 @@ NEEDS_THE_MODEL = (
 MAX_REMOTE_STOPS = 4
 
 
-def remote_method_problem(method: Any, prompt_scores: bool) -> str | None:
-    """Why a rescaling config cannot run against a remote model (None: it can).
+def remote_method_problem(method: MethodConfig | None, prompt_scores: bool) -> str | None:
+    """Why a rescaling config cannot run against a remote model (None: it can): only a method that
+    reorders documents by their question likelihood (`question_likelihood_order`) can, from the
+    server's log-probabilities of prompt tokens.
 
     prompt_scores: whether the server gives log-probabilities of a prompt's own tokens and a
     local tokenizer renders the prompts."""
     if method is None:
         return None
-    if isinstance(method, InvariantReorder) and method.score == "question":
+    if method.question_likelihood_order() is not None:
         if prompt_scores:
             return None
         return (
@@ -247,8 +250,9 @@ class RemoteEngine:
         config = self._method if method is ENGINE_DEFAULT else self.method_config(method)
         if config is None:
             return None, list(prompts)
-        assert isinstance(config, InvariantReorder)  # what method_config lets through
-        return None, [self._invariant_order(config, prompt, raw) for prompt in prompts]
+        order = config.question_likelihood_order()
+        assert order is not None  # what method_config lets through
+        return None, [self._question_likelihood_order(config, order, prompt, raw) for prompt in prompts]
 
     def score_prompts(
         self, items: Sequence[tuple[Prompt, Sequence[str]]], *, method: Any = None
@@ -436,9 +440,11 @@ class RemoteEngine:
             )
         return sum(value for value in scored if value is not None), count
 
-    def _invariant_order(self, method: InvariantReorder, prompt: Prompt, raw: bool) -> Prompt:
-        """`InvariantReorder.rewrite` with each document's score from the server: the log-likelihood
-        of everything after the document in a prompt that holds it alone."""
+    def _question_likelihood_order(
+        self, method: MethodConfig, order: QuestionLikelihoodOrder, prompt: Prompt, raw: bool
+    ) -> Prompt:
+        """The method's rewriting with each document's score from the server: the log-likelihood of
+        everything after the document in a prompt that holds it alone."""
         if render_with_spans(self.tokenizer, prompt, raw=raw)[1] is None:  # as the local engine refuses it
             raise MissingDocumentSpans.of(method_name(method))
         texts = document_texts(prompt)
@@ -446,7 +452,7 @@ class RemoteEngine:
             return prompt
         singles = [prompt_with_documents(prompt, [k]) for k in range(len(texts))]
         scores = self.client.map(lambda single: self._document_score(single, raw), singles)
-        return method.reordered(prompt, scores, raw=raw)
+        return order.reordered(prompt, scores, raw=raw)
 
     def _document_score(self, single: list[dict[str, Any]], raw: bool) -> float:
         text = raw_text(single[0]["content"]) if raw else self.rendered(single)

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rag_mspoe.methods.method_spec import ResolvedMethod
 from rag_mspoe.rope.variants import rope_variant
+
+if TYPE_CHECKING:
+    from rag_mspoe.engine.protocol import EngineLike
+    from rag_mspoe.engine.remote_engine import RemoteEngine
 
 
 def require_given_order(methods: Sequence[ResolvedMethod], where: str) -> None:
@@ -30,15 +34,18 @@ def stable_seed(*parts: object) -> int:
 
 
 class Engines(Protocol):
-    """Where a run's scorer gets the engine of each method: `EngineSet` here, or a remote one."""
+    """Where a run's scorer gets the engine of each method: `EngineSet` here, or the one engine of a
+    model on a server (`rag_mspoe.eval.sweep.remote.RemoteEngines`)."""
 
-    def engine_for(self, method: ResolvedMethod) -> Any: ...
+    def engine_for(self, method: ResolvedMethod) -> EngineLike | RemoteEngine: ...
 
 
 class EngineSet:
     """The base model, its RoPE variants and an engine over each, built on first use and kept."""
 
-    def __init__(self, model: Any, tokenizer: Any, make_engine: Callable[[Any, Any], Any] | None = None):
+    def __init__(
+        self, model: Any, tokenizer: Any, make_engine: Callable[[Any, Any], EngineLike] | None = None
+    ):
         from rag_mspoe.engine import Engine
 
         self.model = model
@@ -47,14 +54,14 @@ class EngineSet:
         # torch's recompile limit (8 by default) decoding turns eager anyway.
         self._make = make_engine or (lambda m, t: Engine(m, t, method="none", compile=False))
         self._models: dict[tuple[tuple[str, Any], ...], Any] = {(): model}
-        self._engines: dict[tuple[tuple[str, Any], ...], Any] = {}
+        self._engines: dict[tuple[tuple[str, Any], ...], EngineLike] = {}
 
     def model_for(self, method: ResolvedMethod) -> Any:
         if method.rope not in self._models:
             self._models[method.rope] = rope_variant(self.model, method.rope_parameters)
         return self._models[method.rope]
 
-    def engine_for(self, method: ResolvedMethod) -> Any:
+    def engine_for(self, method: ResolvedMethod) -> EngineLike:
         if method.rope not in self._engines:
             self._engines[method.rope] = self._make(self.model_for(method), self.tokenizer)
         return self._engines[method.rope]

@@ -2,7 +2,7 @@
 the rest of the package needs to know about it.
 
 A method is one module: its config (a `MethodConfig` subclass) and the hooks that apply it.
-Defining the subclass registers it, as a PEFT type is registered:
+Defining the subclass registers it (`rag_mspoe.methods.registry`), as a PEFT type is registered:
 
     @dataclass
     class Toy(MethodConfig):
@@ -17,7 +17,8 @@ Defining the subclass registers it, as a PEFT type is registered:
             return cls(strength=number_argument(part, argument))
 
 Everything that reads these declarations (`rescale`, `Compose`, the spec language, the
-evaluation's batching, the server's model list) finds the method here, never in a table of its own.
+evaluation's batching and scoring, the remote engine, the server's model list) asks the config,
+never a table of its own or the config's class (docs/writing-a-method.md lists what it asks).
 
 A method in another package registers through the entry-point group `rag_mspoe.methods`
 (in that package's pyproject.toml: `[project.entry-points."rag_mspoe.methods"] toy = "toy_pkg:Toy"`);
@@ -33,13 +34,16 @@ import math
 import numbers
 import os
 import re
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from rag_mspoe.files import atomic_write
+from rag_mspoe.methods.registry import register, registered_methods
+
+if TYPE_CHECKING:
+    from rag_mspoe.methods.document_orders import QuestionLikelihoodOrder, RecordedRanking
 
 logger = logging.getLogger(__name__)
 
@@ -56,48 +60,6 @@ class AppliedHooks(Protocol):
     def install(self) -> None: ...
 
     def uninstall(self) -> None: ...
-
-
-# Other packages register methods under this entry-point group, each entry naming a MethodConfig
-# subclass (or the module defining one): `[project.entry-points."rag_mspoe.methods"] shift = "pkg:Shift"`.
-PLUGIN_GROUP = "rag_mspoe.methods"
-_plugins_loaded = False
-
-
-def load_plugins() -> None:
-    """Import the methods other installed packages register (once per process). A plugin that fails
-    to import is skipped with a warning naming it, so that one broken package does not stop the rest."""
-    global _plugins_loaded
-    if _plugins_loaded:
-        return
-    _plugins_loaded = True  # first: a plugin's own imports may look methods up
-    from importlib.metadata import entry_points
-
-    for entry in entry_points(group=PLUGIN_GROUP):
-        owner = f"{entry.name} = {entry.value!r}" + (f" (package {entry.dist.name})" if entry.dist else "")
-        try:
-            loaded = entry.load()
-        except Exception as exc:  # any error of a third party's import: reported, not fatal
-            warnings.warn(
-                f"The method plugin {owner} failed to import ({type(exc).__name__}: {exc}); its methods "
-                "are not available. Fix or uninstall that package.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            continue
-        if isinstance(loaded, type) and not (issubclass(loaded, MethodConfig) and loaded.kind):
-            warnings.warn(
-                f"The method plugin {owner} names {loaded.__name__}, which is not a MethodConfig "
-                "subclass with a `kind`; point the entry point at the method's config class.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-
-
-def registered_methods() -> Mapping[str, type[MethodConfig]]:
-    """Every method by kind: the package's own and those installed packages register."""
-    load_plugins()
-    return MethodConfig.registry
 
 
 def _package_version() -> str:
@@ -122,7 +84,8 @@ class MethodConfig:
       composes      Compose may stack it with other composing methods applied by the same hooks
       alone_because why it does not compose (for the error a user sees), when it does not
       once_per_compose  at most one config of this kind in a Compose
-    and may override `reads_last_row` and `needs_document_spans` (batching and prompt needs).
+    and may override the methods below that say what it needs or does (batching, prompts, caches,
+    reordering, remote engines): code elsewhere asks a config these, never which class it is.
     """
 
     kind: ClassVar[str] = ""
@@ -132,7 +95,6 @@ class MethodConfig:
     composes: ClassVar[bool] = False
     alone_because: ClassVar[str] = ""
     once_per_compose: ClassVar[bool] = False
-    registry: ClassVar[dict[str, type[MethodConfig]]] = {}
     # The prompt document counts a held-out validation showed this config to help at (a shipped
     # config's "validated_documents"); None: not recorded. Not a field: it says where the config
     # was measured, not what it does, so equal settings stay equal configs.
@@ -143,23 +105,8 @@ class MethodConfig:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if not cls.kind:
-            return  # a shared base of several methods, not a method
-        # Spec names must say one thing; the kind itself may be defined again (a reloaded module).
-        taken = {
-            name: other.__name__
-            for other in MethodConfig.registry.values()
-            if other.kind != cls.kind
-            for name in (*other.presets, other.argument_name)
-            if name
-        }
-        clashes = sorted(name for name in {*cls.presets, cls.argument_name} if name in taken)
-        if clashes:
-            raise ValueError(
-                f"{cls.__name__} takes the spec name(s) {clashes}, already used by "
-                f"{sorted({taken[n] for n in clashes})}; choose other names."
-            )
-        MethodConfig.registry[cls.kind] = cls
+        if cls.kind:  # without one: a shared base of several methods, not a method
+            register(cls)
 
     # -- what other parts of the package ask a method --------------------------------------------
     @classmethod
@@ -203,6 +150,35 @@ class MethodConfig:
         of those rows may come from the unmodified model, computed once for several such methods
         (`rag_mspoe.engine.document_prefix`). Off unless a method declares it."""
         return False
+
+    def reorders_documents(self) -> bool:
+        """Whether its rewriting reorders (or drops) the prompt's documents, so that the documents
+        the model read, and where each went, are read off the two prompts (evaluation records them).
+        Off unless a method declares it."""
+        return False
+
+    def reads_documents_as_a_set(self) -> bool:
+        """Whether the model, under it, reads the documents as a set, its output independent of
+        their order, so that a prompt should give each document the same text wherever it stands
+        (no place number, which would tell the order). Off unless a method declares it."""
+        return False
+
+    def recorded_ranking(self) -> RecordedRanking | None:
+        """What ranks the documents, when the method reorders them by one ranking pass that a sweep
+        can record with each item and rebuild the prompt from; None for other methods."""
+        return None
+
+    def shares_document_scores(self, other: MethodConfig) -> bool:
+        """Whether `other` reorders by the same per-document scores as this method, which the
+        engine keeps per document, so that rewriting a prompt whose documents this method just
+        scored runs no model. Off unless a method declares it."""
+        return False
+
+    def question_likelihood_order(self) -> QuestionLikelihoodOrder | None:
+        """What orders the documents, when the method reorders them by each one's question
+        log-likelihood read alone: all an engine that offers only prompt log-probabilities needs
+        to run it. None for other methods (a method that changes the model cannot run remotely)."""
+        return None
 
     def prepare(self, model: Any, tokenizer: Any, spans: Sequence[Sequence[tuple[int, int]] | None]) -> None:
         """Make ready, before it is applied, what the method needs to run on prompts with these
@@ -276,9 +252,7 @@ class Compose(MethodConfig):
                 )
         for kind in {m.kind for m in self.methods if m.once_per_compose}:
             if sum(m.kind == kind for m in self.methods) > 1:
-                raise ValueError(
-                    f"Compose accepts at most one {MethodConfig.registry[kind].__name__} method."
-                )
+                raise ValueError(f"Compose accepts at most one {registered_methods()[kind].__name__} method.")
         first = self.methods[0].hooks_class()
         for index, method in enumerate(self.methods[1:], start=1):
             other = method.hooks_class()

@@ -12,14 +12,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from rag_mspoe.engine import MethodSpec
-from rag_mspoe.engine.protocol import EngineLike
+from rag_mspoe.engine.protocol import AnswersPrompts, EngineLike, ScoresWhileGenerating
 from rag_mspoe.eval.data.records import KVExample, QAExample
 from rag_mspoe.eval.scoring.metrics import best_subspan_em, kv_match
 from rag_mspoe.prompts.chat_template import Prompt
 
 
 def score_generation(
-    engine: EngineLike,
+    engine: AnswersPrompts,
     prompts: Sequence[Prompt],
     examples: Sequence[QAExample | KVExample],
     *,
@@ -58,7 +58,11 @@ def score_generation(
             scores: list[Any] = [None] * len(answers)
         else:
             answers_to_score = [[checked_answer(text)] for text in gold[first : first + batch_size]]
-            pairs = engine.generate_and_score(list(zip(texts, answers_to_score, strict=True)), **settings)  # type: ignore[attr-defined]
+            if not isinstance(engine, ScoresWhileGenerating):  # a remote engine's answers come unscored
+                raise TypeError(
+                    f"{type(engine).__name__} does not score answers while generating; pass gold=None."
+                )
+            pairs = engine.generate_and_score(list(zip(texts, answers_to_score, strict=True)), **settings)
             answers, scores = [answer for answer, _ in pairs], [scored for _, scored in pairs]
         for example, answer, scored in zip(batch, answers, scores, strict=True):
             if isinstance(example, QAExample):

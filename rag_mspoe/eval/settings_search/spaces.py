@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
-from rag_mspoe.attention.calibration import AttentionCalibration
+from rag_mspoe.attention.attention_calibration import AttentionCalibration
 from rag_mspoe.attention.invariant_reorder import BEST_PLACES, InvariantReorder
 from rag_mspoe.attention.pine import Pine
 from rag_mspoe.attention.reorder import CalibratedReorder

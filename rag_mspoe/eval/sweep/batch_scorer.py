@@ -7,9 +7,12 @@ gold's probability among the candidates), `gold_logprob` and `gold_tokens`
 (teacher-forced log-likelihood of the gold answer), `match` and `prediction` (greedy answer);
 `same_prompt_as` when the scores are those of an earlier record with the same prompt text
 (`scored_prompts`); under a method that reorders documents, `documents_read` (the index among the
-documents given of each one the model read, in order); under calibrated reordering,
-`ranking_attention` (its ranking pass) or `ranking_from` (the label whose record held it:
-`rankings`).
+documents given of each one the model read, in order); under a reordering by a recorded ranking
+(calibrated reordering), `ranking_attention` (its ranking pass) or `ranking_from` (the label whose
+record held it: `rankings`).
+
+What a label's method needs or does is asked of its config (`MethodConfig`: `reorders_documents`,
+`reads_documents_as_a_set`, `recorded_ranking`, `shares_document_scores`), never which method it is.
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rag_mspoe.attention.invariant_reorder import InvariantReorder
-from rag_mspoe.attention.pine import Pine
-from rag_mspoe.attention.reorder import CalibratedReorder, DocumentReordering, documents_read, moved_slot
+from rag_mspoe.attention.reorder import documents_read, moved_slot
+from rag_mspoe.engine.protocol import ScoresWhileGenerating
+from rag_mspoe.engine.remote_engine import RemoteEngine
 from rag_mspoe.eval.data import prompts
 from rag_mspoe.eval.data.records import KVExample, with_gold_at
 from rag_mspoe.eval.method_engines import Engines, stable_seed
@@ -31,6 +34,7 @@ from rag_mspoe.eval.scoring import model_scores
 from rag_mspoe.eval.sweep.plan import Batch, Example, SweepConfig
 from rag_mspoe.eval.sweep.rankings import (
     other_labels_prompts,
+    ranking_of,
     ranks_documents,
     recorded_rankings,
     reordered_prompts,
@@ -41,6 +45,7 @@ from rag_mspoe.prompts.chat_template import Prompt
 
 if TYPE_CHECKING:
     from rag_mspoe.engine.protocol import EngineLike
+    from rag_mspoe.methods.document_orders import RecordedRanking
 
 
 def arranged_example(
@@ -59,15 +64,23 @@ def arranged_example(
 
 def prompt_of(example: Example, method: ResolvedMethod | None = None) -> list[dict[str, Any]]:
     """The example's prompt under `method`: one user message that says where its documents are.
-    PINE reads the documents as a set: each is told so that it reads the same wherever it stands
-    (`prompts.qa_prompt_with_spans`), or the gold's number would tell PINE where the gold is."""
-    order_free = method is not None and isinstance(method.method, Pine)
+    A method that reads the documents as a set (PINE) is told them so that each reads the same
+    wherever it stands (`prompts.qa_prompt_with_spans`), or the gold's number would tell it where
+    the gold is."""
+    order_free = method is not None and method.method is not None and method.method.reads_documents_as_a_set()
     return prompts.prompt_message(example, order_free=order_free)
 
 
 def reorders_documents(method: ResolvedMethod) -> bool:
     """Whether the label's rewriting reorders (or drops) the prompt's documents."""
-    return isinstance(method.method, DocumentReordering)
+    return method.method is not None and method.method.reorders_documents()
+
+
+def model_engine(engine: EngineLike | RemoteEngine) -> EngineLike:
+    """The engine of a label whose rewriting runs the model itself (a ranking pass), which only a
+    local engine has: a remote one refuses such labels before the run starts."""
+    assert not isinstance(engine, RemoteEngine)
+    return engine
 
 
 def distinct_prompts(
@@ -145,8 +158,9 @@ class BatchScorer:
         # A method that rewrites prompts does it once here; the unmodified model then reads them.
         rewrites = method.method is not None and method.method.rewrites_prompt()
         done = self._done_records() if rewrites else []  # read once: other workers may have added some
-        if ranks_documents(method):
-            run_method, read = None, self._reordered(engine, method, texts, records, done)
+        ranking = ranking_of(method)
+        if ranking is not None:
+            run_method, read = None, self._reordered(model_engine(engine), ranking, texts, records, done)
         else:
             run_method, read = engine.rewritten(texts, method=method.method)
         todo = list(range(len(records)))
@@ -178,21 +192,20 @@ class BatchScorer:
     def _reordered(
         self,
         engine: EngineLike,
-        method: ResolvedMethod,
+        ranking: RecordedRanking,
         texts: Sequence[Prompt],
         records: list[dict[str, Any]],
         done: Sequence[dict[str, Any]],
     ) -> list[Prompt]:
-        """Calibrated reordering's prompts, ranked from the attention any of the run's calibrated
-        reorderings recorded for the item, or from a ranking pass recorded now (`rankings`)."""
+        """A recorded ranking's prompts, ranked from the attention any of the run's labels that rank
+        so recorded for the item, or from a ranking pass recorded now (`rankings`)."""
         keys = {(record["position"], record["example_id"]) for record in records}
         recorded = recorded_rankings(done, self.ranking_labels, keys)
-        assert isinstance(method.method, CalibratedReorder)
-        return reordered_prompts(engine, method.method, texts, records, recorded)
+        return reordered_prompts(engine, ranking, texts, records, recorded)
 
     def _take_scored(
         self,
-        engine: EngineLike,
+        engine: EngineLike | RemoteEngine,
         batch: Batch,
         texts: Sequence[Prompt],
         records: list[dict[str, Any]],
@@ -215,13 +228,16 @@ class BatchScorer:
         # The other reorderings take the documents in the order given, as this batch's prompts do
         # when its label does too: those are then the prompts they reordered.
         given = self.methods[batch.method].order == "given"
-        others = {
-            name: other.method
+        others: dict[str, RecordedRanking] = {
+            name: ranking
             for name, other in self.methods.items()
-            if given and name != batch.method and ranks_documents(other)
+            if given and name != batch.method and (ranking := ranking_of(other)) is not None
         }
-        candidates.update(other_labels_prompts(engine, others, texts, records, done, self.ranking_labels))
-        candidates.update(self._invariant_prompts(engine, batch, done))
+        if others:
+            candidates.update(
+                other_labels_prompts(model_engine(engine), others, texts, records, done, self.ranking_labels)
+            )
+        candidates.update(self._shared_score_prompts(engine, batch, done))
         known = scored_prompts(done, candidates)
         fields = metric_fields(self.config.metrics)
         todo = []
@@ -234,21 +250,21 @@ class BatchScorer:
             record["same_prompt_as"] = [earlier["method"], earlier["position"]]
         return todo
 
-    def _invariant_prompts(
-        self, engine: EngineLike, batch: Batch, done: Sequence[dict[str, Any]]
+    def _shared_score_prompts(
+        self, engine: EngineLike | RemoteEngine, batch: Batch, done: Sequence[dict[str, Any]]
     ) -> dict[tuple[str, int, str], Prompt]:
         """(label, position, example id) -> the prompt that each of the run's labels that ranks
-        documents as the batch's does (its own label too) read for the batch's examples, at every gold
-        position it scored. The batch has just scored these documents, and the engine keeps each
-        document's score, so rewriting them runs no model."""
+        documents by the batch's per-document scores (its own label too) read for the batch's
+        examples, at every gold position it scored. The batch has just scored these documents, and
+        the engine keeps each document's score, so rewriting them runs no model."""
         own = self.methods[batch.method].method
-        if not isinstance(own, InvariantReorder):
-            return {}
         alike = {
             name: other
             for name, other in self.methods.items()
-            if isinstance(other.method, InvariantReorder) and other.method.ranks_like(own)
+            if own is not None and other.method is not None and own.shares_document_scores(other.method)
         }
+        if not alike:
+            return {}
         scored = {(r["method"], r["position"], r["example_id"]): r for r in done if r["method"] in alike}
         prompts: dict[tuple[str, int, str], Prompt] = {}
         for index in sorted({index for _, index in batch.items}):
@@ -259,9 +275,8 @@ class BatchScorer:
                     if record is None:
                         continue
                     placed = arranged_example(other, example, position, self.config.seed)[0]
-                    assert isinstance(other.method, InvariantReorder)
                     text = prompt_of(placed)
-                    prompt = other.method.rewrite(engine, text)
+                    _, (prompt,) = engine.rewritten([text], method=other.method)
                     # A record from another build may have ranked differently (its scores rounded
                     # otherwise): only a prompt whose documents it read in this order is offered.
                     if record.get("documents_read") == list(documents_read(text, prompt)):
@@ -270,7 +285,7 @@ class BatchScorer:
 
     def _score(
         self,
-        engine: EngineLike,
+        engine: EngineLike | RemoteEngine,
         method: Any,
         examples: list[Example],
         texts: list[Prompt],
@@ -281,7 +296,7 @@ class BatchScorer:
         metrics = self.config.metrics
         # The gold answer's log-likelihood from the prefill generation makes, where the engine can.
         together = {"generate", "loglik"} <= set(metrics) and "choice" not in metrics
-        together = together and hasattr(engine, "generate_and_score")
+        together = together and isinstance(engine, ScoresWhileGenerating)
         if "generate" in metrics:
             scored = model_scores.score_generation(
                 engine,
@@ -303,7 +318,7 @@ class BatchScorer:
 
     def _score_answers(
         self,
-        engine: EngineLike,
+        engine: EngineLike | RemoteEngine,
         method: Any,
         examples: list[Example],
         texts: Sequence[Prompt],

@@ -1,6 +1,7 @@
 """Calibrated reordering in a sweep: each item's ranking pass is recorded with it and read back.
 
-The method's ranking pass (`CalibratedReorder.ranking_attention`) keeps the attention of every
+The method's ranking pass (`RecordedRanking.ranking_attention`, which a method such as
+`CalibratedReorder` offers through `MethodConfig.recorded_ranking`) keeps the attention of every
 layer, and what its settings decide (layer band, bias strength, margin, placement) is computed from
 that record alone. A sweep stores it with the item (`ranking_attention`, [layers][documents],
 rounded to float32's precision), and a second calibrated-reordering label of the same run reads
@@ -18,20 +19,28 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rag_mspoe.attention.reorder import CalibratedReorder
 from rag_mspoe.methods.method_spec import ResolvedMethod
 from rag_mspoe.prompts.chat_template import Prompt
 
 if TYPE_CHECKING:
     from rag_mspoe.engine.protocol import EngineLike
+    from rag_mspoe.methods.document_orders import RecordedRanking
 
 FIELD = "ranking_attention"
 SIGNIFICANT_DIGITS = 7  # float32 holds about 7 significant decimal digits
 
 
+def ranking_of(method: ResolvedMethod) -> RecordedRanking | None:
+    """What ranks the label's documents, when it reorders the documents as given by a ranking pass
+    that a record can hold (None for every other label)."""
+    if method.method is None or method.order != "given":
+        return None
+    return method.method.recorded_ranking()
+
+
 def ranks_documents(method: ResolvedMethod) -> bool:
-    """Whether the label reorders by a calibrated ranking of the documents as given."""
-    return isinstance(method.method, CalibratedReorder) and method.order == "given"
+    """Whether the label reorders by a recorded ranking of the documents as given."""
+    return ranking_of(method) is not None
 
 
 def recorded_rankings(
@@ -50,7 +59,7 @@ def recorded_rankings(
 
 def reordered_prompts(
     engine: EngineLike,
-    method: CalibratedReorder,
+    method: RecordedRanking,
     texts: Sequence[Prompt],
     records: Sequence[dict[str, Any]],
     recorded: dict[tuple[int, str], tuple[str, list[list[float]]]],
@@ -78,7 +87,7 @@ def reordered_prompts(
 
 def other_labels_prompts(
     engine: EngineLike,
-    others: Mapping[str, Any],
+    others: Mapping[str, RecordedRanking],
     texts: Sequence[Prompt],
     records: Sequence[dict[str, Any]],
     done: Sequence[dict[str, Any]],

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from rag_mspoe.attention.attention_calibration_hooks import AttentionCalibrationHooks
 from rag_mspoe.attention.bias import (
     REFERENCE_BIAS,
     REFERENCE_QUESTION,
@@ -29,7 +30,6 @@ from rag_mspoe.attention.bias import (
     bias_cache_path,
     cached_layouts,
 )
-from rag_mspoe.attention.calibration_hooks import AttentionCalibrationHooks
 from rag_mspoe.attention.document_hooks import DocumentAttentionMethod
 from rag_mspoe.attention.spans import document_spans, prompt_with_spans
 from rag_mspoe.methods.method_config import MethodConfig, check_finite, check_layers, number_argument
