@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
 
@@ -213,10 +213,10 @@ class PageSetup:
     prelude: str = ""  # the reader's own things that the page uses and does not define, run first
     folder: Callable[[Path], None] | None = None  # fills the working directory
     serve: tuple[str, ...] | None = None  # `rag-mspoe serve` options: the page talks to that server
-    replacements: tuple[Replacement, ...] = field(default=())
+    replacements: tuple[Replacement, ...] = ()
 
 
-# A block another test runs, with the page it is written for.
+# Blocks that another test runs, by a line they hold, and why they are left out here.
 BLOCKS_RUN_ELSEWHERE = {"class Toy(MethodConfig):": "the toy method is the subject of its own page and test"}
 # Documents of the shipped demo corpus (invented islands: the pages' "When was the light first lit?").
 DEMO_DOCUMENTS = ("gull-point-light.md", "lighthouse-keepers.md", "vellin-cay.md", "ferries.md")
