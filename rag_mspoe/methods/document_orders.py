@@ -25,9 +25,7 @@ class RecordedRanking(Protocol):
     and rebuilds the reordered prompt from without running the pass again
     (`rag_mspoe.eval.sweep.rankings`)."""
 
-    def ranking_attention(
-        self, engine: Engine, prompt: Prompt, *, raw: bool = False
-    ) -> torch.Tensor | None:
+    def ranking_attention(self, engine: Engine, prompt: Prompt, *, raw: bool = False) -> torch.Tensor | None:
         """The ranking pass's result, [layers, documents] (None: nothing to reorder)."""
 
     def reordered(
