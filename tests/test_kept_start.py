@@ -47,14 +47,18 @@ def test_a_kept_order_reads_the_documents_once(engine, prompt):
     assert full_tokens - kept_tokens >= spans[-1][1] - 1
 
 
-def test_prompt_lookup_never_starts_from_a_kept_cache(engine, prompt):
-    # generate's assisted decoding reads the whole prompt again on top of a given cache, which
-    # would answer from the prompt twice over: a kept start turns drafting off instead.
+def test_a_kept_start_is_drafted_from_and_answers_as_a_full_prefill(engine, prompt):
     engine.prompt_lookup_tokens = 10
-    drafted, _ = answer(engine, prompt, shared=True, method=KEEPS_ORDER)
-    engine.prompt_lookup_tokens = 0
+    try:
+        kept, kept_tokens = answer(engine, prompt, shared=True, method=KEEPS_ORDER)
+        full, full_tokens = answer(engine, prompt, shared=False, method=KEEPS_ORDER)
+    finally:
+        engine.prompt_lookup_tokens = 0
     plain, _ = answer(engine, prompt, shared=False, method=KEEPS_ORDER)
-    assert drafted == plain
+    assert kept == full == plain
+    # The same drafts either way; the kept start spared reading the documents again.
+    ids, spans = engine.document_spans_of(KEEPS_ORDER, prompt)
+    assert full_tokens - kept_tokens >= spans[-1][1] - 1
 
 
 def test_a_short_shared_start_is_read_again(engine, prompt):

@@ -26,12 +26,13 @@ from rag_mspoe.engine.engine_types import (
     Truncation,
 )
 from rag_mspoe.engine.joined_decode import MIN_SHARED_PREFIX, joinable, prefill_apart
+from rag_mspoe.engine.prompt_lookup import decode_with_drafts, drafts_apply
 from rag_mspoe.engine.stopping import GenerationWatch, TextTracker
 from rag_mspoe.engine.text_stream import AsyncTextStream, End, StreamOutlet, TextStream
 from rag_mspoe.engine.token_logprobs import LogprobRecorder
 from rag_mspoe.methods.method_config import method_name
 from rag_mspoe.prompts.chat_template import Prompt
-from rag_mspoe.rope.hooks import cache_argument
+from rag_mspoe.rope.hooks import CACHE_NAME, cache_argument
 from rag_mspoe.tools.grammar import Grammar, GrammarProcessor, grammar_tokenizer
 
 
@@ -250,7 +251,7 @@ class GeneratingEngine(EngineBase):
                 len(prepared) > 1 and self.joins_prefills(prepared, method)
             )
             kept = {} if joined else self._kept_start(prepared, method)
-            drafted = not kept and self._drafts_from_prompt(prepared, config, method, joined)
+            drafted = self._drafts_from_prompt(prepared, config, method, joined)
             watch = GenerationWatch(
                 trackers,
                 outlets=outlets,
@@ -266,17 +267,27 @@ class GeneratingEngine(EngineBase):
                 torch.inference_mode(),
             ):
                 cache = self._prefilled_apart(prepared, method, cancel, after_prefill) if joined else kept
-                self.model.generate(
-                    **self._batch(prepared),
-                    **cache,
-                    **self._sampling(config),
-                    max_new_tokens=config.max_new_tokens,
-                    pad_token_id=self._pad_id,
-                    stopping_criteria=[watch],
-                    logits_processor=constraints,
-                    **self._decoding(),
-                    **({"prompt_lookup_num_tokens": self.prompt_lookup_tokens} if drafted else {}),
-                )
+                if drafted:
+                    decode_with_drafts(
+                        self.model,
+                        prepared[0].ids,
+                        cache=cache.get(CACHE_NAME),
+                        max_new_tokens=config.max_new_tokens,
+                        draft_tokens=self.prompt_lookup_tokens,
+                        eos_ids=self._eos_ids,
+                        finished=lambda sequence: bool(watch(sequence, None).all()),
+                    )
+                else:
+                    self.model.generate(
+                        **self._batch(prepared),
+                        **cache,
+                        **self._sampling(config),
+                        max_new_tokens=config.max_new_tokens,
+                        pad_token_id=self._pad_id,
+                        stopping_criteria=[watch],
+                        logits_processor=constraints,
+                        **self._decoding(),
+                    )
         finally:
             self._lock.release()
         if cancel is not None and cancel.is_set() and not all(tracker.done for tracker in trackers):
@@ -305,17 +316,19 @@ class GeneratingEngine(EngineBase):
             and config.grammar is None
             and config.logprobs is None
             and self._compile_config is None
+            and drafts_apply(self.model)
         )
 
     def _kept_start(self, prepared: Sequence[_Prepared], method: Any) -> dict[str, Any]:
         """generate's cache argument for one prompt the unmodified model answers: the rows of its
         longest start that the model has kept (`document_prefixes`), so that only the rest is
         prefilled. A calibrated reordering's ranking pass read the prompt through its documents;
-        when the order stays, the answer reads only the question again.
+        when the order stays, the answer reads only the question again (and is drafted from
+        there, `decode_with_drafts`).
 
-        Prompt-lookup drafting cannot start from a cache (generate's assisted decoding reads the
-        whole prompt again), so a start is taken instead of drafting only where it saves more:
-        half the prompt or more."""
+        Only a start of half the prompt or more is taken: a kept start's rows come from another
+        forward, which rounds otherwise in bf16, so a short one (a template shared by unrelated
+        prompts) would make answers depend on what was asked before, for little gain."""
         if len(prepared) != 1 or method is not None or not self.shared_prompt_starts:
             return {}
         if self._compile_config is not None:  # its static cache is allocated by generate
