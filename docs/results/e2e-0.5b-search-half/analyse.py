@@ -67,19 +67,37 @@ def main():
         print(row(f"{name}strength {strength}; moved {moved})", ranks))
 
     oracle = read_jsonl(HERE / "oracle.jsonl.gz")
+    bounds = {r["id"]: r for r in read_jsonl(HERE / "bounds.jsonl.gz")}
+    for record in oracle:
+        record.update({k: v for k, v in bounds[record["id"]].items() if k not in record})
     print(f"\nExact match where the dense gold rank is 2nd-20th, {len(oracle)} questions\n")
-    print("| order | exact match | vs retrieval order | gained, lost | p (exact McNemar) |")
+    arms = ("retrieval", "gold_first", "model_first", "gold_repeated", "gold_last", "gold_only")
+    paired_table(oracle, "retrieval", arms, "order")
+
+    fewer = read_jsonl(HERE / "fewer-chunks.jsonl.gz")
+    print(f"\nAnswering from fewer chunks, the first {len(fewer)} questions in file order\n")
+    arms = ("k20", "top3", "top5", "first_and_model2")
+    paired_table(fewer, "k20", arms, "chunks read")
+    for name, ranks in (("gold 1st", {1}), ("gold 2nd-5th", {2, 3, 4, 5}), ("gold 6th+ or missed", None)):
+        subset = [r for r in fewer if (r["gold_rank"] in ranks if ranks else r["gold_rank"] not in range(1, 6))]
+        print(f"\n{name}: {len(subset)} questions\n")
+        paired_table(subset, "k20", arms, "chunks read")
+    seconds = {arm: sum(r[arm]["seconds"] for r in fewer) / len(fewer) for arm in arms}
+    print("\nSeconds per answer:", ", ".join(f"{arm} {value:.2f}" for arm, value in seconds.items()))
+
+
+def paired_table(records, baseline, arms, label):
+    print(f"| {label} | exact match | vs {baseline} | gained, lost | p (exact McNemar) |")
     print("|---|---|---|---|---|")
-    base = [r["retrieval"]["em"] for r in oracle]
-    for name in ("retrieval", "gold_first", "model_first"):
-        scores = [r[name]["em"] for r in oracle]
+    base = [r[baseline]["em"] for r in records]
+    for name in arms:
+        scores = [r[name]["em"] for r in records]
         gained = sum(s > b for s, b in zip(scores, base, strict=True))
         lost = sum(s < b for s, b in zip(scores, base, strict=True))
         p = binomtest(gained, gained + lost).pvalue if gained + lost else 1.0
         share = 100 * sum(scores) / len(scores)
         delta = share - 100 * sum(base) / len(base)
-        print(f"| {name} | {share:.1f} | {delta:+.1f} | {gained}, {lost} | {p:.2f} |")
-
+        print(f"| {name} | {share:.1f} | {delta:+.1f} | {gained}, {lost} | {p:.2g} |")
 
 if __name__ == "__main__":
     main()
