@@ -78,8 +78,13 @@ def main():
     print(f"\nAnswering from fewer chunks, the first {len(fewer)} questions in file order\n")
     arms = ("k20", "top3", "top5", "first_and_model2")
     paired_table(fewer, "k20", arms, "chunks read")
-    for name, ranks in (("gold 1st", {1}), ("gold 2nd-5th", {2, 3, 4, 5}), ("gold 6th+ or missed", None)):
-        subset = [r for r in fewer if (r["gold_rank"] in ranks if ranks else r["gold_rank"] not in range(1, 6))]
+    groups = (("gold 1st", {1}), ("gold 2nd-5th", {2, 3, 4, 5}), ("gold 6th+ or missed", None))
+    for name, ranks in groups:
+        subset = [
+            r
+            for r in fewer
+            if (r["gold_rank"] in (ranks or ()) or (not ranks and r["gold_rank"] not in range(1, 6)))
+        ]
         print(f"\n{name}: {len(subset)} questions\n")
         paired_table(subset, "k20", arms, "chunks read")
     seconds = {arm: sum(r[arm]["seconds"] for r in fewer) / len(fewer) for arm in arms}
@@ -98,6 +103,7 @@ def paired_table(records, baseline, arms, label):
         share = 100 * sum(scores) / len(scores)
         delta = share - 100 * sum(base) / len(base)
         print(f"| {name} | {share:.1f} | {delta:+.1f} | {gained}, {lost} | {p:.2g} |")
+
 
 if __name__ == "__main__":
     main()

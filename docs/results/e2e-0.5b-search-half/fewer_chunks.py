@@ -70,4 +70,5 @@ def main(index_dir, signals, questions_file, out, limit, first=0):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], Path(sys.argv[2]), sys.argv[3], Path(sys.argv[4]), int(sys.argv[5]), *map(int, sys.argv[6:]))
+    first = int(sys.argv[6]) if len(sys.argv) > 6 else 0
+    main(sys.argv[1], Path(sys.argv[2]), sys.argv[3], Path(sys.argv[4]), int(sys.argv[5]), first)
