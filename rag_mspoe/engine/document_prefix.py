@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from rag_mspoe.rope.hooks import cache_argument, returned_cache
+from rag_mspoe.rope.hooks import cache_argument, grows_plainly, returned_cache
 
 DEFAULT_MAX_BYTES = 1 << 30  # ~60 prompts of 1,300 tokens for the 0.5B in bf16, ~25 for the 1.5B
 MAX_VALUES = 100_000  # numbers are small: a sweep's worth of document scores
@@ -85,7 +85,7 @@ class DocumentPrefixCache:
         """(cache, length): a copy of the kept rows that share the longest start with `ids`, cut
         to that start, leaving `ids` at least its last token to read; None when no kept prefix
         shares `at_least` tokens or the model's cache cannot be cut (a sliding window)."""
-        from transformers.cache_utils import DynamicCache, DynamicLayer
+        from transformers.cache_utils import DynamicCache
 
         wanted = tuple(ids[:-1])
         best, found = 0, None
@@ -96,10 +96,12 @@ class DocumentPrefixCache:
         if found is None or best < at_least:
             return None
         self._caches.move_to_end(found)
-        layers = self._caches[found][0].layers
-        if not all(type(layer) is DynamicLayer for layer in layers):
+        cache = self._caches[found][0]
+        if not grows_plainly(cache):
             return None
-        kept = [(layer.keys[:, :, :best].clone(), layer.values[:, :, :best].clone()) for layer in layers]
+        kept = [
+            (layer.keys[:, :, :best].clone(), layer.values[:, :, :best].clone()) for layer in cache.layers
+        ]
         return DynamicCache(ddp_cache_data=kept, config=self.model.config), best
 
 

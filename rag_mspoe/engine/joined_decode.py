@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from rag_mspoe.rope.hooks import cache_argument, returned_cache
+from rag_mspoe.rope.hooks import cache_argument, cache_grows_plainly, returned_cache
 from rag_mspoe.rope.rescaling import STATE_ATTR
 
 
@@ -34,11 +34,9 @@ def joinable(model: Any, method: Any) -> bool:
     """Whether prompts prefilled one at a time under `method` (None: the unmodified model) can
     decode as one batch on `model`: the method's hooks join their prefills, and every layer keeps
     a plain growing cache (a sliding window's or a fixed-size cache does not pad)."""
-    from transformers.cache_utils import DynamicCache, DynamicLayer
-
     if method is not None and not getattr(method.hooks_class(), "joins_prefills", False):
         return False
-    return all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
+    return cache_grows_plainly(model)
 
 
 def prefill_apart(

@@ -17,7 +17,7 @@ from typing import Any, cast
 
 import torch
 
-from rag_mspoe.rope.hooks import cache_argument, returned_cache
+from rag_mspoe.rope.hooks import cache_argument, cache_grows_plainly, returned_cache
 
 LONGEST_NGRAM = 3  # the longest run of last tokens looked up; shorter ones are tried after it
 
@@ -41,15 +41,12 @@ _NEUTRAL_SETTINGS: dict[str, tuple[Any, ...]] = {
 def drafts_apply(model: Any) -> bool:
     """Whether greedy answers of `model` can be drafted here: its generation config changes no
     greedy choice and its cache can be cut back (no sliding window)."""
-    from transformers.cache_utils import DynamicCache, DynamicLayer
-
     config = getattr(model, "generation_config", None)
     if config is not None and any(
         getattr(config, name, None) not in neutral for name, neutral in _NEUTRAL_SETTINGS.items()
     ):
         return False
-    layers = DynamicCache(config=model.config).layers
-    return all(type(layer) is DynamicLayer for layer in layers)
+    return cache_grows_plainly(model)
 
 
 def drafted_tokens(tokens: Sequence[int], count: int, longest: int = LONGEST_NGRAM) -> list[int]:

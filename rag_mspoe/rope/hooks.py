@@ -106,6 +106,21 @@ def returned_cache(output: Any) -> Any:
     return getattr(output, CACHE_NAME)
 
 
+def grows_plainly(cache: Any) -> bool:
+    """Whether every layer of a KV cache keeps every row in a tensor that only grows (no sliding
+    window, no fixed size): such a cache can be cut back to a start and padded to join others."""
+    from transformers.cache_utils import DynamicLayer
+
+    return all(type(layer) is DynamicLayer for layer in cache.layers)
+
+
+def cache_grows_plainly(model: Any) -> bool:
+    """Whether the cache `model` decodes with grows plainly (`grows_plainly`)."""
+    from transformers.cache_utils import DynamicCache
+
+    return grows_plainly(DynamicCache(config=model.config))
+
+
 def kv_cache(kwargs: dict[str, Any]) -> Any:
     """The KV cache a forward was handed, or None: transformers 5.24 passes it as `cache`, earlier
     releases as `past_key_values`."""
