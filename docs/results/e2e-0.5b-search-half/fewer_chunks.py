@@ -15,13 +15,11 @@ import time
 from pathlib import Path
 
 import torch
+from chunk_answers import answer_from
 
 from rag_mspoe.engine import Engine
 from rag_mspoe.eval.data.loaders import read_jsonl
-from rag_mspoe.eval.scoring.metrics import best_subspan_em
 from rag_mspoe.pipelines.index import ChunkIndex
-from rag_mspoe.prompts.document_prompts import document_message
-from rag_mspoe.prompts.qa_prompt import render_qa_prompt
 
 MODEL_LAYERS = slice(18, 24)
 
@@ -58,13 +56,10 @@ def main(index_dir, signals, questions_file, out, limit, first=0):
             flags = record["dense_gold"]
             result = {"id": q["id"], "gold_rank": flags.index(True) + 1 if True in flags else None}
             for name, order in arms(record).items():
-                documents = [(chunks[i].title, chunks[i].text) for i in order]
-                text, spans = render_qa_prompt(q["question"], documents)
                 start = time.perf_counter()
-                answer = engine.generate([document_message(text, spans)], max_new_tokens=32).text
-                seconds = time.perf_counter() - start
-                em = best_subspan_em(answer, q["answers"])
-                result[name] = {"chunks": order, "answer": answer, "em": em, "seconds": round(seconds, 2)}
+                answered = answer_from(engine, q, chunks, order)
+                seconds = round(time.perf_counter() - start, 2)
+                result[name] = {"chunks": order, **answered, "seconds": seconds}
             records.write(json.dumps(result) + "\n")
             records.flush()
 

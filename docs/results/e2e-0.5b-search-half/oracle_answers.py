@@ -12,13 +12,11 @@ import sys
 from pathlib import Path
 
 import torch
+from chunk_answers import answer_from
 
 from rag_mspoe.engine import Engine
 from rag_mspoe.eval.data.loaders import read_jsonl
-from rag_mspoe.eval.scoring.metrics import best_subspan_em
 from rag_mspoe.pipelines.index import ChunkIndex
-from rag_mspoe.prompts.document_prompts import document_message
-from rag_mspoe.prompts.qa_prompt import render_qa_prompt
 
 SHIPPED_LAYERS = slice(12, 18)
 SHIPPED_STRENGTH = 0.5
@@ -58,10 +56,7 @@ def main(index_dir, signals, questions_file, out, limit):
                 if name == "model_first" and top in (0, gold):
                     result[name] = result["retrieval" if top == 0 else "gold_first"]
                     continue
-                documents = [(chunks[i].title, chunks[i].text) for i in order]
-                text, spans = render_qa_prompt(q["question"], documents)
-                answer = engine.generate([document_message(text, spans)], max_new_tokens=32).text
-                result[name] = {"answer": answer, "em": best_subspan_em(answer, q["answers"])}
+                result[name] = answer_from(engine, q, chunks, order)
             records.write(json.dumps(result) + "\n")
             records.flush()
             count += 1
