@@ -36,6 +36,11 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=12)
     parser.add_argument("--quick", action="store_true", help="4 prompts")
     parser.add_argument("--new-tokens", type=int, nargs="+", default=[32, 128])
+    parser.add_argument(
+        "--candidate",
+        metavar="SPEC",
+        help="a method not shipped (a name or a saved config's path) timed on the default path too",
+    )
     args = parser.parse_args()
     import torch
 
@@ -53,10 +58,13 @@ def main() -> None:
         "bf16": (0, "none"),
         "default": (default_lookup, "none"),
         "default+method": (default_lookup, "calibrated"),
+        **({"default+candidate": (default_lookup, args.candidate)} if args.candidate else {}),
     }
     llm = _llama_cpp(args.model)
     names = [*paths, *(["llama_cpp"] if llm is not None else [])]
     result: dict[str, Any] = {"model": args.model, "prompts": count, "threads": 1}
+    if args.candidate:
+        result["candidate"] = args.candidate
     for tokens in args.new_tokens:
         for gold, slot in GOLD_SLOTS.items():
             prompts = [qa_prompt(with_gold_at(e, slot)) for e in examples]
@@ -103,6 +111,11 @@ def _timed_paths(
         "method_vs_unmodified": round(mean["default+method"] / mean["default"], 2),
         "speculative_identical": answers["default"] == answers["bf16"],
         **({"method_vs_llama_cpp": round(mean["default+method"] / mean["llama_cpp"], 2)} if llm else {}),
+        **(
+            {"candidate_vs_unmodified": round(mean["default+candidate"] / mean["default"], 2)}
+            if "default+candidate" in mean
+            else {}
+        ),
     }
 
 

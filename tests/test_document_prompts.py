@@ -248,6 +248,23 @@ def test_reordering_moves_document_lines_renumbers_them_and_keeps_the_spans():
         reordered_prompt(text, [0, 0, 1])
 
 
+def test_a_document_read_again_comes_after_the_last_with_its_number_and_span():
+    from rag_mspoe.attention.reorder import documents_read, moved_slot, prompt_with_copy
+
+    text, spans = render_qa_prompt(QUESTION, DOCUMENTS)
+    for prompt in (text, [document_message(text, spans)]):
+        (message,) = prompt_with_copy(prompt, 1)
+        lines = [message["content"][s:e] for s, e in message["document_spans"]]
+        originals = [text[s:e] for s, e in spans]
+        assert lines == [*originals, originals[1]]
+        assert message["content"].startswith(text[: spans[-1][1]])  # what was read stays as it was
+        assert message["content"].endswith(f"Question: {QUESTION}\nAnswer:")
+        assert documents_read(prompt, [message]) == (0, 1, 2, 1)
+        assert moved_slot(prompt, [message], 1) == 1
+    with pytest.raises(ValueError, match="has no document 3"):
+        prompt_with_copy(text, 3)
+
+
 def test_calibrated_reorder_places_the_top_ranked_document():
     from rag_mspoe.methods import CalibratedReorder
 
@@ -255,6 +272,8 @@ def test_calibrated_reorder_places_the_top_ranked_document():
     assert CalibratedReorder().order(relevance) == [1, 0, 2, 3]
     assert CalibratedReorder(place="last").order(relevance) == [0, 2, 3, 1]
     assert CalibratedReorder(place="sorted").order(relevance) == [1, 3, 2, 0]
+    assert CalibratedReorder(place="repeat").order(relevance) == [0, 1, 2, 3, 1]
+    assert CalibratedReorder(place="repeat", min_margin=0.2).order(relevance) == [0, 1, 2, 3]
     # A lead of 0.1 over the runner-up: enough for a margin of 0.05, not for one of 0.2.
     assert CalibratedReorder(min_margin=0.05).order(relevance) == [1, 0, 2, 3]
     assert CalibratedReorder(min_margin=0.2, place="sorted").order(relevance) == [0, 1, 2, 3]

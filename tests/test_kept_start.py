@@ -61,6 +61,16 @@ def test_a_kept_start_is_drafted_from_and_answers_as_a_full_prefill(engine, prom
     assert full_tokens - kept_tokens >= spans[-1][1] - 1
 
 
+def test_a_document_read_again_after_the_last_reads_the_others_once(engine, prompt):
+    repeat = CalibratedReorder(strength=0.0, place="repeat")
+    full, full_tokens = answer(engine, prompt, shared=False, method=repeat)
+    kept, kept_tokens = answer(engine, prompt, shared=True, method=repeat)
+    assert kept == full
+    assert len(kept.documents_read) == 7 and kept.documents_read[:6] == tuple(range(6))
+    ids, spans = engine.document_spans_of(repeat, prompt)
+    assert full_tokens - kept_tokens >= spans[-1][1] - 1
+
+
 def test_a_short_shared_start_is_read_again(engine, prompt):
     engine.shared_prompt_starts = True
     ids, spans = engine.document_spans_of(KEEPS_ORDER, prompt)

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from rag_mspoe.engine.protocol import EngineLike
     from rag_mspoe.methods.document_orders import RecordedRanking
 
-Placement = Literal["first", "sorted", "last"]
+Placement = Literal["first", "sorted", "last", "repeat"]
 _NUMBER = re.compile(r"^Document \[\d+\]")
 
 
@@ -73,11 +73,13 @@ class CalibratedReorder(DocumentReordering):
     on the models measured). strength: the factor on the positional bias subtracted (0: raw
     attention, which favours the ends). place: "first" moves the top-ranked document to the front
     and keeps the others in their order; "last" moves it to the end (for models that read the end
-    best); "sorted" orders every document by rank, best first. 'Document [i]' numbers are
-    rewritten to run 1, 2, ... in the new order. min_margin: reorder only when the top document's
-    relevance leads the runner-up's by at least this share of the attention the documents get
-    (0: always); on the rankings measured the wrong ones mostly lead by little, and a wrong move
-    costs the answers whose gold was already read well.
+    best); "sorted" orders every document by rank, best first; "repeat" keeps every document in
+    its place and reads the top-ranked one again after the last, its number unchanged (the answer
+    then starts from the rows the ranking pass read, so it costs little more than the unmodified
+    answer). 'Document [i]' numbers are rewritten to run 1, 2, ... in a new order. min_margin:
+    reorder only when the top document's relevance leads the runner-up's by at least this share of
+    the attention the documents get (0: always); on the rankings measured the wrong ones mostly
+    lead by little, and a wrong move costs the answers whose gold was already read well.
     """
 
     kind: ClassVar[str] = "calibrated-reorder"
@@ -93,8 +95,8 @@ class CalibratedReorder(DocumentReordering):
             check_finite(name, getattr(self, name))
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be 0 or more, got {getattr(self, name)}")
-        if self.place not in ("first", "sorted", "last"):
-            raise ValueError(f"place must be 'first', 'sorted' or 'last', got {self.place!r}")
+        if self.place not in ("first", "sorted", "last", "repeat"):
+            raise ValueError(f"place must be 'first', 'sorted', 'last' or 'repeat', got {self.place!r}")
 
     def recorded_ranking(self) -> RecordedRanking:
         return self  # its ranking pass (`ranking_attention`) is what a sweep records
@@ -132,7 +134,11 @@ class CalibratedReorder(DocumentReordering):
         return document_attention(engine.model, cache, ids, spans, layers).mean(dim=1)
 
     def _reordered_by(self, model: Any, prompt: Prompt, attention: torch.Tensor, raw: bool) -> Prompt:
-        reordered = reordered_prompt(prompt, self.order(self.relevance(model, attention)))
+        order = self.order(self.relevance(model, attention))
+        if len(order) > attention.shape[-1]:  # "repeat": the given order, then one document again
+            reordered = prompt_with_copy(prompt, order[-1])
+        else:
+            reordered = reordered_prompt(prompt, order)
         return reordered[0]["content"] if raw else reordered
 
     def relevance(self, model: Any, attention: torch.Tensor) -> list[float]:
@@ -154,7 +160,8 @@ class CalibratedReorder(DocumentReordering):
         return chosen_layers("CalibratedReorder", self.layers, num_layers)
 
     def order(self, relevance: Sequence[float]) -> list[int]:
-        """The new order of the documents (indices into the old one) given their relevance."""
+        """The new order of the documents (indices into the old one) given their relevance; under
+        "repeat", the given order followed by the top-ranked document again."""
         count = len(relevance)
         ranked = sorted(range(count), key=lambda k: (-relevance[k], k))
         if count > 1 and relevance[ranked[0]] - relevance[ranked[1]] < self.min_margin:
@@ -162,6 +169,8 @@ class CalibratedReorder(DocumentReordering):
         if self.place == "sorted":
             return ranked
         best = ranked[0]
+        if self.place == "repeat":
+            return [*range(count), best]
         others = [k for k in range(count) if k != best]
         return [best, *others] if self.place == "first" else [*others, best]
 
@@ -270,6 +279,31 @@ def prompt_with_documents(prompt: Prompt, chosen: Sequence[int]) -> list[dict[st
     return result
 
 
+def prompt_with_copy(prompt: Prompt, index: int) -> list[dict[str, Any]]:
+    """The prompt with document `index` (in prompt order) read once more right after the last
+    document, as it is (its 'Document [i]' number kept), after the separator that comes before the
+    last document (a newline when it is the only one in its message). Spans are updated."""
+    messages = as_messages(prompt)
+    located = _located_documents(messages)
+    if not 0 <= index < len(located):
+        raise ValueError(f"The prompt has {len(located)} documents, so it has no document {index}.")
+    source, (start, end) = located[index]
+    text = messages[source]["content"][start:end]
+    last = located[-1][0]
+    own = [span for i, span in located if i == last]
+    content = messages[last]["content"]
+    separator = content[own[-2][1] : own[-1][0]] if len(own) > 1 else "\n"
+    after = own[-1][1]
+    begin = after + len(separator)
+    result = [dict(message) for message in messages]
+    result[last] = {
+        **messages[last],
+        "content": content[:after] + separator + text + content[after:],
+        DOCUMENT_SPANS: [[s, e] for s, e in own] + [[begin, begin + len(text)]],
+    }
+    return result
+
+
 def moved_slot(original: Prompt, reordered: Prompt, slot: int) -> int | None:
     """Where the document at `slot` of `original` is in `reordered` (its documents, reordered, some
     perhaps left out), the documents compared without their 'Document [i]' numbers; None when it
@@ -283,14 +317,20 @@ def moved_slot(original: Prompt, reordered: Prompt, slot: int) -> int | None:
 
 def documents_read(given: Prompt, rewritten: Prompt) -> tuple[int, ...]:
     """The index in `given` of each document of `rewritten` (its documents, reordered, some perhaps
-    left out), in order; equal texts are matched in turn."""
+    left out or read again), in order; equal texts are matched in turn, and a document read again
+    once they are used up gives the index it was last matched to."""
     slots: dict[str, list[int]] = {}
     for index, text in enumerate(document_texts(given)):
         slots.setdefault(text, []).append(index)
-    try:
-        return tuple(slots[text].pop(0) for text in document_texts(rewritten))
-    except (KeyError, IndexError):
-        raise ValueError("The rewritten prompt holds a document the given prompt does not.") from None
+    read: list[int] = []
+    matched: dict[str, int] = {}
+    for text in document_texts(rewritten):
+        if slots.get(text):
+            matched[text] = slots[text].pop(0)
+        elif text not in matched:
+            raise ValueError("The rewritten prompt holds a document the given prompt does not.")
+        read.append(matched[text])
+    return tuple(read)
 
 
 def document_texts(prompt: Prompt) -> list[str]:
