@@ -1,5 +1,6 @@
 """Seconds per RAG answer: bf16 decoding, the default answering path, the default path with the
-shipped method, and llama.cpp on the same GGUF where llama-cpp-python is installed.
+shipped method, and llama.cpp on the same GGUF where llama-cpp-python is installed; on request a
+method not shipped (`--candidate`) and the default path on quantised weights (`--quantize`).
 
     python benchmarks/bench_answer.py --quick        # 4 prompts; the full run takes 12
 
@@ -26,6 +27,7 @@ from bench_cpu_inference import DATA
 from bench_llama_cpp import joined_gguf
 
 GOLD_SLOTS = {"middle": 4, "first": 0}  # the gold passage fifth of ten, or first
+BASE_PATHS = ("bf16", "default", "default+method")
 
 
 def main() -> None:
@@ -41,6 +43,11 @@ def main() -> None:
         metavar="SPEC",
         help="a method not shipped (a name or a saved config's path) timed on the default path too",
     )
+    parser.add_argument(
+        "--quantize",
+        metavar="SCHEME",
+        help="also time the unmodified answer drafted on weights quantised so (int8, int4, int4-exact)",
+    )
     args = parser.parse_args()
     import torch
 
@@ -55,23 +62,26 @@ def main() -> None:
     count = 4 if args.quick else args.prompts
     examples = load_qa(DATA)[:count]
     paths = {
-        "bf16": (0, "none"),
-        "default": (default_lookup, "none"),
-        "default+method": (default_lookup, "calibrated"),
-        **({"default+candidate": (default_lookup, args.candidate)} if args.candidate else {}),
+        "bf16": (engine, 0, "none"),
+        "default": (engine, default_lookup, "none"),
+        "default+method": (engine, default_lookup, "calibrated"),
+        **({"default+candidate": (engine, default_lookup, args.candidate)} if args.candidate else {}),
     }
+    if args.quantize:
+        quantized = Engine.load(args.model, threads=1, quantize=args.quantize)
+        paths[args.quantize] = (quantized, quantized.prompt_lookup_tokens, "none")
     llm = _llama_cpp(args.model)
     names = [*paths, *(["llama_cpp"] if llm is not None else [])]
     result: dict[str, Any] = {"model": args.model, "prompts": count, "threads": 1}
     if args.candidate:
         result["candidate"] = args.candidate
+    if args.quantize:
+        result["quantize"] = args.quantize
     for tokens in args.new_tokens:
         for gold, slot in GOLD_SLOTS.items():
             prompts = [qa_prompt(with_gold_at(e, slot)) for e in examples]
             key = f"{tokens}_tokens" if gold == "middle" else f"{tokens}_tokens_gold_first"
-            result[key] = _timed_paths(
-                engine, llm, paths, names, prompts, tokens, f"{tokens} tokens, gold {gold}"
-            )
+            result[key] = _timed_paths(llm, paths, names, prompts, tokens, f"{tokens} tokens, gold {gold}")
     result["default_path"] = f"bf16, prompt lookup {default_lookup} tokens" if default_lookup else "bf16"
     result["drift_max_nats_per_token"] = 0.0  # the default path runs the bf16 weights: nothing moves
     result["load_average"] = [round(x, 2) for x in os.getloadavg()]
@@ -79,9 +89,8 @@ def main() -> None:
 
 
 def _timed_paths(
-    engine: Any,
     llm: Any,
-    paths: dict[str, tuple[int, str]],
+    paths: dict[str, tuple[Any, int, str]],
     names: list[str],
     prompts: list[Any],
     tokens: int,
@@ -92,12 +101,13 @@ def _timed_paths(
     answers: dict[str, list[str]] = {name: [] for name in paths}
     for number, prompt in enumerate(prompts):
         for name in names if number % 2 == 0 else reversed(names):
+            engine = paths["bf16"][0] if name == "llama_cpp" else paths[name][0]
             engine.document_prefixes.clear()  # a cold start: no rows another path read
             started = time.perf_counter()
             if name == "llama_cpp":
                 _llama_answer(llm, engine, prompt, tokens)
             else:
-                engine.prompt_lookup_tokens, method = paths[name]
+                _, engine.prompt_lookup_tokens, method = paths[name]
                 answers[name].append(engine.generate(prompt, max_new_tokens=tokens, method=method).text)
             seconds[name].append(time.perf_counter() - started)
             print(
@@ -116,6 +126,16 @@ def _timed_paths(
             if "default+candidate" in mean
             else {}
         ),
+        **{
+            # A quantised path: how much sooner than the default it answers, and whether its answers
+            # are bf16's (quantised weights may change a token).
+            key: value
+            for name in mean.keys() - {*BASE_PATHS, "default+candidate", "llama_cpp"}
+            for key, value in (
+                (f"{name}_vs_default", round(mean["default"] / mean[name], 2)),
+                (f"{name}_same_answers", answers[name] == answers["bf16"]),
+            )
+        },
     }
 
 
