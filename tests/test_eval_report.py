@@ -105,13 +105,33 @@ def test_the_report_says_where_a_reordering_put_the_gold(tmp_path):
     (tmp_path / RESULTS_FILE).write_text("".join(json.dumps(r) + "\n" for r in records))
     placement = write_report(tmp_path)["gold_placement"]
     assert list(placement) == ["mspoe"]  # none moved nothing
-    assert placement["mspoe"][4] == {"first": 0.5, "moved": 0.75, "dropped": 0.25, "items": 20}
+    assert placement["mspoe"][4] == {"first": 0.5, "moved": 0.75, "dropped": 0.25, "again": 0.0, "items": 20}
     # At position 0 a gold left in place is first too; only leaving it out moved it.
-    assert placement["mspoe"][0] == {"first": 0.75, "moved": 0.25, "dropped": 0.25, "items": 20}
+    assert placement["mspoe"][0] == {"first": 0.75, "moved": 0.25, "dropped": 0.25, "again": 0.0, "items": 20}
     table = (tmp_path / "table.md").read_text()
     assert "### Where the gold document was read" in table
     assert "| mspoe | 75 % of 20 (25 % left out) | 50 % of 20 (25 % left out) |" in table
     assert "Left out: items whose prompt did not hold the gold" in table
+
+
+def test_the_report_says_how_often_a_repeating_method_read_the_gold_again(tmp_path):
+    write_results(tmp_path, SCORES)
+    records = [json.loads(line) for line in (tmp_path / RESULTS_FILE).read_text().splitlines()]
+    for record in records:
+        # "mspoe" stands for a method that keeps every document in place and reads one again after
+        # the last: the gold in 1 example of 2, another document in the others.
+        record["prompt_position"] = record["position"]
+        if record["method"] == "mspoe":
+            gold = record["position"]
+            again = gold if int(record["example_id"].split("-")[1]) % 2 else (gold + 1) % 10
+            record["documents_read"] = [*range(10), again]
+    (tmp_path / RESULTS_FILE).write_text("".join(json.dumps(r) + "\n" for r in records))
+    placement = write_report(tmp_path)["gold_placement"]
+    assert list(placement) == ["mspoe"]
+    assert placement["mspoe"][4] == {"first": 0.0, "moved": 0.0, "dropped": 0.0, "again": 0.5, "items": 20}
+    table = (tmp_path / "table.md").read_text()
+    assert "| mspoe | 100 % of 20, read again 50 % | 0 % of 20, read again 50 % |" in table
+    assert "Read again: items whose prompt read the gold a second time" in table
 
 
 def test_only_examples_every_method_has_count(tmp_path):

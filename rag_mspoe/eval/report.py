@@ -110,9 +110,10 @@ def summarize(
 
 def gold_placement(records: Sequence[dict[str, Any]]) -> dict[str, dict[int, dict[str, float]]]:
     """For each method that reorders documents: per gold position, the share of its items whose
-    prompt had the gold first (`first`), moved it at all (`moved`) and left it out (`dropped`: a
-    method that reads only some documents), and how many."""
-    counts: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0, 0, 0]))
+    prompt had the gold first (`first`), moved it at all (`moved`), left it out (`dropped`: a
+    method that reads only some documents) and read it a second time (`again`: a method that
+    repeats a document), and how many."""
+    counts: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0, 0, 0, 0]))
     for record in records:
         if "prompt_position" not in record:
             continue
@@ -121,19 +122,28 @@ def gold_placement(records: Sequence[dict[str, Any]]) -> dict[str, dict[int, dic
         tally[0] += placed == 0
         tally[1] += placed != position
         tally[2] += placed is None
-        tally[3] += 1
+        tally[3] += list(record.get("documents_read") or []).count(position) > 1
+        tally[4] += 1
     return {
         method: {
-            position: {"first": first / n, "moved": moved / n, "dropped": dropped / n, "items": n}
-            for position, (first, moved, dropped, n) in sorted(by_position.items())
+            position: {
+                "first": first / n,
+                "moved": moved / n,
+                "dropped": dropped / n,
+                "again": again / n,
+                "items": n,
+            }
+            for position, (first, moved, dropped, again, n) in sorted(by_position.items())
         }
         for method, by_position in counts.items()
-        if any(moved for _, moved, _, _ in by_position.values())
+        if any(moved or again for _, moved, _, again, _ in by_position.values())
     }
 
 
 def _placement_cell(share: dict[str, float]) -> str:
     cell = f"{100 * share['first']:.0f} % of {share['items']:.0f}"
+    if share.get("again"):
+        cell += f", read again {100 * share['again']:.0f} %"
     return cell + (f" ({100 * share['dropped']:.0f} % left out)" if share["dropped"] else "")
 
 
@@ -151,6 +161,8 @@ def placement_table(placement: dict[str, dict[int, dict[str, float]]]) -> str:
         cells = [_placement_cell(x) if x else "-" for x in shares]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     note = "Items whose prompt had the gold document first, by the gold position the sweep set."
+    if any(x.get("again") for by_position in placement.values() for x in by_position.values()):
+        note += " Read again: items whose prompt read the gold a second time after the last document."
     if any(x["dropped"] for by_position in placement.values() for x in by_position.values()):
         note += (
             " Left out: items whose prompt did not hold the gold at all (a method that reads only"
