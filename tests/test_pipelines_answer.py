@@ -47,6 +47,13 @@ def test_citations_of_a_reordered_prompt_name_the_chunks_the_model_read():
     assert unknown == [3]  # the model read two documents
 
 
+def test_citations_of_a_prompt_that_read_a_document_again_keep_its_number():
+    # Every chunk in place and the second read again after the last, still numbered 2.
+    citations, unknown = parse_citations("Ferry [Document 2]; mill [3]; [4].", PACKED, read=(0, 1, 2, 1))
+    assert [(c.number, c.source) for c in citations] == [(2, "/docs/ferries.jsonl"), (3, "/docs/mill.pdf")]
+    assert unknown == [4]
+
+
 @pytest.mark.slow
 def test_answer_end_to_end_with_the_embedded_model(tmp_path, embedded):
     from rag_mspoe.engine import Engine

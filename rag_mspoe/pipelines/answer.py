@@ -81,9 +81,10 @@ def parse_citations(
 
     `read`: when a method rewrote the prompt (reordered its documents, or kept only some), the
     index of the packed chunk behind each document the model read, in its order; the answer's
-    numbers are those of the prompt it read. Returns (citations, numbers that name no document).
+    numbers are those of the prompt it read (a document read again keeps the number of its first
+    reading). Returns (citations, numbers that name no document).
     """
-    numbered = list(documents) if read is None else [documents[k] for k in read]
+    numbered = list(documents) if read is None else [documents[k] for k in dict.fromkeys(read)]
     citations: list[Citation] = []
     unknown: list[int] = []
     seen: set[int] = set()
