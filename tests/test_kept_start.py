@@ -71,6 +71,15 @@ def test_a_document_read_again_after_the_last_reads_the_others_once(engine, prom
     assert full_tokens - kept_tokens >= spans[-1][1] - 1
 
 
+def test_a_raw_prompt_reads_a_document_again_and_says_so(engine):
+    from rag_mspoe.prompts.qa_prompt import render_qa_prompt
+
+    text, _ = render_qa_prompt("Who?", [("A", "alpha one"), ("B", "beta two"), ("C", "gamma three")])
+    repeat = CalibratedReorder(strength=0.0, place="repeat")
+    result = engine.generate(text, method=repeat, max_new_tokens=2, raw=True)
+    assert len(result.documents_read) == 4 and result.documents_read[:3] == (0, 1, 2)
+
+
 def test_a_short_shared_start_is_read_again(engine, prompt):
     engine.shared_prompt_starts = True
     ids, spans = engine.document_spans_of(KEEPS_ORDER, prompt)

@@ -136,9 +136,10 @@ class CalibratedReorder(DocumentReordering):
     def _reordered_by(self, model: Any, prompt: Prompt, attention: torch.Tensor, raw: bool) -> Prompt:
         order = self.order(self.relevance(model, attention))
         if len(order) > attention.shape[-1]:  # "repeat": the given order, then one document again
-            reordered = prompt_with_copy(prompt, order[-1])
-        else:
-            reordered = reordered_prompt(prompt, order)
+            # Its copy breaks the 1, 2, ... numbering that finds documents in plain text, so a raw
+            # prompt stays one message that says where its documents are.
+            return prompt_with_copy(prompt, order[-1])
+        reordered = reordered_prompt(prompt, order)
         return reordered[0]["content"] if raw else reordered
 
     def relevance(self, model: Any, attention: torch.Tensor) -> list[float]:
