@@ -27,6 +27,17 @@ def test_positions_are_parsed_from_lists_and_keywords():
         parse_positions("first", 10)
 
 
+def test_a_label_added_with_no_report_leaves_the_folders_report(model_dir, tmp_path, capsys):
+    common = ["--model", str(model_dir), "--documents", "4", "--samples", "2", "--no-progress"]
+    assert main(["sweep", "--out", str(tmp_path), "--methods", "none", *common]) == 0
+    published = (tmp_path / "table.md").read_text()
+    capsys.readouterr()
+    assert main(["sweep", "--out", str(tmp_path), "--methods", "none", "random", "--no-report", *common]) == 0
+    assert "12/12 records" in capsys.readouterr().out
+    assert (tmp_path / "table.md").read_text() == published and "| random |" not in published
+    assert len(read_records(tmp_path / "results.jsonl")) == 12
+
+
 def test_sweep_report_and_compare_commands(model_dir, tmp_path, capsys):
     common = ["--model", str(model_dir), "--documents", "4", "--samples", "2", "--no-progress"]
     assert main(["sweep", "--out", str(tmp_path / "a"), "--methods", "none", "random", *common]) == 0

@@ -209,6 +209,12 @@ class Sweep(Evaluation):
             default=None,
             help="stop starting batches after this many hours; rerun the same command to go on",
         )
+        parser.add_argument(
+            "--no-report",
+            action="store_true",
+            help="leave the folder's report (table.md, summary.json, the plot) as it was, e.g. when "
+            "adding a label to a published run; `rag-mspoe report` writes one when wanted",
+        )
 
     @classmethod
     def run_command(cls, args: argparse.Namespace) -> int:
@@ -224,9 +230,10 @@ class Sweep(Evaluation):
             ray_workers=args.ray_workers,
             progress=not args.no_progress,
             budget_hours=args.budget_hours,
+            report=not args.no_report,
         )
         print(f"{outcome.total}/{outcome.expected} records in {outcome.folder} ({outcome.written} new)")
-        table = _table(outcome.folder)
+        table = "" if args.no_report else _table(outcome.folder)  # else the table would be an old one
         if table:
             print(table)
         return 0
