@@ -27,7 +27,6 @@ from bench_cpu_inference import DATA
 from bench_llama_cpp import joined_gguf
 
 GOLD_SLOTS = {"middle": 4, "first": 0}  # the gold passage fifth of ten, or first
-BASE_PATHS = ("bf16", "default", "default+method")
 
 
 def main() -> None:
@@ -81,7 +80,8 @@ def main() -> None:
         for gold, slot in GOLD_SLOTS.items():
             prompts = [qa_prompt(with_gold_at(e, slot)) for e in examples]
             key = f"{tokens}_tokens" if gold == "middle" else f"{tokens}_tokens_gold_first"
-            result[key] = _timed_paths(llm, paths, names, prompts, tokens, f"{tokens} tokens, gold {gold}")
+            label = f"{tokens} tokens, gold {gold}"
+            result[key] = _timed_paths(llm, paths, names, prompts, tokens, label, args.quantize)
     result["default_path"] = f"bf16, prompt lookup {default_lookup} tokens" if default_lookup else "bf16"
     result["drift_max_nats_per_token"] = 0.0  # the default path runs the bf16 weights: nothing moves
     result["load_average"] = [round(x, 2) for x in os.getloadavg()]
@@ -95,6 +95,7 @@ def _timed_paths(
     prompts: list[Any],
     tokens: int,
     label: str,
+    quantized: str | None,
 ) -> dict[str, Any]:
     """Each path's mean seconds per answer over `prompts`, the paths taking turns, and its ratios."""
     seconds: dict[str, list[float]] = {name: [] for name in names}
@@ -126,16 +127,16 @@ def _timed_paths(
             if "default+candidate" in mean
             else {}
         ),
-        **{
-            # A quantised path: how much sooner than the default it answers, and whether its answers
-            # are bf16's (quantised weights may change a token).
-            key: value
-            for name in mean.keys() - {*BASE_PATHS, "default+candidate", "llama_cpp"}
-            for key, value in (
-                (f"{name}_vs_default", round(mean["default"] / mean[name], 2)),
-                (f"{name}_same_answers", answers[name] == answers["bf16"]),
-            )
-        },
+        # The quantised path: how much sooner than the default it answers, and whether its answers
+        # are bf16's (quantised weights may change a token).
+        **(
+            {
+                f"{quantized}_vs_default": round(mean["default"] / mean[quantized], 2),
+                f"{quantized}_same_answers": answers[quantized] == answers["bf16"],
+            }
+            if quantized
+            else {}
+        ),
     }
 
 
