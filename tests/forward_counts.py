@@ -21,7 +21,8 @@ def counted_forwards(engine: Any, call: Callable[[], Any]) -> tuple[Any, Forward
     def counted(*args: Any, **kwargs: Any) -> Any:
         ids = kwargs.get("input_ids", args[0] if args else None)
         counts.forwards += 1
-        counts.tokens += ids.shape[-1]
+        # A forward from hidden states (the upper layers of a cut pass) reads their rows.
+        counts.tokens += ids.shape[-1] if ids is not None else kwargs["inputs_embeds"].shape[1]
         return forward(*args, **kwargs)
 
     engine.model.forward = counted

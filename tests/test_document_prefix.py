@@ -48,3 +48,42 @@ def test_a_shared_start_is_run_once_and_changes_no_cache(arch):
     shared_cache.copy_of(prefixes[1], shared=len(template))
     shared_cache.copy_of(template[:5], shared=len(template))
     assert rows == [5]
+
+
+def full_attention_model(arch: str, attn: str):
+    """A tiny model whose layers all attend to every earlier row (the tiny Qwen2 has sliding ones)."""
+    if arch == "qwen2":
+        return tiny_model(arch, attn, use_sliding_window=False, layer_types=["full_attention"] * 4)
+    return tiny_model(arch, attn)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_a_prefix_kept_with_its_first_layers_is_finished_into_the_rows_of_one_forward(arch, attn):
+    model = full_attention_model(arch, attn)
+    prefix = list(range(3, 40))
+    cut, whole = DocumentPrefixCache(model), DocumentPrefixCache(model)
+    lower = cut.first_layers_of(prefix, 2)
+    filled = [layer for layer in lower.layers if getattr(layer, "keys", None) is not None]
+    assert len(filled) == 2  # the upper layers did not run
+    reference = whole.copy_of(prefix)
+    for mine, theirs in zip(layer_tensors(lower)[:4], layer_tensors(reference)[:4], strict=True):
+        assert torch.equal(mine, theirs)
+    # Wanted whole (a copy, or an answer that starts with the prefix), it is finished once.
+    finished = cut.copy_of(prefix)
+    for mine, theirs in zip(layer_tensors(finished), layer_tensors(reference), strict=True):
+        assert torch.equal(mine, theirs)
+    again = DocumentPrefixCache(model)
+    again.first_layers_of(prefix, 3)
+    start, length = again.start_of([*prefix, 50, 51], at_least=10)
+    assert length == len(prefix)
+    for mine, theirs in zip(layer_tensors(start), layer_tensors(reference), strict=True):
+        assert torch.equal(mine, theirs)
+    assert cut.computed == again.computed == 1
+
+
+@pytest.mark.parametrize("arch", ["mistral", "qwen2", "gemma3_text"])
+def test_a_model_with_sliding_window_layers_is_not_cut(arch):
+    model = tiny_model(arch)
+    cache = DocumentPrefixCache(model).first_layers_of(list(range(3, 30)), 1)
+    assert all(layer.keys.numel() for layer in cache.layers)

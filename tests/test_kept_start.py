@@ -86,3 +86,27 @@ def test_a_short_shared_start_is_read_again(engine, prompt):
     engine.document_prefixes.copy_of(ids[: spans[0][0]])  # only the template before the documents
     _, counts = counted_forwards(engine, lambda: engine.generate(prompt, method="none", max_new_tokens=1))
     assert counts.tokens == engine.count_tokens(prompt)
+
+
+def rows_through_last_layer(engine: Engine) -> list[int]:
+    """The rows each forward runs through the model's last layer."""
+    rows: list[int] = []
+    engine.model.model.layers[-1].register_forward_hook(lambda _m, args, _o: rows.append(args[0].shape[1]))
+    return rows
+
+
+@pytest.mark.parametrize("min_margin", [0.0, 2.0])
+def test_a_ranking_by_lower_layers_stops_there_and_answers_as_one_full_pass(engine, prompt, min_margin):
+    lower = CalibratedReorder(strength=0.0, layers=[1], min_margin=min_margin)
+    rows = rows_through_last_layer(engine)
+    rewritten = lower.rewrite(engine, prompt)
+    assert rows == []  # layers 2 and 3 did not run
+    # The same order as the ranking pass that reads every layer (what sweeps record).
+    engine.document_prefixes.clear()
+    assert rewritten == lower.reordered(engine, prompt, lower.ranking_attention(engine, prompt))
+    full, _ = answer(engine, prompt, shared=False, method=lower)
+    rows.clear()
+    cut, _ = answer(engine, prompt, shared=True, method=lower)
+    assert cut == full
+    if min_margin:  # the order stays: the upper layers read the prompt once, then the answer's tokens
+        assert sum(rows) == len(engine.document_spans_of(lower, prompt)[0]) + 7

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -32,6 +33,7 @@ from rag_mspoe.methods.method_config import (
     method_name,
 )
 from rag_mspoe.methods.prompt_rewriting import PromptRewriting
+from rag_mspoe.models.decoder_stack import first_layers, splits_layers
 from rag_mspoe.models.loading import model_display_name
 from rag_mspoe.prompts.chat_template import DOCUMENT_SPANS, Prompt, as_messages
 from rag_mspoe.rope.hooks import cache_argument
@@ -103,7 +105,9 @@ class CalibratedReorder(DocumentReordering):
 
     def rewrite(self, engine: EngineLike, prompt: Prompt, *, raw: bool = False) -> Prompt:
         ids, spans = engine.document_spans_of(self, prompt, raw=raw)
-        attention = self._attention_over(engine, ids, spans)
+        # Nothing above the highest ranking layer is read, so the ranking stops there.
+        read = max(self.ranking_layers(int(engine.model.config.num_hidden_layers))) + 1
+        attention = self._attention_over(engine, ids, spans, read)
         return prompt if attention is None else self._reordered_by(engine.model, prompt, attention, raw)
 
     def ranking_attention(
@@ -112,7 +116,8 @@ class CalibratedReorder(DocumentReordering):
         """The ranking pass: [layers, documents], the attention the rows after the last document put
         on each document in every layer, averaged over heads (None with fewer than two documents).
         Every layer is kept, so any band's ranking can be read from it later (sweeps record it)."""
-        return self._attention_over(engine, *engine.document_spans_of(self, prompt, raw=raw))
+        layers = int(engine.model.config.num_hidden_layers)
+        return self._attention_over(engine, *engine.document_spans_of(self, prompt, raw=raw), layers)
 
     def reordered(
         self, engine: EngineLike, prompt: Prompt, attention: torch.Tensor, *, raw: bool = False
@@ -123,15 +128,18 @@ class CalibratedReorder(DocumentReordering):
         return self._reordered_by(engine.model, prompt, attention, raw)
 
     def _attention_over(
-        self, engine: EngineLike, ids: Sequence[int], spans: Sequence[tuple[int, int]]
+        self, engine: EngineLike, ids: Sequence[int], spans: Sequence[tuple[int, int]], read: int
     ) -> torch.Tensor | None:
+        """[layers, documents] for the first `read` layers (`ranking_attention`)."""
         if len(spans) < 2:
             return None
         self.prepare(engine.model, engine.tokenizer, [spans])
-        with rescaled(engine.model, None):
-            cache = engine.document_prefixes.copy_of(ids[: spans[-1][1]])
-        layers = range(int(engine.model.config.num_hidden_layers))
-        return document_attention(engine.model, cache, ids, spans, layers).mean(dim=1)
+        model = engine.model
+        with rescaled(model, None):
+            cache = engine.document_prefixes.first_layers_of(ids[: spans[-1][1]], read)
+        cut = splits_layers(model) and read < int(model.config.num_hidden_layers)
+        with first_layers(model, read) if cut else nullcontext():
+            return document_attention(model, cache, ids, spans, range(read)).mean(dim=1)
 
     def _reordered_by(self, model: Any, prompt: Prompt, attention: torch.Tensor, raw: bool) -> Prompt:
         order = self.order(self.relevance(model, attention))

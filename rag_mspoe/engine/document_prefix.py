@@ -9,6 +9,11 @@ runs only the question and the answer on a copy of it. For a 10-document prompt 
 
 The unmodified model's answer to a prompt that starts as a kept one does (a calibrated reordering
 that kept its documents' order, or moved one far down) starts from those rows too (`start_of`).
+
+A pass that reads only the lower layers (a ranking by the attention of layers 12-17) asks for
+those alone (`first_layers_of`): the upper layers run later, from the hidden states kept beside
+the rows, only if the whole rows are wanted, so a ranking that moves a document and leaves the
+rows unused has not paid for them.
 """
 
 from __future__ import annotations
@@ -17,14 +22,27 @@ import copy
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from rag_mspoe.models.decoder_stack import first_layers, splits_layers, upper_layers
 from rag_mspoe.rope.hooks import cache_argument, grows_plainly, returned_cache
 
 DEFAULT_MAX_BYTES = 1 << 30  # ~60 prompts of 1,300 tokens for the 0.5B in bf16, ~25 for the 1.5B
 MAX_VALUES = 100_000  # numbers are small: a sweep's worth of document scores
+
+
+@dataclass
+class _Kept:
+    """One kept prefix: its cache, and while only its first `layers` layers hold rows, the hidden
+    states the last of them returned (from which the rest are made)."""
+
+    cache: Any
+    size: int
+    layers: int | None = None
+    hidden: torch.Tensor | None = None
 
 
 class DocumentPrefixCache:
@@ -33,7 +51,7 @@ class DocumentPrefixCache:
     def __init__(self, model: Any, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.model = model
         self.max_bytes = max_bytes
-        self._caches: OrderedDict[tuple[int, ...], tuple[Any, int]] = OrderedDict()
+        self._caches: OrderedDict[tuple[int, ...], _Kept] = OrderedDict()
         self._bytes = 0
         self._values: OrderedDict[Hashable, float] = OrderedDict()
         self.computed = 0  # prefixes run through the model, for tests and benchmarks
@@ -64,6 +82,7 @@ class DocumentPrefixCache:
         key = tuple(prefix)
         if key in self._caches:
             self._caches.move_to_end(key)
+            self._complete(key)
         else:
             start = self.copy_of(prefix[:shared]) if 0 < shared < len(key) else None
             rows = key[shared:] if start is not None else key
@@ -71,15 +90,53 @@ class DocumentPrefixCache:
             with torch.inference_mode():
                 arguments = cache_argument(start) if start is not None else {}
                 out = self.model(ids, use_cache=True, logits_to_keep=1, **arguments)
-            cache = returned_cache(out)
-            size = _bytes(cache)
             self.computed += 1
-            self._caches[key] = (cache, size)
-            self._bytes += size
-            while self._bytes > self.max_bytes and len(self._caches) > 1:
-                _, (_, dropped) = self._caches.popitem(last=False)
-                self._bytes -= dropped
-        return copy.deepcopy(self._caches[key][0])
+            self._keep(key, _Kept(returned_cache(out), 0))
+        return copy.deepcopy(self._caches[key].cache)
+
+    def first_layers_of(self, prefix: Sequence[int], layers: int) -> Any:
+        """A fresh copy of the cache after `prefix` whose first `layers` decoder layers hold rows
+        (the others may be empty): a pass that reads no layer above them runs on it with the model
+        cut there (`rag_mspoe.models.decoder_stack.first_layers`). A kept whole prefix is copied as
+        it is; a model that cannot be cut gets the whole cache (`copy_of`)."""
+        key = tuple(prefix)
+        kept = self._caches.get(key)
+        if kept is not None and (kept.layers is None or kept.layers >= layers):
+            self._caches.move_to_end(key)
+            return copy.deepcopy(kept.cache)
+        if not splits_layers(self.model) or layers >= int(self.model.config.num_hidden_layers):
+            return self.copy_of(prefix)
+        ids = torch.tensor([list(key)], device=self.model.device)
+        with first_layers(self.model, layers) as outputs, torch.inference_mode():
+            out = self.model(ids, use_cache=True, logits_to_keep=1)
+        self.computed += 1
+        self._keep(key, _Kept(returned_cache(out), 0, layers, outputs[-1]))
+        return copy.deepcopy(self._caches[key].cache)
+
+    def _keep(self, key: tuple[int, ...], kept: _Kept) -> None:
+        kept.size = _bytes(kept.cache) + (0 if kept.hidden is None else _bytes_of(kept.hidden))
+        self._caches[key] = kept
+        self._bytes += kept.size
+        while self._bytes > self.max_bytes and len(self._caches) > 1:
+            _, dropped = self._caches.popitem(last=False)
+            self._bytes -= dropped.size
+
+    def _complete(self, key: tuple[int, ...]) -> None:
+        """Make the upper layers' rows of a prefix kept with its first layers only, from the
+        hidden states kept with it: the rows one full forward makes."""
+        from transformers.cache_utils import DynamicCache
+
+        kept = self._caches[key]
+        if kept.layers is None:
+            return
+        upper = DynamicCache(config=self.model.config)
+        with upper_layers(self.model, kept.layers), torch.inference_mode():
+            self.model(inputs_embeds=kept.hidden, use_cache=True, logits_to_keep=1, **cache_argument(upper))
+        layers = kept.cache.layers[: kept.layers] + upper.layers[kept.layers :]
+        rows = [(layer.keys, layer.values) for layer in layers]
+        del self._caches[key]
+        self._bytes -= kept.size
+        self._keep(key, _Kept(DynamicCache(ddp_cache_data=rows, config=self.model.config), 0))
 
     def start_of(self, ids: Sequence[int], at_least: int) -> tuple[Any, int] | None:
         """(cache, length): a copy of the kept rows that share the longest start with `ids`, cut
@@ -96,7 +153,8 @@ class DocumentPrefixCache:
         if found is None or best < at_least:
             return None
         self._caches.move_to_end(found)
-        cache = self._caches[found][0]
+        self._complete(found)
+        cache = self._caches[found].cache
         if not grows_plainly(cache):
             return None
         kept = [
@@ -110,5 +168,9 @@ def _bytes(cache: Any) -> int:
     for layer in getattr(cache, "layers", []):
         for tensor in (getattr(layer, "keys", None), getattr(layer, "values", None)):
             if isinstance(tensor, torch.Tensor):
-                total += tensor.numel() * tensor.element_size()
+                total += _bytes_of(tensor)
     return total
+
+
+def _bytes_of(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
