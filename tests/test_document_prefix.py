@@ -87,3 +87,18 @@ def test_a_model_with_sliding_window_layers_is_not_cut(arch):
     model = tiny_model(arch)
     cache = DocumentPrefixCache(model).first_layers_of(list(range(3, 30)), 1)
     assert all(layer.keys.numel() for layer in cache.layers)
+
+
+def test_a_prefix_kept_again_in_its_own_place_counts_once_against_the_budget():
+    model = full_attention_model("llama", "sdpa")
+    first, second = list(range(3, 40)), list(range(50, 87))
+    whole = DocumentPrefixCache(model)
+    whole.copy_of(first)
+    cut = DocumentPrefixCache(model, max_bytes=2 * whole._bytes)  # room for two whole prefixes
+    cut.first_layers_of(first, 1)
+    cut.first_layers_of(first, 2)  # more layers than kept: kept again, in its place
+    cut.copy_of(first)  # finished
+    cut.copy_of(second)
+    computed = cut.computed
+    cut.copy_of(first)
+    assert cut.computed == computed  # both still kept

@@ -114,6 +114,10 @@ class DocumentPrefixCache:
         return copy.deepcopy(self._caches[key].cache)
 
     def _keep(self, key: tuple[int, ...], kept: _Kept) -> None:
+        """Keep `kept` for `key` (in place of what was kept for it), dropping the least recently
+        used past `max_bytes`."""
+        if key in self._caches:
+            self._bytes -= self._caches.pop(key).size
         kept.size = _bytes(kept.cache) + (0 if kept.hidden is None else _bytes_of(kept.hidden))
         self._caches[key] = kept
         self._bytes += kept.size
@@ -134,8 +138,6 @@ class DocumentPrefixCache:
             self.model(inputs_embeds=kept.hidden, use_cache=True, logits_to_keep=1, **cache_argument(upper))
         layers = kept.cache.layers[: kept.layers] + upper.layers[kept.layers :]
         rows = [(layer.keys, layer.values) for layer in layers]
-        del self._caches[key]
-        self._bytes -= kept.size
         self._keep(key, _Kept(DynamicCache(ddp_cache_data=rows, config=self.model.config), 0))
 
     def start_of(self, ids: Sequence[int], at_least: int) -> tuple[Any, int] | None:
