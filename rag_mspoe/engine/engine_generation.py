@@ -334,7 +334,8 @@ class GeneratingEngine(EngineBase):
         if self._compile_config is not None:  # its static cache is allocated by generate
             return {}
         ids = prepared[0].ids
-        found = self._document_prefixes.start_of(ids, max(MIN_SHARED_PREFIX, len(ids) // 2))
+        with self._method_applied(None, give_spans=False):  # a start kept half-made is finished here
+            found = self._document_prefixes.start_of(ids, max(MIN_SHARED_PREFIX, len(ids) // 2))
         return {} if found is None else cache_argument(found[0])
 
     def joins_prefills(self, prepared: Sequence[_Prepared], method: Any) -> bool:
