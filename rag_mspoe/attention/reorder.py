@@ -9,9 +9,11 @@ itself is sharp. This method uses it the other way: one pass scores each documen
 calibrated attention from the question rows (in the upper layers by default), the documents are
 put in that order, and the model answers from the new prompt, unmodified.
 
-The first pass costs only the question rows: every row through the documents is the unmodified
-model's (`rag_mspoe.engine.document_prefix`). The second pass is an ordinary prompt. The engine runs the
-method wherever it runs one (generation, scoring, sweeps, the adapters, the server).
+Every row the first pass reads through the documents is the unmodified model's, and it reads
+them only up to the highest ranking layer (`rag_mspoe.engine.document_prefix`); when the order
+stays, the answer starts from those rows, finished through the upper layers. The second pass is
+an ordinary prompt. The engine runs the method wherever it runs one (generation, scoring, sweeps,
+the adapters, the server).
 """
 
 from __future__ import annotations
