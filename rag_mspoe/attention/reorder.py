@@ -35,7 +35,7 @@ from rag_mspoe.methods.method_config import (
     method_name,
 )
 from rag_mspoe.methods.prompt_rewriting import PromptRewriting
-from rag_mspoe.models.decoder_stack import first_layers, splits_layers
+from rag_mspoe.models.decoder_stack import cuts_at, first_layers
 from rag_mspoe.models.loading import model_display_name
 from rag_mspoe.prompts.chat_template import DOCUMENT_SPANS, Prompt, as_messages
 from rag_mspoe.rope.hooks import cache_argument
@@ -139,8 +139,7 @@ class CalibratedReorder(DocumentReordering):
         model = engine.model
         with rescaled(model, None):
             cache = engine.document_prefixes.first_layers_of(ids[: spans[-1][1]], read)
-        cut = splits_layers(model) and read < int(model.config.num_hidden_layers)
-        with first_layers(model, read) if cut else nullcontext():
+        with first_layers(model, read) if cuts_at(model, read) else nullcontext():
             return document_attention(model, cache, ids, spans, range(read)).mean(dim=1)
 
     def _reordered_by(self, model: Any, prompt: Prompt, attention: torch.Tensor, raw: bool) -> Prompt:

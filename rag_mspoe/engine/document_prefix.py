@@ -22,12 +22,12 @@ import copy
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from rag_mspoe.models.decoder_stack import first_layers, splits_layers, upper_layers
+from rag_mspoe.models.decoder_stack import cuts_at, first_layers, upper_layers
 from rag_mspoe.rope.hooks import cache_argument, grows_plainly, returned_cache
 
 DEFAULT_MAX_BYTES = 1 << 30  # ~60 prompts of 1,300 tokens for the 0.5B in bf16, ~25 for the 1.5B
@@ -40,9 +40,12 @@ class _Kept:
     states the last of them returned (from which the rest are made)."""
 
     cache: Any
-    size: int
     layers: int | None = None
     hidden: torch.Tensor | None = None
+    size: int = field(init=False)  # bytes of tensors held
+
+    def __post_init__(self) -> None:
+        self.size = _bytes(self.cache) + (0 if self.hidden is None else _bytes_of(self.hidden))
 
 
 class DocumentPrefixCache:
@@ -91,7 +94,7 @@ class DocumentPrefixCache:
                 arguments = cache_argument(start) if start is not None else {}
                 out = self.model(ids, use_cache=True, logits_to_keep=1, **arguments)
             self.computed += 1
-            self._keep(key, _Kept(returned_cache(out), 0))
+            self._keep(key, _Kept(returned_cache(out)))
         return copy.deepcopy(self._caches[key].cache)
 
     def first_layers_of(self, prefix: Sequence[int], layers: int) -> Any:
@@ -104,13 +107,13 @@ class DocumentPrefixCache:
         if kept is not None and (kept.layers is None or kept.layers >= layers):
             self._caches.move_to_end(key)
             return copy.deepcopy(kept.cache)
-        if not splits_layers(self.model) or layers >= int(self.model.config.num_hidden_layers):
+        if not cuts_at(self.model, layers):
             return self.copy_of(prefix)
         ids = torch.tensor([list(key)], device=self.model.device)
         with first_layers(self.model, layers) as outputs, torch.inference_mode():
             out = self.model(ids, use_cache=True, logits_to_keep=1)
         self.computed += 1
-        self._keep(key, _Kept(returned_cache(out), 0, layers, outputs[-1]))
+        self._keep(key, _Kept(returned_cache(out), layers, outputs[-1]))
         return copy.deepcopy(self._caches[key].cache)
 
     def _keep(self, key: tuple[int, ...], kept: _Kept) -> None:
@@ -118,7 +121,6 @@ class DocumentPrefixCache:
         used past `max_bytes`."""
         if key in self._caches:
             self._bytes -= self._caches.pop(key).size
-        kept.size = _bytes(kept.cache) + (0 if kept.hidden is None else _bytes_of(kept.hidden))
         self._caches[key] = kept
         self._bytes += kept.size
         while self._bytes > self.max_bytes and len(self._caches) > 1:
@@ -138,7 +140,7 @@ class DocumentPrefixCache:
             self.model(inputs_embeds=kept.hidden, use_cache=True, logits_to_keep=1, **cache_argument(upper))
         layers = kept.cache.layers[: kept.layers] + upper.layers[kept.layers :]
         rows = [(layer.keys, layer.values) for layer in layers]
-        self._keep(key, _Kept(DynamicCache(ddp_cache_data=rows, config=self.model.config), 0))
+        self._keep(key, _Kept(DynamicCache(ddp_cache_data=rows, config=self.model.config)))
 
     def start_of(self, ids: Sequence[int], at_least: int) -> tuple[Any, int] | None:
         """(cache, length): a copy of the kept rows that share the longest start with `ids`, cut

@@ -33,24 +33,27 @@ def splits_layers(model: Any) -> bool:
     )
 
 
+def cuts_at(model: Any, count: int) -> bool:
+    """Whether running `model`'s first `count` layers leaves some out: it splits, and has more."""
+    return splits_layers(model) and count < int(model.config.num_hidden_layers)
+
+
 @contextmanager
 def first_layers(model: Any, count: int) -> Iterator[list[torch.Tensor]]:
     """Within the block, `model` runs only its first `count` decoder layers (the final norm and
     the output layer still run on their output). Yields a list that receives, for every forward,
     the hidden states the last of them returns: the input the next layer would read."""
-    decoder = model.model
-    layers = decoder.layers
+    layers = model.model.layers
     if not 0 < count <= len(layers):
         raise ValueError(f"A model of {len(layers)} layers has no first {count}.")
     outputs: list[torch.Tensor] = []
     handle = layers[count - 1].register_forward_hook(
         lambda _module, _args, output: outputs.append(output[0] if isinstance(output, tuple) else output)
     )
-    decoder.layers = torch.nn.ModuleList(list(layers)[:count])
     try:
-        yield outputs
+        with _running_only(model, list(layers)[:count]):
+            yield outputs
     finally:
-        decoder.layers = layers
         handle.remove()
 
 
@@ -60,12 +63,21 @@ def upper_layers(model: Any, start: int) -> Iterator[None]:
     = what layer `start - 1` returned for rows 0, 1, ..., and an empty cache, it makes those
     layers' rows (the cache's lower layers stay empty, so positions and the causal mask start at
     0, as in one full forward)."""
-    decoder = model.model
-    layers = decoder.layers
+    layers = model.model.layers
     if not 0 < start < len(layers):
         raise ValueError(f"A model of {len(layers)} layers has no layers above its first {start}.")
-    decoder.layers = torch.nn.ModuleList(list(layers)[start:])
+    with _running_only(model, list(layers)[start:]):
+        yield
+
+
+@contextmanager
+def _running_only(model: Any, layers: list[torch.nn.Module]) -> Iterator[None]:
+    """The decoder's layer list replaced by `layers` for the block (each keeps its own index into
+    the KV cache), then put back."""
+    decoder = model.model
+    kept = decoder.layers
+    decoder.layers = torch.nn.ModuleList(layers)
     try:
         yield
     finally:
-        decoder.layers = layers
+        decoder.layers = kept
