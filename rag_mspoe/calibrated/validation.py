@@ -83,13 +83,15 @@ VALIDATION_RUNS: dict[str, tuple[ValidationRun, ...]] = {
     "qwen2.5-coder-1.5b-instruct": (
         ValidationRun(
             model="qwen2.5-coder-1.5b-instruct",
-            folder="docs/results/nq20-1.5b",
-            label="judge-keep-first",
+            # The confirmatory run on 300 questions nothing had read; the first validation
+            # (docs/results/nq20-1.5b, label judge-keep-first) was partly read by the design.
+            folder="docs/results/nq20-1.5b-confirm",
+            label="calibrated",
             command=(
                 "rag-mspoe sweep --model qwen2.5-coder-1.5b-instruct "
-                "--data docs/results/nq20-1.5b/validation-20.jsonl.gz --documents 20 --positions 0,9,19 "
-                "--methods none calibrated --samples 300 --metrics generate --max-new-tokens 64 "
-                "--threads 1 --ray local --ray-workers 2 --out runs/val20-1.5b"
+                "--data docs/results/nq20-1.5b-confirm/validation-20-fresh.jsonl.gz --documents 20 "
+                "--positions 0,9,19 --methods none calibrated --samples 300 --metrics generate "
+                "--max-new-tokens 64 --threads 1 --ray local --ray-workers 2 --out runs/confirm20-1.5b"
             ),
         ),
     ),
