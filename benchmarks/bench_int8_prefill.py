@@ -1,0 +1,217 @@
+"""A candidate for a quicker prefill: int8 weights times int8 activations (W8A8), against bf16.
+
+    python benchmarks/bench_int8_prefill.py                      # the 0.5B's layer shapes, one thread
+    python benchmarks/bench_int8_prefill.py --model qwen2.5-coder-1.5b-instruct --drift-prompts 6
+
+A RAG answer is mostly its prompt's prefill, and the bf16 matmul that reads it runs near this
+CPU's bf16 peak; llama.cpp reads its 4-bit files with int8 dot products instead. This measures,
+not yet ships, the same idea in torch: each row of a layer's input quantised to int8 with its own
+scale, multiplied with the int8 weight (one scale per output channel, `quantize="int8"`'s codes)
+by `torch._int_mm`, and the int32 product scaled back in bf16.
+
+- layers: milliseconds per call of each of the model's Linear shapes at `--rows` rows (a
+  1,300-token prompt): the bf16 matmul, the W8A8 product and its parts; and, for decoding, the
+  int8 weight-only kernel against the bf16 matmul at 1-16 rows (a drafted step checks 11).
+- drift (`--drift-prompts N`): the gold answer's log-likelihood per token on N real 10-document
+  prompts (the search half), bf16 against the model with every Linear layer (but those `--keep`
+  names) W8A8 for calls over 16 rows (the prompt) and weight-only int8 below (the answer), and
+  each one's seconds, the two alternating prompt by prompt; `--outlier-threshold` multiplies the
+  input columns holding larger activations in bf16.
+
+One JSON line on stdout; one thread; compare within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from bench_cpu_inference import DATA, GOLD_POSITION
+from torch import nn
+
+DECODE_ROWS = (1, 2, 4, 11, 16)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="qwen2.5-coder-0.5b-instruct", help="an embedded model's name")
+    parser.add_argument("--rows", type=int, default=1300, help="prompt tokens of the layer timings")
+    parser.add_argument("--drift-prompts", type=int, default=0, help="real prompts of the drift part")
+    parser.add_argument(
+        "--keep",
+        nargs="*",
+        default=[],
+        metavar="NAME",
+        help="drift: Linear layers whose name ends so stay bf16 (e.g. down_proj, whose inputs hold outliers)",
+    )
+    parser.add_argument(
+        "--outlier-threshold",
+        type=float,
+        metavar="T",
+        help="drift: input columns with an activation above T multiply in bf16 (LLM.int8() used 6)",
+    )
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    from rag_mspoe import load_model
+
+    model, tokenizer = load_model(args.model, dtype="bfloat16", threads=1)
+    result: dict[str, Any] = {"model": args.model, "threads": 1, "rows": args.rows}
+    result["layers"] = layer_timings(model, args.rows)
+    if args.drift_prompts:
+        keep, threshold = tuple(args.keep), args.outlier_threshold
+        result["drift"] = drift(model, tokenizer, args.drift_prompts, keep, threshold)
+    print(json.dumps(result), flush=True)
+
+
+class Int8ActivationLinear(nn.Module):
+    """int8 weights (per output channel) times int8 activations (per row) for calls over 16 rows.
+
+    With `outlier_threshold`, the input columns whose largest magnitude exceeds it multiply in
+    bf16 with their de-quantised weight columns instead (LLM.int8()'s decomposition), so a few
+    very large activations do not set every row's int8 step.
+    """
+
+    def __init__(self, linear: nn.Linear, outlier_threshold: float | None = None) -> None:
+        super().__init__()
+        self.outlier_threshold = outlier_threshold
+        self.outlier_columns: list[int] = []  # per call over 16 rows, for the report
+        from rag_mspoe.models.weight_only import WeightOnlyLinear
+
+        self.weight_only = WeightOnlyLinear(linear, 8)
+        self.codes_t = self.weight_only.packed.t()  # [in, out], as torch._int_mm takes it
+        self.out_features = linear.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        if rows.shape[0] <= self.weight_only.kernel_rows:
+            return self.weight_only(x)
+        scales, bias = self.weight_only.scales, self.weight_only.bias
+        outliers = None
+        if self.outlier_threshold is not None:
+            outliers = (rows.abs().amax(0) > self.outlier_threshold).nonzero().squeeze(1)
+            self.outlier_columns.append(outliers.numel())
+        if outliers is None or outliers.numel() == 0:
+            return w8a8(rows, self.codes_t, scales, bias).reshape(*x.shape[:-1], self.out_features)
+        columns = self.weight_only.packed[:, outliers].to(rows.dtype) * scales[:, None]
+        out = w8a8(rows.index_fill(1, outliers, 0), self.codes_t, scales, bias)
+        out += rows[:, outliers] @ columns.T
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def w8a8(rows: torch.Tensor, codes_t: torch.Tensor, scales: torch.Tensor, bias: Any) -> torch.Tensor:
+    """rows @ W.T with each row quantised symmetrically to int8; scaled back in the rows' dtype."""
+    row_scale = rows.float().abs().amax(1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny) / 127
+    quantized = torch.round(rows.float() / row_scale).to(torch.int8)
+    # Scaling in bf16 rounds the product once more, as a bf16 matmul's output is rounded; in float32
+    # the same scaling took 10x as long as these two bf16 passes.
+    out = torch._int_mm(quantized, codes_t).to(rows.dtype).mul_(row_scale.to(rows.dtype)).mul_(scales)
+    return out if bias is None else out + bias
+
+
+def layer_timings(model: Any, rows: int) -> dict[str, Any]:
+    linears = [m for m in model.model.layers[0].modules() if type(m) is nn.Linear]
+    shapes = sorted({(m.in_features, m.out_features) for m in linears})
+    return {f"{inputs}x{outputs}": shape_timings(inputs, outputs, rows) for inputs, outputs in shapes}
+
+
+def shape_timings(inputs: int, outputs: int, rows: int) -> dict[str, Any]:
+    """One Linear shape's timings (module docstring), on random weights and inputs."""
+    torch.manual_seed(0)
+    linear = nn.Linear(inputs, outputs, bias=False).to(torch.bfloat16)
+    layer = Int8ActivationLinear(linear)
+    codes_t, scales = layer.codes_t, layer.weight_only.scales
+    x = torch.randn(rows, inputs, dtype=torch.bfloat16)
+    row_scale = x.float().abs().amax(1, keepdim=True) / 127
+    quantized = torch.round(x.float() / row_scale).to(torch.int8)
+    product = torch._int_mm(quantized, codes_t)
+    bf16 = _ms(lambda: torch.nn.functional.linear(x, linear.weight))
+    int8 = _ms(lambda: w8a8(x, codes_t, scales, None))
+    return {
+        "bf16_ms": round(bf16, 2),
+        "w8a8_ms": round(int8, 2),
+        "w8a8_speedup": round(bf16 / int8, 2),
+        "int_mm_ms": round(_ms(lambda: torch._int_mm(quantized, codes_t)), 2),
+        "quantize_rows_ms": round(_ms(lambda: torch.round(x.float() / row_scale).to(torch.int8)), 2),
+        "scale_back_bf16_ms": round(
+            _ms(lambda: product.to(x.dtype).mul_(row_scale.to(x.dtype)).mul_(scales)), 2
+        ),
+        "scale_back_fp32_ms": round(
+            _ms(lambda: (product.float() * row_scale * scales.float()).to(x.dtype)), 2
+        ),
+        "int8_kernel_time_vs_bf16_by_rows": {
+            count: round(_kernel_vs_bf16(layer, linear, count), 2) for count in DECODE_ROWS
+        },
+    }
+
+
+def _kernel_vs_bf16(layer: Int8ActivationLinear, linear: nn.Linear, rows: int) -> float:
+    """The weight-only int8 kernel's time over the bf16 matmul's, at `rows` rows (decoding)."""
+    step = torch.randn(rows, linear.in_features, dtype=torch.bfloat16)
+    packed, scales = layer.weight_only.packed, layer.weight_only.scales
+    kernel = _ms(lambda: torch.ops.aten._weight_int8pack_mm(step, packed, scales))
+    return kernel / _ms(lambda: torch.nn.functional.linear(step, linear.weight))
+
+
+def drift(
+    model: Any, tokenizer: Any, count: int, keep: tuple[str, ...], outlier_threshold: float | None
+) -> dict[str, Any]:
+    from rag_mspoe.engine import Engine
+    from rag_mspoe.eval.data.loaders import load_qa
+    from rag_mspoe.eval.data.prompts import qa_prompt
+    from rag_mspoe.eval.data.records import with_gold_at
+
+    candidate = copy.deepcopy(model)
+    for parent in list(candidate.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear and not (keep and name.endswith(keep)):
+                setattr(parent, name, Int8ActivationLinear(child, outlier_threshold))
+    engines = {
+        "bf16": Engine(model, tokenizer, method="none"),
+        "w8a8": Engine(candidate, tokenizer, method="none"),
+    }
+    per_token: dict[str, list[float]] = {name: [] for name in engines}
+    seconds = dict.fromkeys(engines, 0.0)
+    for number, example in enumerate(load_qa(DATA)[:count]):
+        prompt = qa_prompt(with_gold_at(example, GOLD_POSITION))
+        for name in list(engines) if number % 2 == 0 else list(reversed(engines)):
+            started = time.perf_counter()
+            total, tokens = engines[name].score_continuations(prompt, [example.answers[0]])[0]
+            seconds[name] += time.perf_counter() - started
+            per_token[name].append(total / tokens)
+    moved = [abs(a - b) for a, b in zip(per_token["w8a8"], per_token["bf16"], strict=True)]
+    return {
+        "prompts": count,
+        "kept_bf16": list(keep),
+        "outlier_threshold": outlier_threshold,
+        "mean_outlier_columns": _mean_outlier_columns(candidate),
+        "mean_abs_loglik_diff_per_token": round(statistics.fmean(moved), 4),
+        "max_abs_loglik_diff_per_token": round(max(moved), 4),
+        "seconds": {name: round(s, 1) for name, s in seconds.items()},
+        "w8a8_speedup": round(seconds["bf16"] / seconds["w8a8"], 2),
+    }
+
+
+def _mean_outlier_columns(model: Any) -> float | None:
+    """Input columns per W8A8 call that multiplied in bf16, on average (None: no threshold)."""
+    counts = [n for m in model.modules() if isinstance(m, Int8ActivationLinear) for n in m.outlier_columns]
+    return round(statistics.fmean(counts), 1) if counts else None
+
+
+def _ms(call: Callable[[], Any], repeats: int = 5) -> float:
+    call()
+    started = time.perf_counter()
+    for _ in range(repeats):
+        call()
+    return (time.perf_counter() - started) / repeats * 1e3
+
+
+if __name__ == "__main__":
+    main()
