@@ -1,7 +1,7 @@
 """A candidate for a quicker prefill: int8 weights times int8 activations (W8A8), against bf16.
 
     python benchmarks/bench_int8_prefill.py                      # the 0.5B's layer shapes, one thread
-    python benchmarks/bench_int8_prefill.py --model qwen2.5-coder-1.5b-instruct --drift-prompts 6
+    python benchmarks/bench_int8_prefill.py --model qwen2.5-coder-1.5b-instruct --drift-prompts 20
 
 A RAG answer is mostly its prompt's prefill, and the bf16 matmul that reads it runs near this
 CPU's bf16 peak; llama.cpp reads its 4-bit files with int8 dot products instead. This measures,
@@ -16,7 +16,8 @@ by `torch._int_mm`, and the int32 product scaled back in bf16.
   prompts (the search half), bf16 against the model with every Linear layer (but those `--keep`
   names) W8A8 for calls over 16 rows (the prompt) and weight-only int8 below (the answer), and
   each one's seconds, the two alternating prompt by prompt; `--outlier-threshold` multiplies the
-  input columns holding larger activations in bf16.
+  input columns holding larger activations in bf16, `--smoothing` smooths each layer's inputs as
+  SmoothQuant does. docs/cpu-inference.md has the results: quick enough, drift too large.
 
 One JSON line on stdout; one thread; compare within one run.
 """
@@ -36,6 +37,7 @@ from bench_cpu_inference import DATA, GOLD_POSITION
 from torch import nn
 
 DECODE_ROWS = (1, 2, 4, 11, 16)
+CALIBRATION_PROMPTS = 8  # the smoothing's, after the drift prompts
 
 
 def main() -> None:
@@ -53,6 +55,13 @@ def main() -> None:
         help="drift: Linear layers whose name ends so stay bf16 (e.g. down_proj, whose inputs hold outliers)",
     )
     parser.add_argument(
+        "--smoothing",
+        type=float,
+        metavar="ALPHA",
+        help="drift: SmoothQuant's factors max|x|^ALPHA / max|w|^(1-ALPHA) per input channel (0.5 in its "
+        "paper), fitted on the 8 prompts after the drift prompts",
+    )
+    parser.add_argument(
         "--outlier-threshold",
         type=float,
         metavar="T",
@@ -67,7 +76,7 @@ def main() -> None:
     result["layers"] = layer_timings(model, args.rows)
     if args.drift_prompts:
         keep, threshold = tuple(args.keep), args.outlier_threshold
-        result["drift"] = drift(model, tokenizer, args.drift_prompts, keep, threshold)
+        result["drift"] = drift(model, tokenizer, args.drift_prompts, keep, threshold, args.smoothing)
     print(json.dumps(result), flush=True)
 
 
@@ -76,16 +85,29 @@ class Int8ActivationLinear(nn.Module):
 
     With `outlier_threshold`, the input columns whose largest magnitude exceeds it multiply in
     bf16 with their de-quantised weight columns instead (LLM.int8()'s decomposition), so a few
-    very large activations do not set every row's int8 step.
+    very large activations do not set every row's int8 step. With `smoothing` (per input channel),
+    the rows are divided and the weight multiplied by it before both are quantised (SmoothQuant).
     """
 
-    def __init__(self, linear: nn.Linear, outlier_threshold: float | None = None) -> None:
+    def __init__(
+        self,
+        linear: nn.Linear,
+        outlier_threshold: float | None = None,
+        smoothing: torch.Tensor | None = None,
+    ) -> None:
         super().__init__()
         self.outlier_threshold = outlier_threshold
         self.outlier_columns: list[int] = []  # per call over 16 rows, for the report
         from rag_mspoe.models.weight_only import WeightOnlyLinear
 
         self.weight_only = WeightOnlyLinear(linear, 8)
+        # Large input channels hand part of their range over to the weight's columns.
+        self.smoothing = smoothing
+        if smoothing is not None:
+            smoothed = nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None)
+            smoothed.weight = nn.Parameter(linear.weight.detach() * smoothing.to(linear.weight.dtype))
+            smoothed.bias = linear.bias
+            self.smoothed = WeightOnlyLinear(smoothed.to(linear.weight.dtype), 8)
         self.codes_t = self.weight_only.packed.t()  # [in, out], as torch._int_mm takes it
         self.out_features = linear.out_features
 
@@ -93,6 +115,11 @@ class Int8ActivationLinear(nn.Module):
         rows = x.reshape(-1, x.shape[-1])
         if rows.shape[0] <= self.weight_only.kernel_rows:
             return self.weight_only(x)
+        if self.smoothing is not None:
+            smoothed = (rows / self.smoothing.to(rows.dtype)).contiguous()
+            weights = self.smoothed
+            out = w8a8(smoothed, weights.packed.t(), weights.scales, weights.bias)
+            return out.reshape(*x.shape[:-1], self.out_features)
         scales, bias = self.weight_only.scales, self.weight_only.bias
         outliers = None
         if self.outlier_threshold is not None:
@@ -161,26 +188,36 @@ def _kernel_vs_bf16(layer: Int8ActivationLinear, linear: nn.Linear, rows: int) -
 
 
 def drift(
-    model: Any, tokenizer: Any, count: int, keep: tuple[str, ...], outlier_threshold: float | None
+    model: Any,
+    tokenizer: Any,
+    count: int,
+    keep: tuple[str, ...],
+    outlier_threshold: float | None,
+    smoothing_alpha: float | None,
 ) -> dict[str, Any]:
     from rag_mspoe.engine import Engine
     from rag_mspoe.eval.data.loaders import load_qa
     from rag_mspoe.eval.data.prompts import qa_prompt
     from rag_mspoe.eval.data.records import with_gold_at
 
+    examples = load_qa(DATA)[: count + CALIBRATION_PROMPTS]
+    prompts = [qa_prompt(with_gold_at(example, GOLD_POSITION)) for example in examples]
+    factors = {}
+    if smoothing_alpha is not None:
+        factors = smoothing_factors(model, tokenizer, prompts[count:], smoothing_alpha)
     candidate = copy.deepcopy(model)
-    for parent in list(candidate.modules()):
+    for parent_name, parent in list(candidate.named_modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear and not (keep and name.endswith(keep)):
-                setattr(parent, name, Int8ActivationLinear(child, outlier_threshold))
+                smoothing = factors.get(f"{parent_name}.{name}")
+                setattr(parent, name, Int8ActivationLinear(child, outlier_threshold, smoothing))
     engines = {
         "bf16": Engine(model, tokenizer, method="none"),
         "w8a8": Engine(candidate, tokenizer, method="none"),
     }
     per_token: dict[str, list[float]] = {name: [] for name in engines}
     seconds = dict.fromkeys(engines, 0.0)
-    for number, example in enumerate(load_qa(DATA)[:count]):
-        prompt = qa_prompt(with_gold_at(example, GOLD_POSITION))
+    for number, (example, prompt) in enumerate(zip(examples[:count], prompts, strict=False)):
         for name in list(engines) if number % 2 == 0 else list(reversed(engines)):
             started = time.perf_counter()
             total, tokens = engines[name].score_continuations(prompt, [example.answers[0]])[0]
@@ -191,11 +228,48 @@ def drift(
         "prompts": count,
         "kept_bf16": list(keep),
         "outlier_threshold": outlier_threshold,
+        "smoothing_alpha": smoothing_alpha,
+        "calibration_prompts": CALIBRATION_PROMPTS if smoothing_alpha is not None else 0,
         "mean_outlier_columns": _mean_outlier_columns(candidate),
         "mean_abs_loglik_diff_per_token": round(statistics.fmean(moved), 4),
         "max_abs_loglik_diff_per_token": round(max(moved), 4),
         "seconds": {name: round(s, 1) for name, s in seconds.items()},
         "w8a8_speedup": round(seconds["bf16"] / seconds["w8a8"], 2),
+    }
+
+
+def smoothing_factors(
+    model: Any, tokenizer: Any, prompts: list[str], alpha: float
+) -> dict[str, torch.Tensor]:
+    """Per Linear layer, SmoothQuant's per-input-channel factors from its inputs on `prompts`."""
+    largest: dict[str, torch.Tensor] = {}
+
+    def record(name: str) -> Callable[..., None]:
+        def hook(_: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+            seen = inputs[0].reshape(-1, inputs[0].shape[-1]).abs().amax(0).float()
+            largest[name] = torch.maximum(largest[name], seen) if name in largest else seen
+
+        return hook
+
+    linears = {name: m for name, m in model.named_modules() if type(m) is nn.Linear}
+    handles = [m.register_forward_pre_hook(record(name)) for name, m in linears.items()]
+    try:
+        with torch.inference_mode():
+            for prompt in prompts:
+                message = [{"role": "user", "content": prompt}]
+                text = tokenizer.apply_chat_template(message, tokenize=False, add_generation_prompt=True)
+                model(tokenizer(text, return_tensors="pt").input_ids, logits_to_keep=1)
+    finally:
+        for handle in handles:
+            handle.remove()
+    tiny = torch.finfo(torch.float32).tiny
+    return {
+        name: (
+            largest[name].clamp(min=tiny).pow(alpha)
+            / linear.weight.detach().float().abs().amax(0).clamp(min=tiny).pow(1 - alpha)
+        ).clamp(min=1e-5)
+        for name, linear in linears.items()
+        if name in largest
     }
 
 
