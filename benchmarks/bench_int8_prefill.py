@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from bench_cpu_inference import DATA, GOLD_POSITION
+from bench_cpu_inference import DATA, GOLD_POSITION, prompt_ids
 from torch import nn
 
 DECODE_ROWS = (1, 2, 4, 11, 16)
@@ -135,12 +135,23 @@ class Int8ActivationLinear(nn.Module):
 
 def w8a8(rows: torch.Tensor, codes_t: torch.Tensor, scales: torch.Tensor, bias: Any) -> torch.Tensor:
     """rows @ W.T with each row quantised symmetrically to int8; scaled back in the rows' dtype."""
+    quantized, row_scale = quantize_rows(rows)
+    out = scale_back(torch._int_mm(quantized, codes_t), row_scale, scales, rows.dtype)
+    return out if bias is None else out + bias
+
+
+def quantize_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 codes, float32 step per row): each row symmetric, its largest magnitude at 127."""
     row_scale = rows.float().abs().amax(1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny) / 127
-    quantized = torch.round(rows.float() / row_scale).to(torch.int8)
+    return torch.round(rows.float() / row_scale).to(torch.int8), row_scale
+
+
+def scale_back(
+    product: torch.Tensor, row_scale: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
     # Scaling in bf16 rounds the product once more, as a bf16 matmul's output is rounded; in float32
     # the same scaling took 10x as long as these two bf16 passes.
-    out = torch._int_mm(quantized, codes_t).to(rows.dtype).mul_(row_scale.to(rows.dtype)).mul_(scales)
-    return out if bias is None else out + bias
+    return product.to(dtype).mul_(row_scale.to(dtype)).mul_(scales)
 
 
 def layer_timings(model: Any, rows: int) -> dict[str, Any]:
@@ -156,8 +167,7 @@ def shape_timings(inputs: int, outputs: int, rows: int) -> dict[str, Any]:
     layer = Int8ActivationLinear(linear)
     codes_t, scales = layer.codes_t, layer.weight_only.scales
     x = torch.randn(rows, inputs, dtype=torch.bfloat16)
-    row_scale = x.float().abs().amax(1, keepdim=True) / 127
-    quantized = torch.round(x.float() / row_scale).to(torch.int8)
+    quantized, row_scale = quantize_rows(x)
     product = torch._int_mm(quantized, codes_t)
     bf16 = _ms(lambda: torch.nn.functional.linear(x, linear.weight))
     int8 = _ms(lambda: w8a8(x, codes_t, scales, None))
@@ -166,10 +176,8 @@ def shape_timings(inputs: int, outputs: int, rows: int) -> dict[str, Any]:
         "w8a8_ms": round(int8, 2),
         "w8a8_speedup": round(bf16 / int8, 2),
         "int_mm_ms": round(_ms(lambda: torch._int_mm(quantized, codes_t)), 2),
-        "quantize_rows_ms": round(_ms(lambda: torch.round(x.float() / row_scale).to(torch.int8)), 2),
-        "scale_back_bf16_ms": round(
-            _ms(lambda: product.to(x.dtype).mul_(row_scale.to(x.dtype)).mul_(scales)), 2
-        ),
+        "quantize_rows_ms": round(_ms(lambda: quantize_rows(x)), 2),
+        "scale_back_bf16_ms": round(_ms(lambda: scale_back(product, row_scale, scales, x.dtype)), 2),
         "scale_back_fp32_ms": round(
             _ms(lambda: (product.float() * row_scale * scales.float()).to(x.dtype)), 2
         ),
@@ -217,7 +225,7 @@ def drift(
     }
     per_token: dict[str, list[float]] = {name: [] for name in engines}
     seconds = dict.fromkeys(engines, 0.0)
-    for number, (example, prompt) in enumerate(zip(examples[:count], prompts, strict=False)):
+    for number, (example, prompt) in enumerate(zip(examples[:count], prompts[:count], strict=True)):
         for name in list(engines) if number % 2 == 0 else list(reversed(engines)):
             started = time.perf_counter()
             total, tokens = engines[name].score_continuations(prompt, [example.answers[0]])[0]
@@ -256,9 +264,7 @@ def smoothing_factors(
     try:
         with torch.inference_mode():
             for prompt in prompts:
-                message = [{"role": "user", "content": prompt}]
-                text = tokenizer.apply_chat_template(message, tokenize=False, add_generation_prompt=True)
-                model(tokenizer(text, return_tensors="pt").input_ids, logits_to_keep=1)
+                model(prompt_ids(tokenizer, prompt), logits_to_keep=1)
     finally:
         for handle in handles:
             handle.remove()
