@@ -1,6 +1,7 @@
 """Seconds per RAG answer: bf16 decoding, the default answering path, the default path with the
 shipped method, and llama.cpp on the same GGUF where llama-cpp-python is installed; on request a
-method not shipped (`--candidate`) and the default path on quantised weights (`--quantize`).
+method not shipped (`--candidate`) and the default path on a quantised model (`--quantize`), with and
+without the method.
 
     python benchmarks/bench_answer.py --quick        # 4 prompts; the full run takes 12
 
@@ -45,7 +46,8 @@ def main() -> None:
     parser.add_argument(
         "--quantize",
         metavar="SCHEME",
-        help="also time the unmodified answer drafted on weights quantised so (int8, int4, int4-exact)",
+        help="also time the answer drafted on a model quantised so (int8, int4, int4-exact, int8-prompt), "
+        "without and with the shipped method",
     )
     args = parser.parse_args()
     import torch
@@ -69,6 +71,7 @@ def main() -> None:
     if args.quantize:
         quantized = Engine.load(args.model, threads=1, quantize=args.quantize)
         paths[args.quantize] = (quantized, quantized.prompt_lookup_tokens, "none")
+        paths[f"{args.quantize}+method"] = (quantized, quantized.prompt_lookup_tokens, "calibrated")
     llm = _llama_cpp(args.model)
     names = [*paths, *(["llama_cpp"] if llm is not None else [])]
     result: dict[str, Any] = {"model": args.model, "prompts": count, "threads": 1}
@@ -127,16 +130,22 @@ def _timed_paths(
             if "default+candidate" in mean
             else {}
         ),
-        # The quantised path: how much sooner than the default it answers, and whether its answers
-        # are bf16's (quantised weights may change a token).
-        **(
-            {
-                f"{quantized}_vs_default": round(mean["default"] / mean[quantized], 2),
-                f"{quantized}_same_answers": answers[quantized] == answers["bf16"],
-            }
-            if quantized
-            else {}
-        ),
+        # The quantised paths: how much sooner than the default they answer (the method on and off),
+        # and whether their answers are the unquantised ones (quantisation may change a token).
+        **(_quantized_ratios(quantized, mean, answers, llm is not None) if quantized else {}),
+    }
+
+
+def _quantized_ratios(
+    scheme: str, mean: dict[str, float], answers: dict[str, list[str]], llama_cpp: bool
+) -> dict[str, Any]:
+    method = f"{scheme}+method"
+    return {
+        f"{scheme}_vs_default": round(mean["default"] / mean[scheme], 2),
+        f"{method}_vs_default+method": round(mean["default+method"] / mean[method], 2),
+        f"{scheme}_same_answers": answers[scheme] == answers["bf16"],
+        f"{method}_same_answers": answers[method] == answers["default+method"],
+        **({f"{method}_vs_llama_cpp": round(mean[method] / mean["llama_cpp"], 2)} if llama_cpp else {}),
     }
 
 

@@ -28,6 +28,7 @@ import argparse
 import copy
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +36,8 @@ from typing import Any
 import torch
 from bench_cpu_inference import DATA, GOLD_POSITION, prompt_ids
 from torch import nn
+
+from rag_mspoe.models.int8_prompt import quantize_rows, scale_back, w8a8
 
 DECODE_ROWS = (1, 2, 4, 11, 16)
 CALIBRATION_PROMPTS = 8  # the smoothing's, after the drift prompts
@@ -47,6 +50,18 @@ def main() -> None:
     parser.add_argument("--model", default="qwen2.5-coder-0.5b-instruct", help="an embedded model's name")
     parser.add_argument("--rows", type=int, default=1300, help="prompt tokens of the layer timings")
     parser.add_argument("--drift-prompts", type=int, default=0, help="real prompts of the drift part")
+    parser.add_argument(
+        "--first-prompt",
+        type=int,
+        default=0,
+        help="drift: the search half's prompts from this one on (20: none the layer choice read)",
+    )
+    parser.add_argument(
+        "--shipped",
+        action="store_true",
+        help='drift: the model as quantize="int8-prompt" makes it (gate and up projections W8A8 for the '
+        "prompt, every call of 16 tokens or fewer on the bf16 weight) instead of the variants below",
+    )
     parser.add_argument(
         "--keep",
         nargs="*",
@@ -75,8 +90,28 @@ def main() -> None:
     result: dict[str, Any] = {"model": args.model, "threads": 1, "rows": args.rows}
     result["layers"] = layer_timings(model, args.rows)
     if args.drift_prompts:
-        keep, threshold = tuple(args.keep), args.outlier_threshold
-        result["drift"] = drift(model, tokenizer, args.drift_prompts, keep, threshold, args.smoothing)
+        prompts = range(args.first_prompt, args.first_prompt + args.drift_prompts)
+        if args.shipped:
+            if args.keep or args.outlier_threshold is not None or args.smoothing is not None:
+                parser.error(
+                    "--shipped measures the shipped scheme: drop --keep, --outlier-threshold and --smoothing"
+                )
+            candidate = shipped(model)
+        else:
+            factors = {}
+            if args.smoothing is not None:
+                after = range(prompts.stop, prompts.stop + CALIBRATION_PROMPTS)
+                factors = smoothing_factors(model, tokenizer, _prompts(after)[1], args.smoothing)
+            candidate = variant(model, tuple(args.keep), args.outlier_threshold, factors)
+        result["drift"] = {
+            "scheme": "int8-prompt" if args.shipped else "variant",
+            "first_prompt": args.first_prompt,
+            "kept_bf16": args.keep,
+            "outlier_threshold": args.outlier_threshold,
+            "smoothing_alpha": args.smoothing,
+            "calibration_prompts": CALIBRATION_PROMPTS if args.smoothing is not None else 0,
+            **drift(model, candidate, tokenizer, prompts),
+        }
     print(json.dumps(result), flush=True)
 
 
@@ -118,7 +153,7 @@ class Int8ActivationLinear(nn.Module):
         if self.smoothing is not None:
             smoothed = (rows / self.smoothing.to(rows.dtype)).contiguous()
             weights = self.smoothed
-            out = w8a8(smoothed, weights.packed.t(), weights.scales, weights.bias)
+            out = _biased(w8a8(smoothed, weights.packed.t(), weights.scales), weights.bias)
             return out.reshape(*x.shape[:-1], self.out_features)
         scales, bias = self.weight_only.scales, self.weight_only.bias
         outliers = None
@@ -126,32 +161,15 @@ class Int8ActivationLinear(nn.Module):
             outliers = (rows.abs().amax(0) > self.outlier_threshold).nonzero().squeeze(1)
             self.outlier_columns.append(outliers.numel())
         if outliers is None or outliers.numel() == 0:
-            return w8a8(rows, self.codes_t, scales, bias).reshape(*x.shape[:-1], self.out_features)
+            return _biased(w8a8(rows, self.codes_t, scales), bias).reshape(*x.shape[:-1], self.out_features)
         columns = self.weight_only.packed[:, outliers].to(rows.dtype) * scales[:, None]
-        out = w8a8(rows.index_fill(1, outliers, 0), self.codes_t, scales, bias)
+        out = _biased(w8a8(rows.index_fill(1, outliers, 0), self.codes_t, scales), bias)
         out += rows[:, outliers] @ columns.T
         return out.reshape(*x.shape[:-1], self.out_features)
 
 
-def w8a8(rows: torch.Tensor, codes_t: torch.Tensor, scales: torch.Tensor, bias: Any) -> torch.Tensor:
-    """rows @ W.T with each row quantised symmetrically to int8; scaled back in the rows' dtype."""
-    quantized, row_scale = quantize_rows(rows)
-    out = scale_back(torch._int_mm(quantized, codes_t), row_scale, scales, rows.dtype)
+def _biased(out: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return out if bias is None else out + bias
-
-
-def quantize_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int8 codes, float32 step per row): each row symmetric, its largest magnitude at 127."""
-    row_scale = rows.float().abs().amax(1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny) / 127
-    return torch.round(rows.float() / row_scale).to(torch.int8), row_scale
-
-
-def scale_back(
-    product: torch.Tensor, row_scale: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype
-) -> torch.Tensor:
-    # Scaling in bf16 rounds the product once more, as a bf16 matmul's output is rounded; in float32
-    # the same scaling took 10x as long as these two bf16 passes.
-    return product.to(dtype).mul_(row_scale.to(dtype)).mul_(scales)
 
 
 def layer_timings(model: Any, rows: int) -> dict[str, Any]:
@@ -170,7 +188,7 @@ def shape_timings(inputs: int, outputs: int, rows: int) -> dict[str, Any]:
     quantized, row_scale = quantize_rows(x)
     product = torch._int_mm(quantized, codes_t)
     bf16 = _ms(lambda: torch.nn.functional.linear(x, linear.weight))
-    int8 = _ms(lambda: w8a8(x, codes_t, scales, None))
+    int8 = _ms(lambda: w8a8(x, codes_t, scales))
     return {
         "bf16_ms": round(bf16, 2),
         "w8a8_ms": round(int8, 2),
@@ -195,52 +213,61 @@ def _kernel_vs_bf16(layer: Int8ActivationLinear, linear: nn.Linear, rows: int) -
     return kernel / _ms(lambda: torch.nn.functional.linear(step, linear.weight))
 
 
-def drift(
-    model: Any,
-    tokenizer: Any,
-    count: int,
-    keep: tuple[str, ...],
-    outlier_threshold: float | None,
-    smoothing_alpha: float | None,
-) -> dict[str, Any]:
-    from rag_mspoe.engine import Engine
-    from rag_mspoe.eval.data.loaders import load_qa
-    from rag_mspoe.eval.data.prompts import qa_prompt
-    from rag_mspoe.eval.data.records import with_gold_at
+def shipped(model: Any) -> Any:
+    """A copy of the model as `quantize="int8-prompt"` makes it."""
+    from rag_mspoe.models.quantization import INT8_PROMPT, quantize_model
 
-    examples = load_qa(DATA)[: count + CALIBRATION_PROMPTS]
-    prompts = [qa_prompt(with_gold_at(example, GOLD_POSITION)) for example in examples]
-    factors = {}
-    if smoothing_alpha is not None:
-        factors = smoothing_factors(model, tokenizer, prompts[count:], smoothing_alpha)
+    return quantize_model(copy.deepcopy(model), INT8_PROMPT)
+
+
+def variant(
+    model: Any, keep: tuple[str, ...], outlier_threshold: float | None, factors: dict[str, torch.Tensor]
+) -> Any:
+    """A copy of the model with every Linear layer but those named `keep` `Int8ActivationLinear`."""
     candidate = copy.deepcopy(model)
     for parent_name, parent in list(candidate.named_modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear and not (keep and name.endswith(keep)):
                 smoothing = factors.get(f"{parent_name}.{name}")
                 setattr(parent, name, Int8ActivationLinear(child, outlier_threshold, smoothing))
+    return candidate
+
+
+def _prompts(numbers: range) -> tuple[list[Any], list[str]]:
+    """The search half's examples numbered so, and their 10-document prompts (gold in the middle)."""
+    from rag_mspoe.eval.data.loaders import load_qa
+    from rag_mspoe.eval.data.prompts import qa_prompt
+    from rag_mspoe.eval.data.records import with_gold_at
+
+    examples = load_qa(DATA)[numbers.start : numbers.stop]
+    return examples, [qa_prompt(with_gold_at(example, GOLD_POSITION)) for example in examples]
+
+
+def drift(model: Any, candidate: Any, tokenizer: Any, numbers: range) -> dict[str, Any]:
+    """The gold answer's log-likelihood per token, bf16 against the candidate, and their seconds."""
+    from rag_mspoe.engine import Engine
+
     engines = {
         "bf16": Engine(model, tokenizer, method="none"),
         "w8a8": Engine(candidate, tokenizer, method="none"),
     }
     per_token: dict[str, list[float]] = {name: [] for name in engines}
     seconds = dict.fromkeys(engines, 0.0)
-    for number, (example, prompt) in enumerate(zip(examples[:count], prompts[:count], strict=True)):
+    examples, prompts = _prompts(numbers)
+    for number, (example, prompt) in enumerate(zip(examples, prompts, strict=True)):
         for name in list(engines) if number % 2 == 0 else list(reversed(engines)):
             started = time.perf_counter()
             total, tokens = engines[name].score_continuations(prompt, [example.answers[0]])[0]
             seconds[name] += time.perf_counter() - started
             per_token[name].append(total / tokens)
+        print(f"drift, prompt {number + 1}/{len(prompts)}", file=sys.stderr, flush=True)
     moved = [abs(a - b) for a, b in zip(per_token["w8a8"], per_token["bf16"], strict=True)]
     return {
-        "prompts": count,
-        "kept_bf16": list(keep),
-        "outlier_threshold": outlier_threshold,
-        "smoothing_alpha": smoothing_alpha,
-        "calibration_prompts": CALIBRATION_PROMPTS if smoothing_alpha is not None else 0,
+        "prompts": len(prompts),
         "mean_outlier_columns": _mean_outlier_columns(candidate),
         "mean_abs_loglik_diff_per_token": round(statistics.fmean(moved), 4),
         "max_abs_loglik_diff_per_token": round(max(moved), 4),
+        "abs_loglik_diff_per_token": [round(value, 4) for value in moved],
         "seconds": {name: round(s, 1) for name, s in seconds.items()},
         "w8a8_speedup": round(seconds["bf16"] / seconds["w8a8"], 2),
     }

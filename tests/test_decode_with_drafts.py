@@ -122,3 +122,34 @@ def test_a_model_whose_config_changes_greedy_choices_is_not_drafted(model):
         assert not drafts_apply(model)
     finally:
         model.generation_config.repetition_penalty = 1.0
+
+
+def test_the_prompt_is_read_alone_as_plain_decoding_reads_it(model):
+    # int8-prompt reads a call of over 16 tokens in int8 and a shorter one exactly: drafted tokens
+    # read behind the prompt would be read otherwise than greedy decoding reads them.
+    ids = prompts(1, 30, seed=3)[0]
+    ids = ids + ids[:12]  # its last tokens occurred before: there is a draft from the start
+    assert drafted_tokens(ids, 10)
+    reads: list[int] = []
+    forward = model.forward
+
+    def recorded(input_ids, **kwargs):
+        reads.append(input_ids.shape[1])
+        return forward(input_ids, **kwargs)
+
+    model.forward = recorded
+    try:
+        with torch.inference_mode():
+            answer = decode_with_drafts(
+                model,
+                ids,
+                cache=None,
+                max_new_tokens=8,
+                draft_tokens=10,
+                eos_ids=[],
+                finished=lambda s: False,
+            )
+    finally:
+        del model.forward
+    assert answer == greedy(model, ids, 8)
+    assert reads[0] == len(ids) and max(reads[1:]) <= 11

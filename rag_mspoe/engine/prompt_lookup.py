@@ -91,7 +91,11 @@ def decode_with_drafts(
     new: list[int] = []
     stops = set(eos_ids)
     while len(new) < max_new_tokens:
-        draft = drafted_tokens(tokens, min(draft_tokens, max_new_tokens - len(new) - 1))
+        # The prompt is read alone, as plain decoding reads it: a layer may compute a long read
+        # otherwise than a short one (`rag_mspoe.models.int8_prompt`), and drafted tokens must be
+        # read as greedy decoding reads them.
+        count = min(draft_tokens, max_new_tokens - len(new) - 1) if len(unread) == 1 else 0
+        draft = drafted_tokens(tokens, count)
         read = torch.tensor([unread + draft], device=model.device)
         output = model(read, use_cache=True, logits_to_keep=len(draft) + 1, **cache_argument(cache))
         cache = returned_cache(output)

@@ -10,7 +10,7 @@ from typing import Any
 # As rag_mspoe.models.devices.DTYPE_CHOICES and rag_mspoe.models.quantization.QUANTIZE_CHOICES (a test keeps
 # them equal); importing torch would slow --help.
 DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
-QUANTIZE_CHOICES = ("none", "int4", "int8", "int4-exact")
+QUANTIZE_CHOICES = ("none", "int4", "int8", "int4-exact", "int8-prompt")
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -46,6 +46,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         default="none",
         help="int4 / int8: Linear layers' weights in 4 / 8 bits on the CPU (decoding 2.7x / 1.8x as fast, "
         "but scores move; int4-exact: int4 only where a GGUF file's weights are 4-bit, int8 elsewhere; "
+        "int8-prompt: the MLP's gate and up projections read the prompt in int8, decoding unchanged; "
         "default none; docs/cpu-inference.md)",
     )
 

@@ -102,7 +102,8 @@ def load_model(
     `DeviceError` before any weights load. threads sets torch's CPU thread count (default:
     the CPUs the load average shows free, `default_threads`). quantize: None or "none", "int4",
     "int8" or "int4-exact" (weight-only: faster decoding on the CPU, but scores move; int4-exact
-    reads the folder's float32 weights for the file's own 4-bit grid); see `rag_mspoe.models.quantization`
+    reads the folder's float32 weights for the file's own 4-bit grid), or "int8-prompt" (a quicker
+    prompt read in the MLP's gate and up projections); see `rag_mspoe.models.quantization`
     and docs/cpu-inference.md.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer

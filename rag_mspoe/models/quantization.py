@@ -18,6 +18,12 @@ prompts, above the 0.05 the project allows for a default: so no quantisation is 
 The earlier dynamic int8 (activations quantised too; attention and MLP gate/up projections only)
 was removed: weight-only int8 beat it side by side in decoding (1.77x against 1.25x bf16),
 prefill (86 against 45 tokens/s, bf16 94) and drift (0.056 against 0.30 nats per token).
+
+"int8-prompt" is not weight-only: the MLP's gate and up projections read a prompt's many tokens
+with int8 activations times int8 weights through `torch._int_mm`
+(`rag_mspoe.models.int8_prompt.Int8PromptLinear`), and every other call, decoding included, runs
+the model's own weights. Of the layer sets measured it moved the gold answer's log-likelihood
+least for its speed (docs/cpu-inference.md).
 """
 
 from __future__ import annotations
@@ -32,13 +38,18 @@ import torch
 from torch import nn
 
 from rag_mspoe.models.int4_grid import int4_grid
+from rag_mspoe.models.int8_prompt import Int8PromptLinear
 from rag_mspoe.models.weight_only import WeightOnlyLinear
 
 # Weight-only schemes and their bits; "int4-exact" is int4 where the file's weights lie on a 4-bit
 # grid and `fallback` (int8 by default) elsewhere.
 _BITS = {"int4": 4, "int8": 8, "int4-exact": 4}
 EXACT = "int4-exact"
-QUANTIZE_CHOICES = ("none", *_BITS)
+# int8 activations x int8 weights for a prompt's read, in these layers only (their names in
+# Llama-style models: Llama, Qwen2, Mistral, SmolLM2).
+INT8_PROMPT = "int8-prompt"
+INT8_PROMPT_LAYERS = ("gate_proj", "up_proj")
+QUANTIZE_CHOICES = ("none", *_BITS, INT8_PROMPT)
 # What an int4-exact layer off the 4-bit grid becomes: int8 weight-only, or kept as it is.
 FALLBACKS = ("int8", "none")
 INT4_GROUP_SIZE = 32  # as GGUF's Q4_K / Q4_1 groups
@@ -66,7 +77,7 @@ def check_quantize(scheme: str | None, device: torch.device, dtype: torch.dtype 
     """Refuse, before any weights load, a scheme this device or dtype cannot run."""
     if scheme is None or scheme == "none":
         return
-    if scheme not in _BITS:
+    if scheme not in QUANTIZE_CHOICES:
         raise QuantizationError(
             f"quantize={scheme!r} is not supported; use one of: {', '.join(QUANTIZE_CHOICES)}."
         )
@@ -104,22 +115,40 @@ def quantize_model(
         raise QuantizationError(
             f"fallback={fallback!r} is not supported; use one of: {', '.join(FALLBACKS)}."
         )
-    stored = _stored_weights(source) if scheme == EXACT else None
-    names = _parameter_names(model)
+    replace = _layer_replacer(model, scheme, source, fallback)
     census: dict[str, list[int]] = {}
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is not nn.Linear:
                 continue
-            layer, kind = _quantized_layer(child, scheme, fallback, stored, names[id(child.weight)])
+            layer, kind = replace(name, child)
             if layer is not None:
                 setattr(parent, name, layer)
             counts = census.setdefault(kind, [0, 0])
             counts[0] += 1
             counts[1] += child.weight.numel()
+    if scheme == INT8_PROMPT and INT8_PROMPT not in census:
+        raise QuantizationError(
+            f"quantize={INT8_PROMPT!r} found no MLP layer named {' or '.join(INT8_PROMPT_LAYERS)} in this "
+            f"{type(model).__name__}; it supports Llama-style models (Llama, Qwen2, Mistral, SmolLM2). "
+            "Use --quantize int8 (weight-only, any model) or none."
+        )
     setattr(model, _ATTRIBUTE, scheme)
     setattr(model, _CENSUS, {kind: {"layers": n, "weights": w} for kind, (n, w) in census.items()})
     return model
+
+
+def _layer_replacer(
+    model: Any, scheme: str, source: str | os.PathLike[str] | None, fallback: str
+) -> Callable[[str, nn.Linear], tuple[nn.Module | None, str]]:
+    """(a Linear layer's name, the layer) -> (its replacement or None to keep it, what it became)."""
+    if scheme == INT8_PROMPT:
+        return lambda name, linear: (
+            (Int8PromptLinear(linear), INT8_PROMPT) if name in INT8_PROMPT_LAYERS else (None, "none")
+        )
+    stored = _stored_weights(source) if scheme == EXACT else None
+    names = _parameter_names(model)
+    return lambda _, linear: _quantized_layer(linear, scheme, fallback, stored, names[id(linear.weight)])
 
 
 def _quantized_layer(

@@ -67,7 +67,7 @@ class WeightOnlyLinear(nn.Module):
         if grid is not None:
             packed, scales = _int4_from_grid(grid, weight.dtype)
         else:
-            packed, scales = _int8(weight) if bits == 8 else _int4(weight, group_size)
+            packed, scales = int8_per_channel(weight) if bits == 8 else _int4(weight, group_size)
         self.register_buffer("packed", packed)
         self.register_buffer("scales", scales)
         bias = linear.bias
@@ -116,8 +116,8 @@ class WeightOnlyLinear(nn.Module):
         return weight[:, : self.out_features]
 
 
-def _int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int8 codes [N, K], scales [N] in the weight's dtype), one symmetric scale per row."""
+def int8_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 codes [N, K], scales [N] in the weight's dtype), one symmetric scale per row (output channel)."""
     parts = [_int8_rows(rows) for rows in weight.split(_CHUNK_ROWS)]
     return torch.cat([codes for codes, _ in parts]), torch.cat([scales for _, scales in parts])
 
