@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from rag_mspoe.calibrated import SEARCH_PATH, calibrated_method
 from rag_mspoe.calibrated.validation import (
@@ -27,6 +28,8 @@ from rag_mspoe.cli import main
 from rag_mspoe.eval.demo_curve import PLOTS, committed_curve, other_counts, summarize_validation
 from rag_mspoe.eval.shipping_rule import wins
 from rag_mspoe.models import embedded_models, model_cache
+from rag_mspoe.models.devices import default_dtype
+from rag_mspoe.models.quantization import AUTO, answering_scheme
 from rag_mspoe.pipelines.demo import demo_model
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -173,7 +176,11 @@ def test_the_demo_shows_the_win_of_the_best_installed_model_as_a_user_runs_it(tm
     first = out.splitlines()[0]
     assert first.startswith(f"rag-mspoe demo: {model} on cpu, ") and " thread" in first
     assert "float" in first and f"rag-mspoe-demo/{model}/" in first
-    assert first.split(";")[0].endswith(("float16", "float32"))  # the dtype, and no quantisation named
+    # The dtype, then the scheme the model answers with on this CPU (the 0.5B's int8 prompt read
+    # where bf16 is native), or none named.
+    dtype = str(default_dtype("cpu")).removeprefix("torch.")
+    scheme = answering_scheme(AUTO, model, torch.device("cpu"), None)
+    assert first.split(";")[0].endswith(f"{dtype}, {scheme}" if scheme else dtype)
     for bar in ("Loading weights", "Writing model shards", "de-quantizing"):
         assert bar not in result.stderr
     folder = tmp_path / "rag-mspoe-demo" / model

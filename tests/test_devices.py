@@ -163,11 +163,13 @@ def test_engine_commands_take_compile():
         "device": "cpu",
         "dtype": None,
         "threads": None,
-        "quantize": None,
+        "quantize": "auto",  # answering: the model's measured scheme (load_model resolves it)
         "compile": False,
     }
     args = build_parser().parse_args(["sweep", "--out", "run", "--device", "cpu", "--quantize", "int4"])
     assert model_load_options(args)["quantize"] == "int4"
+    # Evaluations read the model as it is unless told otherwise: their numbers are published.
+    assert model_load_options(build_parser().parse_args(["sweep", "--out", "run"]))["quantize"] is None
 
 
 @pytest.mark.parametrize(
@@ -193,7 +195,8 @@ def test_the_device_option_reaches_load_model(argv, tmp_path, monkeypatch, capsy
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     code = main([*argv, "--device", "cuda:1", "--dtype", "float16", "--threads", "1"])
     assert code == 1 and "stop here" in capsys.readouterr().err
-    assert seen == {"device": "cuda:1", "dtype": "float16", "threads": 1, "quantize": None}
+    quantize = "auto" if argv[0] == "serve" else None  # answering commands take the model's scheme
+    assert seen == {"device": "cuda:1", "dtype": "float16", "threads": 1, "quantize": quantize}
 
 
 def test_a_missing_gpu_fails_before_any_long_work(tmp_path, monkeypatch, capsys):

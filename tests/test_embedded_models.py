@@ -170,6 +170,10 @@ def test_models_command_lists_each_model_with_its_state(fake_model, monkeypatch,
     shipped = calibrated_method("qwen2.5-coder-0.5b-instruct")
     counts = ", ".join(str(n) for n in shipped.validated_documents or ())
     assert f"calibrated method: shipped (calibrated-reorder), validated at {counts} documents" in listing
+    # The answering scheme where one was measured (the 0.5B), none said for SmolLM2.
+    qwen = listing.split("qwen2.5-coder-0.5b-instruct: ")[1].split("\n", 4)
+    assert any("answers on a bf16 CPU with --quantize int8-prompt" in line for line in qwen)
+    assert "--quantize" not in listing.split("smollm2-135m-instruct (default)")[1].split("qwen")[0]
     first, *rest = listing.split("fake-model: ")[1].split("\n")
     details = list(itertools.takewhile(lambda line: line.startswith("    "), rest))
     assert details and not any("folder:" in line for line in details)  # not converted yet

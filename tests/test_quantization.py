@@ -12,11 +12,19 @@ from rag_mspoe import load_model
 from rag_mspoe.engine import Engine
 from rag_mspoe.eval.runs.manifest import model_facts
 from rag_mspoe.models.devices import default_dtype
+from rag_mspoe.models.embedded_models import DEFAULT_MODEL
 from rag_mspoe.models.quantization import (
+    AUTO,
+    INT8_PROMPT,
     QuantizationError,
+    answering_scheme,
     check_quantize,
+    quantization_of,
+    quantize_model,
     resolve_quantize,
 )
+
+QWEN_05B, QWEN_15B = "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"
 
 
 def test_quantisation_is_refused_on_a_gpu_and_with_another_dtype_with_the_fix():
@@ -24,7 +32,7 @@ def test_quantisation_is_refused_on_a_gpu_and_with_another_dtype_with_the_fix():
         check_quantize("int4", torch.device("cuda", 0))
     with pytest.raises(QuantizationError, match="bfloat16 or float32, not float16; drop --dtype"):
         check_quantize("int8", torch.device("cpu"), "float16")
-    with pytest.raises(QuantizationError, match="one of: none, int4, int8"):
+    with pytest.raises(QuantizationError, match="one of: auto, none, int4, int8"):
         check_quantize("int2", torch.device("cpu"))
     check_quantize("int8", torch.device("cpu"), "float32")
     check_quantize("int8", torch.device("cpu"), torch.bfloat16)
@@ -67,3 +75,38 @@ def test_embedded_int8_model_answers_and_scores_close_to_fp32_under_methods():
         )
         # int8 weights on the file's own 4-bit values; docs/cpu-inference.md has the 0.5B on real prompts.
         assert abs(total - reference) / tokens < 0.15, (method, total, reference)
+
+
+def test_auto_is_a_models_measured_answering_scheme_on_a_bf16_cpu_and_none_elsewhere():
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    for dtype in (torch.bfloat16, "bfloat16"):
+        assert answering_scheme(AUTO, QWEN_05B, cpu, dtype) == INT8_PROMPT
+    # SmolLM2 moved 0.083 nats/token (docs/cpu-inference.md); no measurement in float32 or on a GPU;
+    # a folder or hub id: not measured.
+    assert answering_scheme(AUTO, DEFAULT_MODEL, cpu, torch.bfloat16) is None
+    assert answering_scheme(AUTO, QWEN_05B, cpu, torch.float32) is None
+    assert answering_scheme(AUTO, QWEN_05B, gpu, "auto") is None
+    assert answering_scheme(AUTO, "my-model", cpu, torch.bfloat16) is None
+    # A scheme named is the scheme used; "auto" is never refused, on any device.
+    assert answering_scheme("int8", DEFAULT_MODEL, cpu, torch.float32) == "int8"
+    assert answering_scheme(None, QWEN_05B, cpu, torch.bfloat16) is None
+    assert resolve_quantize(AUTO, gpu, "float16") == AUTO
+
+
+def test_auto_on_a_model_without_a_name_is_refused_with_the_fix():
+    model = tiny_model("qwen2")
+    with pytest.raises(QuantizationError, match="depends on the model's name.*load_model.*int8-prompt"):
+        quantize_model(model, AUTO)
+
+
+def test_engine_load_reads_the_prompt_in_int8_by_default_where_measured(tmp_path):
+    tiny_model("llama").save_pretrained(tmp_path / "m")
+    tiny_tokenizer().save_pretrained(tmp_path / "m")
+    before = torch.get_num_threads()
+    try:
+        # A folder: nothing measured, so "auto" loads it as it is; "int8-prompt" named applies.
+        assert quantization_of(Engine.load(tmp_path / "m", threads=1).model) is None
+        named = Engine.load(tmp_path / "m", threads=1, quantize=INT8_PROMPT)
+        assert quantization_of(named.model) == INT8_PROMPT
+    finally:
+        torch.set_num_threads(before)

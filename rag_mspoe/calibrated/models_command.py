@@ -56,6 +56,11 @@ def _list(args: argparse.Namespace) -> int:
         print(f"    {model.description}; calibrated method: {calibrated}")
         for loss in measured_losses(model.name):
             print(f"    measured to lose: {loss.summary()}")
+        if model.answering_quantize:
+            print(
+                f"    answers on a bf16 CPU with --quantize {model.answering_quantize} (the default, "
+                "docs/cpu-inference.md); --quantize none for bf16"
+            )
         print(f"    install: {model.install_command()}")
         if converted(model):  # a folder other tools read as it is
             print(f"    folder: {model.converted_dir()}")

@@ -100,13 +100,15 @@ class EngineBase:
         threads: int | None = None,
         device: str | torch.device | None = "auto",
         compile: bool | Literal["auto"] = "auto",
-        quantize: str | None = None,
+        quantize: str | None = "auto",
     ) -> Self:
         """Load a model (None: the embedded SmolLM2-135M-Instruct) and wrap it, to answer.
 
         device ("auto", "cpu", "cuda", "cuda:N"), dtype and quantize as `load_model` takes them;
         compile as `Engine` takes it. On the CPU its greedy answers are drafted from the prompt
-        (`prompt_lookup_tokens`), the same answers in less time where they copy the documents.
+        (`prompt_lookup_tokens`), the same answers in less time where they copy the documents, and
+        quantize="auto" reads the prompt in int8 where that was measured for the model
+        (`EmbeddedModel.answering_quantize`: the Qwen models; "none" keeps every layer as loaded).
         """
         model, tokenizer = loading.load_model(
             source, dtype=dtype, device=device, threads=threads, quantize=quantize

@@ -93,6 +93,7 @@ def _demo(args: argparse.Namespace) -> int:
     from rag_mspoe.engine import Engine
     from rag_mspoe.models.devices import resolve_device, resolve_dtype
     from rag_mspoe.models.loading import default_threads
+    from rag_mspoe.models.quantization import answering_scheme
     from rag_mspoe.pipelines.demo import (
         DEMO_QUESTIONS,
         demo_corpus_dir,
@@ -123,7 +124,8 @@ def _demo(args: argparse.Namespace) -> int:
     dtype = str(resolve_dtype(args.dtype, device)).removeprefix("torch.")
     count = load_options.get("threads")
     threads = f"{count} thread{'s' if count != 1 else ''}, " if device.type == "cpu" else ""
-    scheme = load_options.get("quantize")  # None when not quantised ("none" resolved)
+    # None when not quantised ("none" resolved, or "auto" for a model with no answering scheme).
+    scheme = answering_scheme(load_options.get("quantize"), model, device, args.dtype)
     quantized = f", {scheme}" if scheme else ""
     print(f"rag-mspoe demo: {model} on {device.type}, {threads}{dtype}{quantized}; writing into {out}/")
     if "calibrated" not in methods and not args.methods:

@@ -10,11 +10,12 @@ from typing import Any
 # As rag_mspoe.models.devices.DTYPE_CHOICES and rag_mspoe.models.quantization.QUANTIZE_CHOICES (a test keeps
 # them equal); importing torch would slow --help.
 DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
-QUANTIZE_CHOICES = ("none", "int4", "int8", "int4-exact", "int8-prompt")
+QUANTIZE_CHOICES = ("auto", "none", "int4", "int8", "int4-exact", "int8-prompt")
 
 
-def add_model_options(parser: argparse.ArgumentParser) -> None:
-    """--model, --device, --dtype, --threads and --quantize, for every command that loads a model."""
+def add_model_options(parser: argparse.ArgumentParser, quantize: str = "none") -> None:
+    """--model, --device, --dtype, --threads and --quantize (default `quantize`), for every command
+    that loads a model."""
     parser.add_argument(
         "--model",
         default=None,
@@ -43,17 +44,19 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quantize",
         choices=QUANTIZE_CHOICES,
-        default="none",
+        default=quantize,
         help="int4 / int8: Linear layers' weights in 4 / 8 bits on the CPU (decoding 2.7x / 1.8x as fast, "
         "but scores move; int4-exact: int4 only where a GGUF file's weights are 4-bit, int8 elsewhere; "
         "int8-prompt: the MLP's gate and up projections read the prompt in int8, decoding unchanged; "
-        "default none; docs/cpu-inference.md)",
+        "auto: int8-prompt for the embedded Qwen models on a bf16 CPU, none otherwise; "
+        f"default {quantize}; docs/cpu-inference.md)",
     )
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
-    """The model options, and --compile, for commands that generate through one engine."""
-    add_model_options(parser)
+    """The model options (--quantize auto, as `Engine.load`), and --compile, for commands that
+    generate through one engine."""
+    add_model_options(parser, quantize="auto")
     parser.add_argument(
         "--compile",
         choices=["auto", "on", "off"],

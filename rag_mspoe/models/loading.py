@@ -14,7 +14,7 @@ import torch
 from rag_mspoe.models import embedded_models
 from rag_mspoe.models.devices import place, resolve_device
 from rag_mspoe.models.model_cache import ModelLoadError, convert_gguf
-from rag_mspoe.models.quantization import quantize_model, resolve_quantize
+from rag_mspoe.models.quantization import answering_scheme, quantize_model, resolve_quantize
 
 
 def source_name(source: str | os.PathLike[str] | None) -> str:
@@ -102,8 +102,9 @@ def load_model(
     `DeviceError` before any weights load. threads sets torch's CPU thread count (default:
     the CPUs the load average shows free, `default_threads`). quantize: None or "none", "int4",
     "int8" or "int4-exact" (weight-only: faster decoding on the CPU, but scores move; int4-exact
-    reads the folder's float32 weights for the file's own 4-bit grid), or "int8-prompt" (a quicker
-    prompt read in the MLP's gate and up projections); see `rag_mspoe.models.quantization`
+    reads the folder's float32 weights for the file's own 4-bit grid), "int8-prompt" (a quicker
+    prompt read in the MLP's gate and up projections) or "auto" (an embedded model's measured
+    answering scheme on a bf16 CPU, `Engine.load`'s default); see `rag_mspoe.models.quantization`
     and docs/cpu-inference.md.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -115,6 +116,7 @@ def load_model(
     folder, name = resolve_source(source)
     try:
         placement = place(AutoConfig.from_pretrained(folder), device, dtype)
+        quantize = answering_scheme(quantize, name, target, placement.dtype)
         kwargs: dict[str, Any] = {"dtype": placement.dtype, **from_pretrained_kwargs}
         if placement.device_map:
             kwargs["device_map"] = placement.device_map

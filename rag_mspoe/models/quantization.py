@@ -37,6 +37,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from rag_mspoe.models.devices import resolve_dtype
+from rag_mspoe.models.embedded_models import MODELS
 from rag_mspoe.models.int4_grid import int4_grid
 from rag_mspoe.models.int8_prompt import Int8PromptLinear
 from rag_mspoe.models.weight_only import WeightOnlyLinear
@@ -49,7 +51,10 @@ EXACT = "int4-exact"
 # Llama-style models: Llama, Qwen2, Mistral, SmolLM2).
 INT8_PROMPT = "int8-prompt"
 INT8_PROMPT_LAYERS = ("gate_proj", "up_proj")
-QUANTIZE_CHOICES = ("none", *_BITS, INT8_PROMPT)
+# "auto": what an embedded model was measured to answer best with on a bf16 CPU
+# (`EmbeddedModel.answering_quantize`), none for any other model, device or dtype.
+AUTO = "auto"
+QUANTIZE_CHOICES = (AUTO, "none", *_BITS, INT8_PROMPT)
 # What an int4-exact layer off the 4-bit grid becomes: int8 weight-only, or kept as it is.
 FALLBACKS = ("int8", "none")
 INT4_GROUP_SIZE = 32  # as GGUF's Q4_K / Q4_1 groups
@@ -74,8 +79,8 @@ def resolve_quantize(
 
 
 def check_quantize(scheme: str | None, device: torch.device, dtype: torch.dtype | str | None = None) -> None:
-    """Refuse, before any weights load, a scheme this device or dtype cannot run."""
-    if scheme is None or scheme == "none":
+    """Refuse, before any weights load, a scheme this device or dtype cannot run ("auto": one that can)."""
+    if scheme is None or scheme in ("none", AUTO):
         return
     if scheme not in QUANTIZE_CHOICES:
         raise QuantizationError(
@@ -95,6 +100,18 @@ def check_quantize(scheme: str | None, device: torch.device, dtype: torch.dtype 
         )
 
 
+def answering_scheme(
+    scheme: str | None, name: str, device: torch.device, dtype: torch.dtype | str | None
+) -> str | None:
+    """The scheme "auto" stands for with the model `name` on `device` in `dtype`; any other, itself."""
+    if scheme != AUTO:
+        return scheme
+    embedded = MODELS.get(name)
+    if embedded is None or device.type != "cpu" or resolve_dtype(dtype, device) != torch.bfloat16:
+        return None  # measured for the embedded models in bf16 on the CPU only
+    return embedded.answering_quantize
+
+
 def quantize_model(
     model: Any,
     scheme: str | None,
@@ -110,6 +127,11 @@ def quantize_model(
     """
     if scheme is None or scheme == "none":
         return model
+    if scheme == AUTO:
+        raise QuantizationError(
+            'quantize="auto" depends on the model\'s name: load it with load_model or Engine.load, or '
+            f"pass a scheme ({', '.join(QUANTIZE_CHOICES[2:])})."
+        )
     check_quantize(scheme, next(model.parameters()).device, next(model.parameters()).dtype)
     if fallback not in FALLBACKS:
         raise QuantizationError(
