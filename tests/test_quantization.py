@@ -79,8 +79,9 @@ def test_embedded_int8_model_answers_and_scores_close_to_fp32_under_methods():
 
 def test_auto_is_a_models_measured_answering_scheme_on_a_bf16_cpu_and_none_elsewhere():
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
-    for dtype in (torch.bfloat16, "bfloat16"):
-        assert answering_scheme(AUTO, QWEN_05B, cpu, dtype) == INT8_PROMPT
+    for name in (QWEN_05B, QWEN_15B):
+        for dtype in (torch.bfloat16, "bfloat16"):
+            assert answering_scheme(AUTO, name, cpu, dtype) == INT8_PROMPT
     # SmolLM2 moved 0.083 nats/token (docs/cpu-inference.md); no measurement in float32 or on a GPU;
     # a folder or hub id: not measured.
     assert answering_scheme(AUTO, DEFAULT_MODEL, cpu, torch.bfloat16) is None
