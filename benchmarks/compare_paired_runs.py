@@ -11,12 +11,12 @@ the gold answer's log-likelihood change per token (mean and max). One JSON line 
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import statistics
 from pathlib import Path
 from typing import Any
 
+from rag_mspoe.eval.runs.results import SWEEP_KEY, Key, read_run_records
 from rag_mspoe.eval.scoring.metrics import paired_test
 
 
@@ -39,16 +39,9 @@ def main() -> None:
     )
 
 
-def records(folder: Path) -> dict[tuple[str, int, str], dict[str, Any]]:
+def records(folder: Path) -> dict[Key, dict[str, Any]]:
     """The run's records by (method, gold position, example), from results.jsonl or its .gz."""
-    plain = folder / "results.jsonl"
-    lines = (
-        plain.read_text()
-        if plain.is_file()
-        else gzip.decompress((folder / "results.jsonl.gz").read_bytes()).decode()
-    )
-    rows = [json.loads(line) for line in lines.splitlines() if line.strip()]
-    return {(row["method"], row["position"], row["example_id"]): row for row in rows}
+    return {tuple(row[field] for field in SWEEP_KEY): row for row in read_run_records(folder)}
 
 
 def paired(before: dict, after: dict, method: str, position: int) -> dict[str, Any]:
