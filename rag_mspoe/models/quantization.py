@@ -56,7 +56,8 @@ INT8_PROMPT_LAYERS = ("gate_proj", "up_proj")
 # "auto": what an embedded model was measured to answer best with on a bf16 CPU
 # (`EmbeddedModel.answering_quantize`), none for any other model, device or dtype.
 AUTO = "auto"
-QUANTIZE_CHOICES = (AUTO, "none", *_BITS, INT8_PROMPT)
+SCHEMES = (*_BITS, INT8_PROMPT)  # what a model can be quantised with
+QUANTIZE_CHOICES = (AUTO, "none", *SCHEMES)
 # What an int4-exact layer off the 4-bit grid becomes: int8 weight-only, or kept as it is.
 FALLBACKS = ("int8", "none")
 INT4_GROUP_SIZE = 32  # as GGUF's Q4_K / Q4_1 groups
@@ -132,7 +133,7 @@ def quantize_model(
     if scheme == AUTO:
         raise QuantizationError(
             'quantize="auto" depends on the model\'s name: load it with load_model or Engine.load, or '
-            f"pass a scheme ({', '.join(QUANTIZE_CHOICES[2:])})."
+            f"pass a scheme ({', '.join(SCHEMES)})."
         )
     check_quantize(scheme, next(model.parameters()).device, next(model.parameters()).dtype)
     if fallback not in FALLBACKS:
