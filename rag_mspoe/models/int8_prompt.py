@@ -62,8 +62,9 @@ def w8a8(rows: torch.Tensor, codes_t: torch.Tensor, scales: torch.Tensor) -> tor
 
 def quantize_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(int8 codes, float32 step per row): each row symmetric, its largest magnitude at 127."""
-    row_scale = rows.float().abs().amax(1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny) / 127
-    return torch.round(rows.float() / row_scale).to(torch.int8), row_scale
+    values = rows.float()  # converted once: the prompt's rows are the hot path
+    row_scale = values.abs().amax(1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny) / 127
+    return torch.round(values / row_scale).to(torch.int8), row_scale
 
 
 def scale_back(
