@@ -3,6 +3,12 @@ shipped method, and llama.cpp on the same GGUF where llama-cpp-python is install
 method not shipped (`--candidate`) and the default path on a quantised model (`--quantize`), with and
 without the method.
 
+"bf16" loads the model with `quantize="none"` and decodes plainly; "default" is what `Engine.load`
+gives without arguments (`quantize="auto"`: int8-prompt for the Qwen models on a bf16 CPU) with its
+prompt-lookup drafts. `decode_vs_bf16` compares their decoding alone (the time after the first
+piece of text, per token after the first); `drift_max_nats_per_token` is the largest change of the
+gold answer's log-likelihood per token, default against bf16, over the prompts.
+
     python benchmarks/bench_answer.py --quick        # 4 prompts; the full run takes 12
 
 Real 10-document NQ-open prompts (the search half: nothing validated is read), greedy answers of
@@ -11,8 +17,9 @@ method moves it first) and first (where a retriever mostly ranks it, and the ord
 answer then starts from the rows the ranking pass read). The paths take turns prompt by prompt in
 one process, one thread, each answer from a cold engine (no rows kept from another path), so the
 ratios compare like with like on a machine whose speed drifts. `speculative_identical` is true
-when the default path's answers (drafted from the prompt) equal plain greedy decoding's. One JSON
-line on stdout; progress on stderr.
+when the default path's answers (drafted from the prompt) equal plain greedy decoding's on the
+same model (an untimed pass); `default_same_as_bf16` when they equal bf16's. One JSON line on
+stdout; progress on stderr.
 """
 
 from __future__ import annotations
@@ -56,14 +63,19 @@ def main() -> None:
     from rag_mspoe.eval.data.loaders import load_qa
     from rag_mspoe.eval.data.prompts import qa_prompt
     from rag_mspoe.eval.data.records import with_gold_at
+    from rag_mspoe.models.quantization import quantization_of
 
     torch.set_num_threads(1)
-    engine = Engine.load(args.model, threads=1)
+    bf16 = Engine.load(args.model, threads=1, quantize="none")
+    engine = Engine.load(args.model, threads=1)  # answering's default scheme ("auto")
+    scheme = quantization_of(engine.model)
+    if scheme is None:  # the default is bf16 itself: one copy of the model
+        engine = bf16
     default_lookup = engine.prompt_lookup_tokens
     count = 4 if args.quick else args.prompts
     examples = load_qa(DATA)[:count]
     paths = {
-        "bf16": (engine, 0, "none"),
+        "bf16": (bf16, 0, "none"),
         "default": (engine, default_lookup, "none"),
         "default+method": (engine, default_lookup, "calibrated"),
         **({"default+candidate": (engine, default_lookup, args.candidate)} if args.candidate else {}),
@@ -85,8 +97,10 @@ def main() -> None:
             key = f"{tokens}_tokens" if gold == "middle" else f"{tokens}_tokens_gold_first"
             label = f"{tokens} tokens, gold {gold}"
             result[key] = _timed_paths(llm, paths, names, prompts, tokens, label, args.quantize)
-    result["default_path"] = f"bf16, prompt lookup {default_lookup} tokens" if default_lookup else "bf16"
-    result["drift_max_nats_per_token"] = 0.0  # the default path runs the bf16 weights: nothing moves
+    lookup = f", prompt lookup {default_lookup} tokens" if default_lookup else ""
+    result["default_path"] = f"{scheme or 'bf16'}{lookup}"
+    result["decode_vs_bf16"] = _decode_ratios(result)
+    result["drift_max_nats_per_token"] = _drift_max(bf16, engine, examples)
     result["load_average"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(result))
 
@@ -103,6 +117,7 @@ def _timed_paths(
     """Each path's mean seconds per answer over `prompts`, the paths taking turns, and its ratios."""
     seconds: dict[str, list[float]] = {name: [] for name in names}
     answers: dict[str, list[str]] = {name: [] for name in paths}
+    decoding: dict[str, list[tuple[float, int]]] = {"bf16": [], "default": []}
     for number, prompt in enumerate(prompts):
         for name in names if number % 2 == 0 else reversed(names):
             engine = paths["bf16"][0] if name == "llama_cpp" else paths[name][0]
@@ -112,18 +127,29 @@ def _timed_paths(
                 _llama_answer(llm, engine, prompt, tokens)
             else:
                 _, engine.prompt_lookup_tokens, method = paths[name]
-                answers[name].append(engine.generate(prompt, max_new_tokens=tokens, method=method).text)
+                text, first_piece, count = _streamed(engine, prompt, tokens, method, started)
+                answers[name].append(text)
+                if name in decoding:
+                    decoding[name].append((time.perf_counter() - first_piece, count - 1))
             seconds[name].append(time.perf_counter() - started)
             print(
                 f"{label}, prompt {number + 1}/{len(prompts)}, {name}: {seconds[name][-1]:.1f} s",
                 file=sys.stderr,
             )
     mean = {name: sum(values) / len(values) for name, values in seconds.items()}
+    plain = [_plain_answer(paths["default"][0], prompt, tokens) for prompt in prompts]
     return {
         "seconds_per_answer": {name: round(value, 2) for name, value in mean.items()},
+        # decoding alone: seconds per token after the first, bf16 against the default path
+        "decode_seconds_per_token": {
+            name: round(sum(s for s, _ in runs) / max(1, sum(n for _, n in runs)), 4)
+            for name, runs in decoding.items()
+        },
         "default_vs_bf16": round(mean["bf16"] / mean["default"], 2),
         "method_vs_unmodified": round(mean["default+method"] / mean["default"], 2),
-        "speculative_identical": answers["default"] == answers["bf16"],
+        # drafted answers against plain greedy decoding of the same model, and against bf16's
+        "speculative_identical": answers["default"] == plain,
+        "default_same_as_bf16": answers["default"] == answers["bf16"],
         **({"method_vs_llama_cpp": round(mean["default+method"] / mean["llama_cpp"], 2)} if llm else {}),
         **(
             {"candidate_vs_unmodified": round(mean["default+candidate"] / mean["default"], 2)}
@@ -134,6 +160,54 @@ def _timed_paths(
         # and whether their answers are the unquantised ones (quantisation may change a token).
         **(_quantized_ratios(quantized, mean, answers, llm is not None) if quantized else {}),
     }
+
+
+def _plain_answer(engine: Any, prompt: Any, tokens: int) -> str:
+    """The model's plain greedy answer (untimed; no drafts, no rows kept from another path)."""
+    engine.document_prefixes.clear()
+    engine.prompt_lookup_tokens = 0
+    return str(engine.generate(prompt, max_new_tokens=tokens, method="none").text)
+
+
+def _streamed(engine: Any, prompt: Any, tokens: int, method: str, started: float) -> tuple[str, float, int]:
+    """The answer's text, when its first piece came (the prompt read and one token decoded) and
+    how many tokens it has."""
+    stream = engine.stream(prompt, max_new_tokens=tokens, method=method)
+    pieces: list[str] = []
+    first_piece = started
+    for piece in stream:
+        if not pieces:
+            first_piece = time.perf_counter()
+        pieces.append(piece)
+    return "".join(pieces), first_piece, stream.result.completion_tokens
+
+
+def _decode_ratios(result: dict[str, Any]) -> dict[str, float]:
+    """Per answer setting, how many times as fast as bf16 the default path decodes."""
+    ratios = {}
+    for key, timed in result.items():
+        if isinstance(timed, dict) and "decode_seconds_per_token" in timed:
+            per_token = timed["decode_seconds_per_token"]
+            ratios[key] = round(per_token["bf16"] / per_token["default"], 2) if per_token["default"] else 0.0
+    return ratios
+
+
+def _drift_max(bf16: Any, engine: Any, examples: list[Any]) -> float:
+    """The largest change of the gold answer's log-likelihood per token (nats), default against
+    bf16, with the gold fifth of ten (0 when the default is bf16 itself)."""
+    if engine is bf16:
+        return 0.0
+    from rag_mspoe.eval.data.prompts import qa_prompt
+    from rag_mspoe.eval.data.records import with_gold_at
+
+    changes = []
+    for example in examples:
+        prompt = qa_prompt(with_gold_at(example, GOLD_SLOTS["middle"]))
+        answer = example.answers[0]  # as bench_cpu_inference scores it
+        ((base, count),) = bf16.score_continuations(prompt, [answer], method="none")
+        ((ours, _),) = engine.score_continuations(prompt, [answer], method="none")
+        changes.append(abs(ours - base) / count)
+    return round(max(changes), 4)
 
 
 def _quantized_ratios(

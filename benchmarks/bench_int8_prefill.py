@@ -63,6 +63,14 @@ def main() -> None:
         "prompt, every call of 16 tokens or fewer on the bf16 weight) instead of the variants below",
     )
     parser.add_argument(
+        "--decode-int8",
+        nargs="*",
+        choices=("mlp", "head"),
+        metavar="PART",
+        help="with --shipped: short calls (decoding, the scored answer) on int8-rounded weights too, in the "
+        "gate and up projections (mlp) and/or the output layer (head)",
+    )
+    parser.add_argument(
         "--keep",
         nargs="*",
         default=[],
@@ -89,6 +97,8 @@ def main() -> None:
     model, tokenizer = load_model(args.model, dtype="bfloat16", threads=1)
     result: dict[str, Any] = {"model": args.model, "threads": 1, "rows": args.rows}
     result["layers"] = layer_timings(model, args.rows)
+    if args.decode_int8 and not args.shipped:
+        parser.error("--decode-int8 changes the shipped scheme: add --shipped")
     if args.drift_prompts:
         prompts = range(args.first_prompt, args.first_prompt + args.drift_prompts)
         if args.shipped:
@@ -97,6 +107,7 @@ def main() -> None:
                     "--shipped measures the shipped scheme: drop --keep, --outlier-threshold and --smoothing"
                 )
             candidate = shipped(model)
+            decode_on_int8_weights(candidate, args.decode_int8 or [])
         else:
             factors = {}
             if args.smoothing is not None:
@@ -105,6 +116,7 @@ def main() -> None:
             candidate = variant(model, tuple(args.keep), args.outlier_threshold, factors)
         result["drift"] = {
             "scheme": "int8-prompt" if args.shipped else "variant",
+            "decode_int8": args.decode_int8 or [],
             "first_prompt": args.first_prompt,
             "kept_bf16": args.keep,
             "outlier_threshold": args.outlier_threshold,
@@ -218,6 +230,27 @@ def shipped(model: Any) -> Any:
     from rag_mspoe.models.quantization import INT8_PROMPT, quantize_model
 
     return quantize_model(copy.deepcopy(model), INT8_PROMPT)
+
+
+def decode_on_int8_weights(model: Any, parts: list[str]) -> None:
+    """The weights short calls run rounded to int8 per output channel, as a weight-only int8 kernel
+    would read them: the int8-prompt layers' own weights ("mlp") and the output layer ("head",
+    untied from the input embeddings, which stay as they are)."""
+    from rag_mspoe.models.int8_prompt import Int8PromptLinear
+    from rag_mspoe.models.weight_only import int8_per_channel
+
+    def rounded(weight: torch.Tensor) -> torch.Tensor:
+        codes, scales = int8_per_channel(weight)
+        return (codes.float() * scales.float()[:, None]).to(weight.dtype)
+
+    with torch.no_grad():
+        if "mlp" in parts:
+            for layer in model.modules():
+                if isinstance(layer, Int8PromptLinear):
+                    layer.linear.weight.copy_(rounded(layer.linear.weight))
+        if "head" in parts:
+            head = model.get_output_embeddings()
+            head.weight = nn.Parameter(rounded(head.weight.detach().clone()), requires_grad=False)
 
 
 def variant(
