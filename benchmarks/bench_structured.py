@@ -404,9 +404,10 @@ def main() -> None:
     args = parser.parse_args()
 
     from rag_mspoe.engine import Engine
+    from rag_mspoe.models.quantization import quantization_of
 
-    engine = Engine.load(args.model, threads=args.threads)
-    report: dict[str, Any] = {"model": engine.name}
+    engine = Engine.load(args.model, threads=args.threads)  # answering's default scheme ("auto")
+    report: dict[str, Any] = {"model": engine.name, "quantization": quantization_of(engine.model) or "none"}
     if "speed" in args.parts:
         report["speed"] = [bench_speed(engine, args.repeats, size) for size in args.context_tokens]
         print(json.dumps({"speed": report["speed"]}, indent=2), flush=True)
