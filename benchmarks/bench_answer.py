@@ -66,11 +66,10 @@ def main() -> None:
     from rag_mspoe.models.quantization import quantization_of
 
     torch.set_num_threads(1)
-    bf16 = Engine.load(args.model, threads=1, quantize="none")
     engine = Engine.load(args.model, threads=1)  # answering's default scheme ("auto")
     scheme = quantization_of(engine.model)
-    if scheme is None:  # the default is bf16 itself: one copy of the model
-        engine = bf16
+    # Where the default is bf16 itself, one copy of the model serves both paths.
+    bf16 = engine if scheme is None else Engine.load(args.model, threads=1, quantize="none")
     default_lookup = engine.prompt_lookup_tokens
     count = 4 if args.quick else args.prompts
     examples = load_qa(DATA)[:count]
@@ -91,16 +90,17 @@ def main() -> None:
         result["candidate"] = args.candidate
     if args.quantize:
         result["quantize"] = args.quantize
+    prompts = {gold: [qa_prompt(with_gold_at(e, at)) for e in examples] for gold, at in GOLD_SLOTS.items()}
     for tokens in args.new_tokens:
-        for gold, slot in GOLD_SLOTS.items():
-            prompts = [qa_prompt(with_gold_at(e, slot)) for e in examples]
+        for gold in GOLD_SLOTS:
             key = f"{tokens}_tokens" if gold == "middle" else f"{tokens}_tokens_gold_first"
             label = f"{tokens} tokens, gold {gold}"
-            result[key] = _timed_paths(llm, paths, names, prompts, tokens, label, args.quantize)
+            result[key] = _timed_paths(llm, paths, names, prompts[gold], tokens, label, args.quantize)
     lookup = f", prompt lookup {default_lookup} tokens" if default_lookup else ""
     result["default_path"] = f"{scheme or 'bf16'}{lookup}"
     result["decode_vs_bf16"] = _decode_ratios(result)
-    result["drift_max_nats_per_token"] = _drift_max(bf16, engine, examples)
+    answers = [e.answers[0] for e in examples]  # as bench_cpu_inference scores them
+    result["drift_max_nats_per_token"] = _drift_max(bf16, engine, prompts["middle"], answers)
     result["load_average"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(result))
 
@@ -192,18 +192,13 @@ def _decode_ratios(result: dict[str, Any]) -> dict[str, float]:
     return ratios
 
 
-def _drift_max(bf16: Any, engine: Any, examples: list[Any]) -> float:
+def _drift_max(bf16: Any, engine: Any, prompts: list[Any], answers: list[str]) -> float:
     """The largest change of the gold answer's log-likelihood per token (nats), default against
-    bf16, with the gold fifth of ten (0 when the default is bf16 itself)."""
+    bf16 (0 when the default is bf16 itself)."""
     if engine is bf16:
         return 0.0
-    from rag_mspoe.eval.data.prompts import qa_prompt
-    from rag_mspoe.eval.data.records import with_gold_at
-
     changes = []
-    for example in examples:
-        prompt = qa_prompt(with_gold_at(example, GOLD_SLOTS["middle"]))
-        answer = example.answers[0]  # as bench_cpu_inference scores it
+    for prompt, answer in zip(prompts, answers, strict=True):
         ((base, count),) = bf16.score_continuations(prompt, [answer], method="none")
         ((ours, _),) = engine.score_continuations(prompt, [answer], method="none")
         changes.append(abs(ours - base) / count)

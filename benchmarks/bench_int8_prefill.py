@@ -91,21 +91,22 @@ def main() -> None:
         help="drift: input columns with an activation above T multiply in bf16 (LLM.int8() used 6)",
     )
     args = parser.parse_args()
+    # Flags that do not go together fail before the model loads.
+    if args.shipped and (args.keep or args.outlier_threshold is not None or args.smoothing is not None):
+        parser.error(
+            "--shipped measures the shipped scheme: drop --keep, --outlier-threshold and --smoothing"
+        )
+    if args.decode_int8 and not args.shipped:
+        parser.error("--decode-int8 changes the shipped scheme: add --shipped")
     torch.set_num_threads(1)
     from rag_mspoe import load_model
 
     model, tokenizer = load_model(args.model, dtype="bfloat16", threads=1)
     result: dict[str, Any] = {"model": args.model, "threads": 1, "rows": args.rows}
     result["layers"] = layer_timings(model, args.rows)
-    if args.decode_int8 and not args.shipped:
-        parser.error("--decode-int8 changes the shipped scheme: add --shipped")
     if args.drift_prompts:
         prompts = range(args.first_prompt, args.first_prompt + args.drift_prompts)
         if args.shipped:
-            if args.keep or args.outlier_threshold is not None or args.smoothing is not None:
-                parser.error(
-                    "--shipped measures the shipped scheme: drop --keep, --outlier-threshold and --smoothing"
-                )
             candidate = shipped(model)
             decode_on_int8_weights(candidate, args.decode_int8 or [])
         else:

@@ -26,6 +26,7 @@ variants are answered only where the method moves a document (elsewhere every va
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import time
@@ -117,14 +118,16 @@ def moved_rows(
         source += range(spans[slot][1], separator_end)
     index = torch.tensor(source)
     shift = (torch.arange(end) - index).float()
+    # A pure rotation by each token's shift (no attention scaling: the cached keys carry theirs).
     angles = shift[:, None] * model.model.rotary_emb.inv_freq.float()[None, :]
-    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    table = torch.cat((angles, angles), -1)
+    cos, sin = table.cos(), table.sin()
+    rotate_half = importlib.import_module(type(model).__module__).rotate_half  # the model's own
     rows = []
     for layer in cache.layers:
         keys = layer.keys[:, :, index].float()
-        half = keys.shape[-1] // 2
-        rotated = torch.cat((-keys[..., half:], keys[..., :half]), dim=-1)
-        rows.append(((keys * cos + rotated * sin).to(layer.keys.dtype), layer.values[:, :, index].clone()))
+        rotated = keys * cos + rotate_half(keys) * sin
+        rows.append((rotated.to(layer.keys.dtype), layer.values[:, :, index].clone()))
     moved_ids = [ids[k] for k in source] + list(ids[end:])
     if fresh_first:
         start = spans[0][0]
