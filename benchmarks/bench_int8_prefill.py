@@ -58,9 +58,13 @@ def main() -> None:
     )
     parser.add_argument(
         "--shipped",
-        action="store_true",
-        help='drift: the model as quantize="int8-prompt" makes it (gate and up projections W8A8 for the '
-        "prompt, every call of 16 tokens or fewer on the bf16 weight) instead of the variants below",
+        nargs="?",
+        const="int8-prompt",
+        choices=("int8-prompt", "int8-prompt+int4"),
+        metavar="SCHEME",
+        help='drift: the model as quantize=SCHEME makes it instead of the variants below: "int8-prompt" '
+        "(the default; gate and up projections W8A8 for the prompt, every call of 16 tokens or fewer on the "
+        'bf16 weight) or "int8-prompt+int4" (those calls on the file\'s 4-bit codes where it has them)',
     )
     parser.add_argument(
         "--decode-int8",
@@ -96,8 +100,8 @@ def main() -> None:
         parser.error(
             "--shipped measures the shipped scheme: drop --keep, --outlier-threshold and --smoothing"
         )
-    if args.decode_int8 and not args.shipped:
-        parser.error("--decode-int8 changes the shipped scheme: add --shipped")
+    if args.decode_int8 and args.shipped != "int8-prompt":
+        parser.error("--decode-int8 changes int8-prompt's decoding: add --shipped int8-prompt")
     torch.set_num_threads(1)
     from rag_mspoe import load_model
 
@@ -107,7 +111,7 @@ def main() -> None:
     if args.drift_prompts:
         prompts = range(args.first_prompt, args.first_prompt + args.drift_prompts)
         if args.shipped:
-            candidate = shipped(model)
+            candidate = shipped(model, args.model, args.shipped)
             decode_on_int8_weights(candidate, args.decode_int8 or [])
         else:
             factors = {}
@@ -116,7 +120,7 @@ def main() -> None:
                 factors = smoothing_factors(model, tokenizer, _prompts(after)[1], args.smoothing)
             candidate = variant(model, tuple(args.keep), args.outlier_threshold, factors)
         result["drift"] = {
-            "scheme": "int8-prompt" if args.shipped else "variant",
+            "scheme": args.shipped or "variant",
             "decode_int8": args.decode_int8 or [],
             "first_prompt": args.first_prompt,
             "kept_bf16": args.keep,
@@ -226,11 +230,12 @@ def _kernel_vs_bf16(layer: Int8ActivationLinear, linear: nn.Linear, rows: int) -
     return kernel / _ms(lambda: torch.nn.functional.linear(step, linear.weight))
 
 
-def shipped(model: Any) -> Any:
-    """A copy of the model as `quantize="int8-prompt"` makes it."""
-    from rag_mspoe.models.quantization import INT8_PROMPT, quantize_model
+def shipped(model: Any, name: str, scheme: str) -> Any:
+    """A copy of the embedded model `name` as `quantize=scheme` makes it (its grid read from its folder)."""
+    from rag_mspoe.models.embedded_models import prepare
+    from rag_mspoe.models.quantization import quantize_model
 
-    return quantize_model(copy.deepcopy(model), INT8_PROMPT)
+    return quantize_model(copy.deepcopy(model), scheme, prepare(name))
 
 
 def decode_on_int8_weights(model: Any, parts: list[str]) -> None:

@@ -3,6 +3,8 @@ token, and it stops where generate would (length, end of sequence, a stopping cr
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import pytest
 import torch
 from tiny_models import tiny_model
@@ -39,6 +41,23 @@ def greedy(model, ids, max_new_tokens, eos=None):
         disable_compile=True,
     )
     return out[0, len(ids) :].tolist()
+
+
+@contextmanager
+def recorded_reads(model):
+    """The tokens each forward of `model` reads while the block runs, in order."""
+    reads: list[int] = []
+    forward = model.forward
+
+    def recorded(input_ids, **kwargs):
+        reads.append(input_ids.shape[1])
+        return forward(input_ids, **kwargs)
+
+    model.forward = recorded
+    try:
+        yield reads
+    finally:
+        del model.forward
 
 
 def prefilled(model, ids):
@@ -130,26 +149,15 @@ def test_the_prompt_is_read_alone_as_plain_decoding_reads_it(model):
     ids = prompts(1, 30, seed=3)[0]
     ids = ids + ids[:12]  # its last tokens occurred before: there is a draft from the start
     assert drafted_tokens(ids, 10)
-    reads: list[int] = []
-    forward = model.forward
-
-    def recorded(input_ids, **kwargs):
-        reads.append(input_ids.shape[1])
-        return forward(input_ids, **kwargs)
-
-    model.forward = recorded
-    try:
-        with torch.inference_mode():
-            answer = decode_with_drafts(
-                model,
-                ids,
-                cache=None,
-                max_new_tokens=8,
-                draft_tokens=10,
-                eos_ids=[],
-                finished=lambda s: False,
-            )
-    finally:
-        del model.forward
+    with recorded_reads(model) as reads, torch.inference_mode():
+        answer = decode_with_drafts(
+            model,
+            ids,
+            cache=None,
+            max_new_tokens=8,
+            draft_tokens=10,
+            eos_ids=[],
+            finished=lambda s: False,
+        )
     assert answer == greedy(model, ids, 8)
     assert reads[0] == len(ids) and max(reads[1:]) <= 11

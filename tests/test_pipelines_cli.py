@@ -116,7 +116,9 @@ def test_demo_questions_have_their_answer_in_the_middle_of_the_context(tmp_path)
 
 @pytest.mark.slow
 def test_demo_prints_each_method_side_by_side(capsys, tmp_path):
-    argv = ["demo", "--questions", "1", "--methods", "none,mspoe", "--max-new-tokens", "8"]
+    # The smallest model: what is tested is the demo's output, not a model's answers (test_demo.py).
+    argv = ["demo", "--model", "smollm2-135m-instruct", "--questions", "1", "--methods", "none,mspoe"]
+    argv += ["--max-new-tokens", "8"]
     argv += ["--live-curve", "--curve-questions", "1", "--out", str(tmp_path / "demo")]
     assert main(argv) == 0
     out = capsys.readouterr().out

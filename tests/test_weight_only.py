@@ -100,7 +100,7 @@ def test_each_method_acts_on_the_quantised_model_as_on_its_dequantised_weights(m
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scheme", ["int4", "int4-exact"])
+@pytest.mark.parametrize("scheme", ["int4", "int4-exact", "int8-prompt+int4"])
 def test_embedded_qwen_answers_under_its_calibrated_method_quantised(scheme):
     try:
         model, tokenizer = load_model("qwen2.5-coder-0.5b-instruct", threads=1, quantize=scheme)
@@ -109,6 +109,12 @@ def test_embedded_qwen_answers_under_its_calibrated_method_quantised(scheme):
     if scheme == "int4-exact":  # its Q4_K down projections; 896-input layers are Q5_0, others Q6_K/Q8_0
         census = quantization_census(model)
         assert census is not None and census["int4"]["layers"] == 12 and census["int8"]["layers"] == 157
+    if (
+        scheme == "int8-prompt+int4"
+    ):  # the same 12 decode on their codes, the gate and up projections int8-prompt
+        census = quantization_census(model)
+        assert census is not None and census["int4-decoding"]["layers"] == 12
+        assert census["int8-prompt"]["layers"] == 48 and "int8-prompt+int4" not in census
     engine = Engine(model, tokenizer, method="calibrated")
     answer = engine.generate(PROMPT, max_new_tokens=16)
     assert "paris" in answer.text.lower(), answer.text

@@ -10,7 +10,7 @@ from typing import Any
 # As rag_mspoe.models.devices.DTYPE_CHOICES and rag_mspoe.models.quantization.QUANTIZE_CHOICES (a test keeps
 # them equal); importing torch would slow --help.
 DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
-QUANTIZE_CHOICES = ("auto", "none", "int4", "int8", "int4-exact", "int8-prompt")
+QUANTIZE_CHOICES = ("auto", "none", "int4", "int8", "int4-exact", "int8-prompt", "int8-prompt+int4")
 
 
 def add_model_options(parser: argparse.ArgumentParser, quantize: str = "none") -> None:
@@ -48,7 +48,9 @@ def add_model_options(parser: argparse.ArgumentParser, quantize: str = "none") -
         help="int4 / int8: Linear layers' weights in 4 / 8 bits on the CPU (decoding 2.7x / 1.8x as fast, "
         "but scores move; int4-exact: int4 only where a GGUF file's weights are 4-bit, int8 elsewhere; "
         "int8-prompt: the MLP's gate and up projections read the prompt in int8, decoding unchanged; "
-        "auto: int8-prompt for the embedded Qwen models on a bf16 CPU, none otherwise; "
+        "int8-prompt+int4: that read, decoding on a GGUF file's own 4-bit codes where it has them; "
+        "auto: the scheme measured for an embedded Qwen model on a bf16 CPU (int8-prompt for the 0.5B, "
+        "int8-prompt+int4 for the 1.5B), none otherwise; "
         f"default {quantize}; docs/cpu-inference.md)",
     )
 

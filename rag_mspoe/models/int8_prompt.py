@@ -47,11 +47,16 @@ class Int8PromptLinear(nn.Module):
         return self.linear.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() < 2 or x.shape[-2] <= PROMPT_TOKENS:
+        if not reads_prompt(x):
             return self.linear(x)
         out = w8a8(x.reshape(-1, self.in_features), self.codes_t, self.scales)
         out = out.reshape(*x.shape[:-1], self.out_features)
         return out if self.linear.bias is None else out + self.linear.bias
+
+
+def reads_prompt(x: torch.Tensor) -> bool:
+    """Whether a layer's input [..., tokens, features] reads more than `PROMPT_TOKENS` tokens per sequence."""
+    return x.dim() >= 2 and x.shape[-2] > PROMPT_TOKENS
 
 
 def w8a8(rows: torch.Tensor, codes_t: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

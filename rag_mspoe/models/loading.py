@@ -103,7 +103,8 @@ def load_model(
     the CPUs the load average shows free, `default_threads`). quantize: None or "none", "int4",
     "int8" or "int4-exact" (weight-only: faster decoding on the CPU, but scores move; int4-exact
     reads the folder's float32 weights for the file's own 4-bit grid), "int8-prompt" (a quicker
-    prompt read in the MLP's gate and up projections) or "auto" (an embedded model's measured
+    prompt read in the MLP's gate and up projections), "int8-prompt+int4" (that read, and decoding on
+    the file's own 4-bit codes where it has them) or "auto" (an embedded model's measured
     answering scheme on a bf16 CPU, `Engine.load`'s default); see `rag_mspoe.models.quantization`
     and docs/cpu-inference.md.
     """

@@ -1,0 +1,140 @@
+"""quantize="int8-prompt+int4": a prompt reads as int8-prompt reads it; every shorter call (a decoding
+step, a drafted step's check) runs on the file's own 4-bit codes where its layers have them and on
+the model's weights elsewhere; a model with nothing on a 4-bit grid is refused and left as it came."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from test_decode_with_drafts import greedy, recorded_reads
+from test_int4_grid import on_grid
+from tiny_models import tiny_model, tiny_tokenizer
+from torch import nn
+
+from rag_mspoe.engine import Engine
+from rag_mspoe.engine.engine_base import INT4_DECODING_LOOKUP_TOKENS, PROMPT_LOOKUP_TOKENS
+from rag_mspoe.engine.prompt_lookup import decode_with_drafts
+from rag_mspoe.models.grid_decoding import GridDecodingLinear
+from rag_mspoe.models.int8_prompt import PROMPT_TOKENS, Int8PromptLinear
+from rag_mspoe.models.quantization import (
+    INT8_PROMPT,
+    INT8_PROMPT_INT4,
+    QuantizationError,
+    quantization_census,
+    quantization_of,
+    quantize_model,
+)
+from rag_mspoe.models.weight_only import WeightOnlyLinear
+
+# As a Q4_K_M file: these layers on a 4-bit grid, the up and down projections and the output layer not.
+ON_GRID = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj")
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """(the model in float32, its folder): its ON_GRID layers' weights on a 4-bit grid, as saved."""
+    folder = tmp_path_factory.mktemp("grid")
+    model = tiny_model("llama", vocab_size=300, max_position_embeddings=256, initializer_range=0.3)
+    state = {name: tensor.detach().clone().contiguous() for name, tensor in model.state_dict().items()}
+    for name, tensor in state.items():
+        if name.endswith(tuple(f"{layer}.weight" for layer in ON_GRID)):
+            state[name] = on_grid(*tensor.shape, seed=len(name), dyadic=False) * 4  # large: a peaked output
+    model.load_state_dict(state)
+    save_file(state, folder / "model.safetensors")
+    return model, folder
+
+
+@pytest.fixture(scope="module")
+def quantized(saved):
+    model, folder = saved
+    return quantize_model(copy.deepcopy(model), INT8_PROMPT_INT4, folder)
+
+
+def test_layers_on_the_grid_decode_on_it_and_the_census_says_what_each_became(saved, quantized):
+    model, _ = saved
+    linears = {name for name, module in model.named_modules() if type(module) is nn.Linear}
+    for name in linears:
+        layer = quantized.get_submodule(name)
+        if name.endswith(ON_GRID):
+            assert isinstance(layer, GridDecodingLinear), name
+            assert isinstance(layer.decoding, WeightOnlyLinear) and layer.decoding.bits == 4, name
+            prompt_type = Int8PromptLinear if name.endswith("gate_proj") else nn.Linear
+            assert type(layer.prompt_layer) is prompt_type, name
+        elif name.endswith("up_proj"):
+            assert isinstance(layer, Int8PromptLinear), name
+        else:
+            assert type(layer) is nn.Linear, name
+    assert quantization_of(quantized) == INT8_PROMPT_INT4
+    census = quantization_census(quantized)
+    layers = model.config.num_hidden_layers
+    assert census is not None
+    assert {kind: counts["layers"] for kind, counts in census.items()} == {
+        INT8_PROMPT_INT4: layers,  # gate projections
+        "int4-decoding": 4 * layers,  # attention projections
+        INT8_PROMPT: layers,  # up projections
+        "none": layers + 1,  # down projections, output layer
+    }
+
+
+def test_a_prompt_reads_as_int8_prompt_and_a_step_computes_the_files_weights(saved, quantized):
+    model, _ = saved
+    int8_prompt = quantize_model(copy.deepcopy(model), INT8_PROMPT)
+    ids = torch.randint(0, 300, (2, 3 * PROMPT_TOKENS))
+    with torch.inference_mode():
+        prompt = quantized(ids, use_cache=True)
+        assert torch.equal(prompt.logits, int8_prompt(ids).logits)
+        # In float32 the model's weights are the file's values: a step on the codes computes them.
+        step = ids[:, -1:]
+        ours = quantized(step, past_key_values=copy.deepcopy(prompt.past_key_values)).logits
+        exact = int8_prompt(step, past_key_values=copy.deepcopy(prompt.past_key_values)).logits
+    assert not torch.equal(ours, exact)  # another kernel ...
+    torch.testing.assert_close(ours, exact, rtol=1e-4, atol=1e-4)  # ... the same weights
+
+
+def test_drafted_answers_are_the_quantised_models_own_greedy_answers(quantized):
+    generator = torch.Generator().manual_seed(5)
+    for _ in range(3):
+        ids = torch.randint(1, 300, (30,), generator=generator).tolist()
+        ids = ids + ids[:12]  # its last tokens occurred before: a draft from the start
+        with recorded_reads(quantized) as reads, torch.inference_mode():
+            drafted = decode_with_drafts(
+                quantized,
+                ids,
+                cache=None,
+                max_new_tokens=12,
+                draft_tokens=10,
+                eos_ids=[],
+                finished=lambda s: False,
+            )
+        assert drafted == greedy(quantized, ids, 12)
+        assert any(1 < rows <= PROMPT_TOKENS for rows in reads), reads  # drafts checked, on the codes
+
+
+def test_a_model_with_nothing_on_a_4_bit_grid_is_refused_and_left_as_it_came():
+    model = tiny_model("llama")
+    layers = dict(model.named_modules())
+    before = {name: p.clone() for name, p in model.named_parameters()}
+    with pytest.raises(QuantizationError, match="no layer stored on a 4-bit grid.*--quantize int8-prompt"):
+        quantize_model(model, INT8_PROMPT_INT4)
+    assert quantization_of(model) is None
+    assert all(layers[name] is module for name, module in model.named_modules())
+    assert all(torch.equal(p, before[name]) for name, p in model.named_parameters())
+
+
+def test_an_engine_decoding_on_the_codes_drafts_fewer_tokens(saved, tmp_path):
+    # A check of many tokens costs the int4 kernel several single steps (docs/cpu-inference.md).
+    model, _ = saved
+    model.save_pretrained(tmp_path / "m")  # float32: the grid stays in the file
+    tiny_tokenizer().save_pretrained(tmp_path / "m")
+    before = torch.get_num_threads()
+    try:
+        on_codes = Engine.load(tmp_path / "m", threads=1, device="cpu", quantize=INT8_PROMPT_INT4)
+        on_weights = Engine.load(tmp_path / "m", threads=1, device="cpu", quantize=INT8_PROMPT)
+    finally:
+        torch.set_num_threads(before)
+    assert quantization_of(on_codes.model) == INT8_PROMPT_INT4
+    assert on_codes.prompt_lookup_tokens == INT4_DECODING_LOOKUP_TOKENS < PROMPT_LOOKUP_TOKENS
+    assert on_weights.prompt_lookup_tokens == PROMPT_LOOKUP_TOKENS
