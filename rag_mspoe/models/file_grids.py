@@ -40,7 +40,7 @@ class FileGrids:
         self._folder = Path(folder) if folder is not None else None
         self._group_size = group_size
         self._files = _stored_files(self._folder)
-        self._saved, self._saved_off = self._read_saved()
+        self._saved, self._saved_off = self._saved_names()
         self._found: dict[str, Int4Grid | None] = {}
 
     def grid(self, names: list[str], weight: torch.Tensor) -> Int4Grid | None:
@@ -51,7 +51,7 @@ class FileGrids:
         if name in self._saved_off:
             return None
         if name in self._saved:
-            return self._saved[name]
+            return self._read_saved(name)
         with safe_open(self._files[name], "pt") as handle:
             grid = int4_grid(handle.get_tensor(name), self._group_size)
         self._found[name] = grid
@@ -61,7 +61,8 @@ class FileGrids:
         """Save the grids found by this load with those saved before, where the folder is in the cache."""
         if not self._found or self._folder is None or not _in_cache(self._folder):
             return
-        grids = {**self._saved, **{n: g for n, g in self._found.items() if g is not None}}
+        grids = {n: self._read_saved(n) for n in self._saved - self._found.keys()}
+        grids.update({n: g for n, g in self._found.items() if g is not None})
         off = sorted(self._saved_off | {n for n, g in self._found.items() if g is None})
         tensors = {}
         for name, grid in grids.items():
@@ -86,25 +87,32 @@ class FileGrids:
                 exc,
             )
 
-    def _read_saved(self) -> tuple[dict[str, Int4Grid], set[str]]:
-        path = None if self._folder is None else self._folder / GRIDS_FILE
-        if path is None or not path.is_file():
-            return {}, set()
+    def _saved_names(self) -> tuple[set[str], set[str]]:
+        """(the weights whose grids are saved, those saved as off the grid); none from another version."""
+        path = self._grids_file()
+        if path is None:
+            return set(), set()
         with safe_open(path, "pt") as handle:
             metadata = handle.metadata() or {}
             if metadata.get("version") != _VERSION or metadata.get("group_size") != str(self._group_size):
-                return {}, set()  # another grid finder's: found again and overwritten
+                return set(), set()  # another grid finder's: found again and overwritten
             stored = handle.keys()  # a file handle, not a dict
-            names = {key.rsplit(".", 1)[0] for key in stored}
-            grids = {
-                name: Int4Grid(
-                    _from_two_per_byte(handle.get_tensor(f"{name}.codes")),
-                    handle.get_tensor(f"{name}.scale"),
-                    handle.get_tensor(f"{name}.zero"),
-                )
-                for name in names
-            }
-        return grids, set(json.loads(metadata.get("off_grid", "[]")))
+        return {key.rsplit(".", 1)[0] for key in stored}, set(json.loads(metadata.get("off_grid", "[]")))
+
+    def _read_saved(self, name: str) -> Int4Grid:
+        """One weight's saved grid, read as its layer is quantised (all at once: 4 bytes a code held)."""
+        path = self._grids_file()
+        assert path is not None
+        with safe_open(path, "pt") as handle:
+            return Int4Grid(
+                _from_two_per_byte(handle.get_tensor(f"{name}.codes")),
+                handle.get_tensor(f"{name}.scale"),
+                handle.get_tensor(f"{name}.zero"),
+            )
+
+    def _grids_file(self) -> Path | None:
+        path = None if self._folder is None else self._folder / GRIDS_FILE
+        return path if path is not None and path.is_file() else None
 
 
 def _stored_files(folder: Path | None) -> dict[str, Path]:

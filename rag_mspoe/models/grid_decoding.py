@@ -11,7 +11,8 @@ The codes are the file's own: the kernel computes the weights the model was ship
 the rounding of each group's scale and zero to bf16, an error the size of bf16's own rounding of
 the weights (relative output error 0.0031 against the bf16 layer's 0.0029, against the file's
 float32 values). Every call of `PROMPT_TOKENS` tokens or fewer per sequence, a decoding step and a
-drafted step's check alike, runs on the codes, so drafted answers equal greedy ones.
+drafted step's check alike, runs on the codes, so drafted answers equal greedy ones (in float32;
+in bf16 the model's other layers round an 11-token check otherwise than one token, as without it).
 
 The layer keeps the wrapped layer's weight for the prompt and adds the codes: half a byte per
 weight, plus a scale and zero per 32.
