@@ -60,6 +60,21 @@ def recorded_reads(model):
         del model.forward
 
 
+def drafted_from_the_prompt(model, ids, max_new_tokens):
+    """(the answer drafted 10 tokens ahead from the prompt alone, the tokens each forward read)."""
+    with recorded_reads(model) as reads, torch.inference_mode():
+        answer = decode_with_drafts(
+            model,
+            ids,
+            cache=None,
+            max_new_tokens=max_new_tokens,
+            draft_tokens=10,
+            eos_ids=[],
+            finished=lambda s: False,
+        )
+    return answer, reads
+
+
 def prefilled(model, ids):
     with torch.inference_mode():
         return returned_cache(model(torch.tensor([ids]), use_cache=True, **cache_argument(DynamicCache())))
@@ -149,15 +164,6 @@ def test_the_prompt_is_read_alone_as_plain_decoding_reads_it(model):
     ids = prompts(1, 30, seed=3)[0]
     ids = ids + ids[:12]  # its last tokens occurred before: there is a draft from the start
     assert drafted_tokens(ids, 10)
-    with recorded_reads(model) as reads, torch.inference_mode():
-        answer = decode_with_drafts(
-            model,
-            ids,
-            cache=None,
-            max_new_tokens=8,
-            draft_tokens=10,
-            eos_ids=[],
-            finished=lambda s: False,
-        )
+    answer, reads = drafted_from_the_prompt(model, ids, 8)
     assert answer == greedy(model, ids, 8)
     assert reads[0] == len(ids) and max(reads[1:]) <= 11

@@ -8,8 +8,7 @@ import copy
 import pytest
 import torch
 from safetensors.torch import save_file
-from test_int4_grid import on_grid
-from tiny_models import tiny_model
+from test_int4_grid import saved_on_grid
 
 from rag_mspoe.models import file_grids
 from rag_mspoe.models.file_grids import GRIDS_FILE
@@ -18,24 +17,11 @@ from rag_mspoe.models.quantization import INT8_PROMPT_INT4, quantization_census,
 from rag_mspoe.models.weight_only import WeightOnlyLinear
 
 
-def saved_folder(folder):
-    """A tiny model whose attention projections lie on a 4-bit grid, saved in float32 into `folder`."""
-    model = tiny_model("llama")
-    state = {name: tensor.detach().clone().contiguous() for name, tensor in model.state_dict().items()}
-    for name, tensor in state.items():
-        if "self_attn" in name and name.endswith("weight"):
-            state[name] = on_grid(*tensor.shape, seed=len(name), dyadic=False)
-    model.load_state_dict(state)
-    folder.mkdir(parents=True)
-    save_file(state, folder / "model.safetensors")
-    return model.to(torch.bfloat16)
-
-
 @pytest.mark.parametrize("scheme", [INT8_PROMPT_INT4, "int4-exact"])
 def test_grids_found_once_are_read_back_by_the_next_load(tmp_path, monkeypatch, scheme):
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     folder = tmp_path / "cache" / "gguf" / "tiny-0123"
-    model = saved_folder(folder)
+    model = saved_on_grid(folder)
     first = quantize_model(copy.deepcopy(model), scheme, folder)
     assert (folder / GRIDS_FILE).is_file()
 
@@ -57,7 +43,7 @@ def test_grids_found_once_are_read_back_by_the_next_load(tmp_path, monkeypatch, 
 def test_a_folder_outside_the_cache_is_not_written_to(tmp_path, monkeypatch):
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     folder = tmp_path / "my-model"
-    model = saved_folder(folder)
+    model = saved_on_grid(folder)
     before = sorted(p.name for p in folder.iterdir())
     quantized = quantize_model(copy.deepcopy(model), INT8_PROMPT_INT4, folder)
     assert quantization_census(quantized)["int4-decoding"]["layers"] > 0  # type: ignore[index]
@@ -67,7 +53,7 @@ def test_a_folder_outside_the_cache_is_not_written_to(tmp_path, monkeypatch):
 def test_grids_saved_by_another_version_are_found_again_and_replaced(tmp_path, monkeypatch):
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     folder = tmp_path / "cache" / "gguf" / "tiny-0123"
-    model = saved_folder(folder)
+    model = saved_on_grid(folder)
     expected = quantization_census(quantize_model(copy.deepcopy(model), INT8_PROMPT_INT4, folder))
     save_file(
         {"x.codes": torch.zeros(1, 1, dtype=torch.uint8)}, folder / GRIDS_FILE, metadata={"version": "0"}

@@ -9,14 +9,13 @@ import copy
 import pytest
 import torch
 from safetensors.torch import save_file
-from test_decode_with_drafts import greedy, recorded_reads
+from test_decode_with_drafts import drafted_from_the_prompt, greedy
 from test_int4_grid import on_grid
 from tiny_models import tiny_model, tiny_tokenizer
 from torch import nn
 
 from rag_mspoe.engine import Engine
 from rag_mspoe.engine.engine_base import INT4_DECODING_LOOKUP_TOKENS, PROMPT_LOOKUP_TOKENS
-from rag_mspoe.engine.prompt_lookup import decode_with_drafts
 from rag_mspoe.models.grid_decoding import GridDecodingLinear
 from rag_mspoe.models.int8_prompt import PROMPT_TOKENS, Int8PromptLinear
 from rag_mspoe.models.quantization import (
@@ -99,16 +98,7 @@ def test_drafted_answers_are_the_quantised_models_own_greedy_answers(quantized):
     for _ in range(3):
         ids = torch.randint(1, 300, (30,), generator=generator).tolist()
         ids = ids + ids[:12]  # its last tokens occurred before: a draft from the start
-        with recorded_reads(quantized) as reads, torch.inference_mode():
-            drafted = decode_with_drafts(
-                quantized,
-                ids,
-                cache=None,
-                max_new_tokens=12,
-                draft_tokens=10,
-                eos_ids=[],
-                finished=lambda s: False,
-            )
+        drafted, reads = drafted_from_the_prompt(quantized, ids, 12)
         assert drafted == greedy(quantized, ids, 12)
         assert any(1 < rows <= PROMPT_TOKENS for rows in reads), reads  # drafts checked, on the codes
 

@@ -69,18 +69,23 @@ def test_an_off_grid_weight_has_no_grid(weight):
     assert int4_grid(weight) is None
 
 
-@pytest.fixture
-def saved_model(tmp_path):
-    """A tiny model saved in float32 with its attention projections on a 4-bit grid (the MLP and
-    output layer not), then loaded in bf16: the cast takes the grid off the model's copy."""
+def saved_on_grid(folder):
+    """A tiny model saved in float32 into `folder` with its attention projections on a 4-bit grid
+    (the MLP and output layer not), returned in bf16: the cast takes the grid off the model's copy."""
     model = tiny_model("llama")
     state = {name: tensor.detach().clone().contiguous() for name, tensor in model.state_dict().items()}
     for name, tensor in state.items():
         if "self_attn" in name and name.endswith("weight"):
             state[name] = on_grid(*tensor.shape, seed=len(name), dyadic=False)
     model.load_state_dict(state)
-    save_file(state, tmp_path / "model.safetensors")
-    return model.to(torch.bfloat16), tmp_path
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(state, folder / "model.safetensors")
+    return model.to(torch.bfloat16)
+
+
+@pytest.fixture
+def saved_model(tmp_path):
+    return saved_on_grid(tmp_path), tmp_path
 
 
 @pytest.mark.parametrize("fallback", ["int8", "none"])
