@@ -41,7 +41,9 @@ class FileGrids:
         self._group_size = group_size
         self._files = _stored_files(self._folder)
         self._saved, self._saved_off = self._saved_names()
-        self._found: dict[str, Int4Grid | None] = {}
+        # The grids this load found, as they are saved (codes two to a byte: 4 bytes a code held
+        # until the load ends would outweigh the model); None: off the grid.
+        self._found: dict[str, dict[str, torch.Tensor] | None] = {}
 
     def grid(self, names: list[str], weight: torch.Tensor) -> Int4Grid | None:
         """The grid of the first of a parameter's `names` stored in the folder, else of `weight`."""
@@ -54,21 +56,17 @@ class FileGrids:
             return self._read_saved(name)
         with safe_open(self._files[name], "pt") as handle:
             grid = int4_grid(handle.get_tensor(name), self._group_size)
-        self._found[name] = grid
+        self._found[name] = None if grid is None else _saved_form(name, grid)
         return grid
 
     def save(self) -> None:
         """Save the grids found by this load with those saved before, where the folder is in the cache."""
         if not self._found or self._folder is None or not _in_cache(self._folder):
             return
-        grids = {n: self._read_saved(n) for n in self._saved - self._found.keys()}
-        grids.update({n: g for n, g in self._found.items() if g is not None})
-        off = sorted(self._saved_off | {n for n, g in self._found.items() if g is None})
-        tensors = {}
-        for name, grid in grids.items():
-            tensors[f"{name}.codes"] = _two_per_byte(grid.codes)
-            tensors[f"{name}.scale"] = grid.scale.contiguous()
-            tensors[f"{name}.zero"] = grid.zero.contiguous()
+        tensors = self._saved_tensors(self._saved - self._found.keys())
+        for saved in self._found.values():
+            tensors.update(saved or {})
+        off = sorted(self._saved_off | {n for n, saved in self._found.items() if saved is None})
         metadata = {"version": _VERSION, "group_size": str(self._group_size), "off_grid": json.dumps(off)}
         try:
             handle, tmp = tempfile.mkstemp(prefix=f".{GRIDS_FILE}-", dir=self._folder)
@@ -103,16 +101,34 @@ class FileGrids:
         """One weight's saved grid, read as its layer is quantised (all at once: 4 bytes a code held)."""
         path = self._grids_file()
         assert path is not None
+        codes, scale, zero = _keys(name)
         with safe_open(path, "pt") as handle:
             return Int4Grid(
-                _from_two_per_byte(handle.get_tensor(f"{name}.codes")),
-                handle.get_tensor(f"{name}.scale"),
-                handle.get_tensor(f"{name}.zero"),
+                _from_two_per_byte(handle.get_tensor(codes)),
+                handle.get_tensor(scale),
+                handle.get_tensor(zero),
             )
+
+    def _saved_tensors(self, names: set[str]) -> dict[str, torch.Tensor]:
+        """The saved tensors of some weights' grids, as saved."""
+        path = self._grids_file()
+        if path is None or not names:
+            return {}
+        with safe_open(path, "pt") as handle:
+            return {key: handle.get_tensor(key) for name in names for key in _keys(name)}
 
     def _grids_file(self) -> Path | None:
         path = None if self._folder is None else self._folder / GRIDS_FILE
         return path if path is not None and path.is_file() else None
+
+
+def _keys(name: str) -> tuple[str, str, str]:
+    return f"{name}.codes", f"{name}.scale", f"{name}.zero"
+
+
+def _saved_form(name: str, grid: Int4Grid) -> dict[str, torch.Tensor]:
+    codes, scale, zero = _keys(name)
+    return {codes: _two_per_byte(grid.codes), scale: grid.scale.contiguous(), zero: grid.zero.contiguous()}
 
 
 def _stored_files(folder: Path | None) -> dict[str, Path]:
