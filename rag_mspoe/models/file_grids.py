@@ -40,6 +40,7 @@ class FileGrids:
         self._folder = Path(folder) if folder is not None else None
         self._group_size = group_size
         self._files = _stored_files(self._folder)
+        self._path = None if self._folder is None else self._folder / GRIDS_FILE
         self._saved, self._saved_off = self._saved_names()
         # The grids this load found, as they are saved (codes two to a byte: 4 bytes a code held
         # until the load ends would outweigh the model); None: off the grid.
@@ -61,7 +62,7 @@ class FileGrids:
 
     def save(self) -> None:
         """Save the grids found by this load with those saved before, where the folder is in the cache."""
-        if not self._found or self._folder is None or not _in_cache(self._folder):
+        if not self._found or self._folder is None or self._path is None or not _in_cache(self._folder):
             return
         tensors = self._saved_tensors(self._saved - self._found.keys())
         for saved in self._found.values():
@@ -73,12 +74,11 @@ class FileGrids:
             os.close(handle)
             try:
                 save_file(tensors, tmp, metadata=metadata)
-                os.replace(tmp, self._folder / GRIDS_FILE)
+                os.replace(tmp, self._path)
             finally:
                 Path(tmp).unlink(missing_ok=True)
-        except (
-            OSError
-        ) as exc:  # a full disk or a read-only cache: this load is done, the next finds them again
+        except OSError as exc:
+            # A full disk or a read-only cache: this load is done, the next finds them again.
             logger.warning(
                 "Could not save the 4-bit grids into %s (%s); they are found again at the next load",
                 self._folder,
@@ -87,10 +87,9 @@ class FileGrids:
 
     def _saved_names(self) -> tuple[set[str], set[str]]:
         """(the weights whose grids are saved, those saved as off the grid); none from another version."""
-        path = self._grids_file()
-        if path is None:
+        if self._path is None or not self._path.is_file():
             return set(), set()
-        with safe_open(path, "pt") as handle:
+        with safe_open(self._path, "pt") as handle:
             metadata = handle.metadata() or {}
             if metadata.get("version") != _VERSION or metadata.get("group_size") != str(self._group_size):
                 return set(), set()  # another grid finder's: found again and overwritten
@@ -99,10 +98,9 @@ class FileGrids:
 
     def _read_saved(self, name: str) -> Int4Grid:
         """One weight's saved grid, read as its layer is quantised (all at once: 4 bytes a code held)."""
-        path = self._grids_file()
-        assert path is not None
+        assert self._path is not None  # a name is saved only where the file is
         codes, scale, zero = _keys(name)
-        with safe_open(path, "pt") as handle:
+        with safe_open(self._path, "pt") as handle:
             return Int4Grid(
                 _from_two_per_byte(handle.get_tensor(codes)),
                 handle.get_tensor(scale),
@@ -111,15 +109,10 @@ class FileGrids:
 
     def _saved_tensors(self, names: set[str]) -> dict[str, torch.Tensor]:
         """The saved tensors of some weights' grids, as saved."""
-        path = self._grids_file()
-        if path is None or not names:
+        if self._path is None or not names:
             return {}
-        with safe_open(path, "pt") as handle:
+        with safe_open(self._path, "pt") as handle:
             return {key: handle.get_tensor(key) for name in names for key in _keys(name)}
-
-    def _grids_file(self) -> Path | None:
-        path = None if self._folder is None else self._folder / GRIDS_FILE
-        return path if path is not None and path.is_file() else None
 
 
 def _keys(name: str) -> tuple[str, str, str]:
