@@ -15,6 +15,8 @@ from rag_mspoe.models.devices import default_dtype
 from rag_mspoe.models.embedded_models import DEFAULT_MODEL
 from rag_mspoe.models.quantization import (
     AUTO,
+    INT4_DECODING,
+    INT8_DECODING,
     INT8_PROMPT,
     INT8_PROMPT_INT4,
     QuantizationError,
@@ -78,7 +80,7 @@ def test_embedded_int8_model_answers_and_scores_close_to_fp32_under_methods():
         assert abs(total - reference) / tokens < 0.15, (method, total, reference)
 
 
-def test_auto_is_a_models_measured_answering_scheme_on_a_bf16_cpu_and_none_elsewhere():
+def test_auto_is_a_models_measured_answering_scheme_on_the_cpu_and_none_elsewhere():
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
     for dtype in (torch.bfloat16, "bfloat16"):
         assert answering_scheme(AUTO, QWEN_05B, cpu, dtype) == INT8_PROMPT
@@ -87,7 +89,12 @@ def test_auto_is_a_models_measured_answering_scheme_on_a_bf16_cpu_and_none_elsew
     # SmolLM2 moved 0.083 nats/token (docs/cpu-inference.md); no measurement in float32 or on a GPU;
     # a folder or hub id: not measured.
     assert answering_scheme(AUTO, DEFAULT_MODEL, cpu, torch.bfloat16) is None
-    assert answering_scheme(AUTO, QWEN_05B, cpu, torch.float32) is None
+    # In float32 (a CPU without native bf16): decoding on int8 codes, the 1.5B on its file's 4-bit
+    # codes where it has them (docs/cpu-inference.md); SmolLM2 not measured; float16 never.
+    assert answering_scheme(AUTO, QWEN_05B, cpu, torch.float32) == INT8_DECODING
+    assert answering_scheme(AUTO, QWEN_15B, cpu, "float32") == INT4_DECODING
+    assert answering_scheme(AUTO, DEFAULT_MODEL, cpu, torch.float32) is None
+    assert answering_scheme(AUTO, QWEN_05B, cpu, torch.float16) is None
     assert answering_scheme(AUTO, QWEN_05B, gpu, "auto") is None
     assert answering_scheme(AUTO, "my-model", cpu, torch.bfloat16) is None
     # A scheme named is the scheme used; "auto" is never refused, on any device.

@@ -61,6 +61,11 @@ def _list(args: argparse.Namespace) -> int:
                 f"    answers on a bf16 CPU with --quantize {model.answering_quantize} (the default, "
                 "docs/cpu-inference.md); --quantize none for bf16"
             )
+        if model.answering_quantize_float32:
+            print(
+                f"    answers in float32 (a CPU without native bf16) with --quantize "
+                f"{model.answering_quantize_float32} (the default); --quantize none for plain float32"
+            )
         print(f"    install: {model.install_command()}")
         if converted(model):  # a folder other tools read as it is
             print(f"    folder: {model.converted_dir()}")

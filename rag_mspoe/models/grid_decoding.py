@@ -16,6 +16,10 @@ in bf16 the model's other layers round an 11-token check otherwise than one toke
 
 The layer keeps the wrapped layer's weight for the prompt and adds the codes: half a byte per
 weight, plus a scale and zero per 32.
+
+"int8-decoding" and "int4-decoding" wrap the layer as it is (a prompt read on its own weights) with
+decoding on int8 codes, or on the file's codes where it has them; their kernels compute in bf16
+in a float32 model (`rag_mspoe.models.quantization`).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from rag_mspoe.models.weight_only import WeightOnlyLinear
 
 
 class GridDecodingLinear(nn.Module):
-    """`prompt_layer` for a prompt's read, `decoding` (the layer on the file's codes) for shorter calls."""
+    """`prompt_layer` for a prompt's read, `decoding` (the layer on codes) for shorter calls."""
 
     def __init__(self, prompt_layer: nn.Module, decoding: WeightOnlyLinear) -> None:
         super().__init__()

@@ -32,6 +32,14 @@ least for its speed: 0.049 / 0.047 nats per token on 100 prompts (Qwen2.5-Coder-
 on a 4-bit grid (Q4_K / Q4_1) on the file's own codes (`rag_mspoe.models.grid_decoding`), the other
 layers on the model's weights: for a Q4_K_M file such as the 1.5B's (72 % of its layers' weights on
 the grid) a decoding step in 0.55x bf16's time.
+
+"int8-decoding" and "int4-decoding" leave the prompt's read as it is (the model's own weights, in
+its dtype) and decode on int8 codes (one scale per output channel), or on the file's own 4-bit
+codes where its layers have them and int8 codes elsewhere, every Linear layer the output layer
+included; their kernels compute in bf16 whatever the model's dtype. They are for a CPU without
+native bf16, where the model computes in float32: there float32 reads a prompt 5x as fast as
+emulated bf16, but decoding, which reads every weight once per token, reads 4 bytes a weight;
+the kernels read 1 or half a byte.
 """
 
 from __future__ import annotations
@@ -60,16 +68,23 @@ INT8_PROMPT = "int8-prompt"
 INT8_PROMPT_LAYERS = ("gate_proj", "up_proj")
 # int8-prompt's read, and decoding on the file's 4-bit codes where its layers have them.
 INT8_PROMPT_INT4 = "int8-prompt+int4"
+# The prompt read on the model's own weights; decoding on int8 codes, or on the file's 4-bit codes
+# where its layers have them (int8 elsewhere); what each layer becomes is named so too.
+INT8_DECODING = "int8-decoding"
+INT4_DECODING = "int4-decoding"
+# The dtype the decoding schemes' kernels compute in (weight_only's docstring: their float32 forms
+# are several times slower).
+DECODING_KERNEL_DTYPE = torch.bfloat16
 # "auto": what an embedded model was measured to answer best with on a bf16 CPU
 # (`EmbeddedModel.answering_quantize`), none for any other model, device or dtype.
 AUTO = "auto"
-SCHEMES = (*_BITS, INT8_PROMPT, INT8_PROMPT_INT4)  # what a model can be quantised with
+SCHEMES = (*_BITS, INT8_PROMPT, INT8_PROMPT_INT4, INT8_DECODING, INT4_DECODING)  # what a model can take
 QUANTIZE_CHOICES = (AUTO, "none", *SCHEMES)
 # What an int4-exact layer off the 4-bit grid becomes: int8 weight-only, or kept as it is.
 FALLBACKS = ("int8", "none")
 INT4_GROUP_SIZE = 32  # as GGUF's Q4_K / Q4_1 groups
-# What a layer that only decodes on the file's codes became (int8-prompt+int4's other layers).
-_GRID_DECODING = "int4-decoding"
+# Schemes that read the file's 4-bit grids.
+_ON_GRIDS = (EXACT, INT8_PROMPT_INT4, INT4_DECODING)
 # Where `quantize_model` notes the scheme on the model, for run manifests, and what each layer became.
 _ATTRIBUTE = "_rag_mspoe_quantization"
 _CENSUS = "_rag_mspoe_quantization_census"
@@ -119,9 +134,12 @@ def answering_scheme(
     if scheme != AUTO:
         return scheme
     embedded = MODELS.get(name)
-    if embedded is None or device.type != "cpu" or resolve_dtype(dtype, device) != torch.bfloat16:
-        return None  # measured for the embedded models in bf16 on the CPU only
-    return embedded.answering_quantize
+    if embedded is None or device.type != "cpu":
+        return None  # measured for the embedded models on the CPU only
+    return {
+        torch.bfloat16: embedded.answering_quantize,
+        torch.float32: embedded.answering_quantize_float32,
+    }.get(resolve_dtype(dtype, device))
 
 
 def quantize_model(
@@ -151,7 +169,7 @@ def quantize_model(
         raise QuantizationError(
             f"fallback={fallback!r} is not supported; use one of: {', '.join(FALLBACKS)}."
         )
-    grids = FileGrids(source, INT4_GROUP_SIZE) if scheme in (EXACT, INT8_PROMPT_INT4) else None
+    grids = FileGrids(source, INT4_GROUP_SIZE) if scheme in _ON_GRIDS else None
     replace = _layer_replacer(model, scheme, grids, fallback)
     census: dict[str, list[int]] = {}
     replaced: list[tuple[nn.Module, str, nn.Linear]] = []
@@ -187,11 +205,12 @@ def _check_census(scheme: str, kinds: Collection[str], model_type: str) -> None:
             f"{model_type}; it supports Llama-style models (Llama, Qwen2, Mistral, SmolLM2). "
             "Use --quantize int8 (weight-only, any model) or none."
         )
-    if scheme == INT8_PROMPT_INT4 and not {INT8_PROMPT_INT4, _GRID_DECODING} & set(kinds):
+    fixes = {INT8_PROMPT_INT4: INT8_PROMPT, INT4_DECODING: INT8_DECODING}
+    if scheme in fixes and not {INT8_PROMPT_INT4, INT4_DECODING} & set(kinds):
         raise QuantizationError(
             f"quantize={scheme!r} found no layer stored on a 4-bit grid in this model (a GGUF file's Q4_K "
             "or Q4_1 tensors, such as the embedded qwen2.5-coder-1.5b-instruct's), so it would decode "
-            f"exactly as {INT8_PROMPT!r}: use --quantize {INT8_PROMPT}."
+            f"exactly as {fixes[scheme]!r}: use --quantize {fixes[scheme]}."
         )
 
 
@@ -203,11 +222,16 @@ def _layer_replacer(
         return lambda name, linear: (
             (Int8PromptLinear(linear), INT8_PROMPT) if name in INT8_PROMPT_LAYERS else (None, "none")
         )
+    if scheme == INT8_DECODING:
+        return lambda _, linear: _decoding_layer(linear, None)
     if grids is None:
         return lambda _, linear: _weight_only_layer(linear, _BITS[scheme])
     names = _parameter_names(model)
 
     def replace(name: str, linear: nn.Linear) -> tuple[nn.Module | None, str]:
+        if scheme == INT4_DECODING:
+            on_codes = _on_file_grid(linear, grids, names[id(linear.weight)], DECODING_KERNEL_DTYPE)
+            return _decoding_layer(linear, on_codes)
         on_grid = _on_file_grid(linear, grids, names[id(linear.weight)])
         if scheme == INT8_PROMPT_INT4:
             return _grid_decoding_layer(name, linear, on_grid)
@@ -229,9 +253,17 @@ def _grid_decoding_layer(
     """int8-prompt+int4's replacement of a layer (None to keep it) and what it became."""
     prompt_layer: nn.Module = Int8PromptLinear(linear) if name in INT8_PROMPT_LAYERS else linear
     if decoding is not None:
-        kind = INT8_PROMPT_INT4 if prompt_layer is not linear else _GRID_DECODING
+        kind = INT8_PROMPT_INT4 if prompt_layer is not linear else INT4_DECODING
         return GridDecodingLinear(prompt_layer, decoding), kind
     return (prompt_layer, INT8_PROMPT) if prompt_layer is not linear else (None, "none")
+
+
+def _decoding_layer(linear: nn.Linear, on_grid: WeightOnlyLinear | None) -> tuple[nn.Module, str]:
+    """int8-decoding's and int4-decoding's replacement of a layer, and what it became: the layer
+    for a prompt, its codes on the file's grid (`on_grid`) or int8 codes for shorter calls."""
+    if on_grid is not None:
+        return GridDecodingLinear(linear, on_grid), INT4_DECODING
+    return GridDecodingLinear(linear, WeightOnlyLinear(linear, 8, dtype=DECODING_KERNEL_DTYPE)), INT8_DECODING
 
 
 def _exact_layer(
@@ -245,10 +277,13 @@ def _exact_layer(
     return None, "none"
 
 
-def _on_file_grid(linear: nn.Linear, grids: FileGrids, names: list[str]) -> WeightOnlyLinear | None:
-    """The layer as int4 on the 4-bit grid its stored weight (else its own) lies on, or None if off it."""
+def _on_file_grid(
+    linear: nn.Linear, grids: FileGrids, names: list[str], dtype: torch.dtype | None = None
+) -> WeightOnlyLinear | None:
+    """The layer as int4 on the 4-bit grid its stored weight (else its own) lies on, or None if off
+    it; its kernel computes in `dtype` (default: the layer's)."""
     grid = grids.grid(names, linear.weight.detach())
-    return None if grid is None else WeightOnlyLinear(linear, 4, INT4_GROUP_SIZE, grid=grid)
+    return None if grid is None else WeightOnlyLinear(linear, 4, INT4_GROUP_SIZE, grid=grid, dtype=dtype)
 
 
 def _parameter_names(model: Any) -> dict[int, list[str]]:
