@@ -1,13 +1,16 @@
-"""Seconds per RAG answer: bf16 decoding, the default answering path, the default path with the
-shipped method, and llama.cpp on the same GGUF where llama-cpp-python is installed; on request a
-method not shipped (`--candidate`) and the default path on a quantised model (`--quantize`), with and
-without the method.
+"""Seconds per RAG answer: the unquantised model (bf16, or float32 on a CPU without native bf16),
+the default answering path, the default path with the shipped method, and llama.cpp on the same
+GGUF where llama-cpp-python is installed; on request a method not shipped (`--candidate`) and the
+default path on a quantised model (`--quantize`), with and without the method.
 
-"bf16" loads the model with `quantize="none"` and decodes plainly; "default" is what `Engine.load`
-gives without arguments (`quantize="auto"`: int8-prompt for the Qwen models on a bf16 CPU) with its
-prompt-lookup drafts. `decode_vs_bf16` compares their decoding alone (the time after the first
-piece of text, per token after the first); `drift_max_nats_per_token` is the largest change of the
-gold answer's log-likelihood per token, default against bf16, over the prompts.
+"bf16" loads the model with `quantize="none"` and decodes plainly (named "float32" where this CPU
+loads float32, without native bf16, and every "bf16" key below with it); "default" is what
+`Engine.load` gives without arguments (`quantize="auto"`: int8-prompt for the Qwen models on a bf16
+CPU, int8-decoding / int4-decoding in float32) with its prompt-lookup drafts. `decode_vs_bf16`
+compares their decoding alone (the time after the first piece of text, per token after the first);
+`drift_max_nats_per_token` is the largest change of the gold answer's log-likelihood per token,
+default against bf16, over the prompts. The shipped method's ranking runs once before the timing
+(its positional-bias estimate is made once per model and kept).
 
     python benchmarks/bench_answer.py --quick        # 4 prompts; the full run takes 12
 
@@ -68,13 +71,14 @@ def main() -> None:
     torch.set_num_threads(1)
     engine = Engine.load(args.model, threads=1)  # answering's default scheme ("auto")
     scheme = quantization_of(engine.model)
-    # Where the default is bf16 itself, one copy of the model serves both paths.
+    # Where the default is unquantised itself, one copy of the model serves both paths.
     bf16 = engine if scheme is None else Engine.load(args.model, threads=1, quantize="none")
+    reference = "bf16" if bf16.model.dtype == torch.bfloat16 else str(bf16.model.dtype).removeprefix("torch.")
     default_lookup = engine.prompt_lookup_tokens
     count = 4 if args.quick else args.prompts
     examples = load_qa(DATA)[:count]
     paths = {
-        "bf16": (bf16, 0, "none"),
+        reference: (bf16, 0, "none"),
         "default": (engine, default_lookup, "none"),
         "default+method": (engine, default_lookup, "calibrated"),
         **({"default+candidate": (engine, default_lookup, args.candidate)} if args.candidate else {}),
@@ -85,20 +89,27 @@ def main() -> None:
         paths[f"{args.quantize}+method"] = (quantized, quantized.prompt_lookup_tokens, "calibrated")
     llm = _llama_cpp(args.model)
     names = [*paths, *(["llama_cpp"] if llm is not None else [])]
-    result: dict[str, Any] = {"model": args.model, "prompts": count, "threads": 1}
+    result: dict[str, Any] = {
+        "model": args.model,
+        "prompts": count,
+        "threads": 1,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    }
     if args.candidate:
         result["candidate"] = args.candidate
     if args.quantize:
         result["quantize"] = args.quantize
     prompts = {gold: [qa_prompt(with_gold_at(e, at)) for e in examples] for gold, at in GOLD_SLOTS.items()}
+    engine.rewritten([prompts["middle"][0]], method="calibrated")  # the bias estimate, untimed
     for tokens in args.new_tokens:
         for gold in GOLD_SLOTS:
             key = f"{tokens}_tokens" if gold == "middle" else f"{tokens}_tokens_gold_first"
             label = f"{tokens} tokens, gold {gold}"
-            result[key] = _timed_paths(llm, paths, names, prompts[gold], tokens, label, args.quantize)
+            timed = _timed_paths(llm, paths, names, prompts[gold], tokens, label, args.quantize, reference)
+            result[key] = timed
     lookup = f", prompt lookup {default_lookup} tokens" if default_lookup else ""
-    result["default_path"] = f"{scheme or 'bf16'}{lookup}"
-    result["decode_vs_bf16"] = _decode_ratios(result)
+    result["default_path"] = f"{scheme or reference}{lookup}"
+    result[f"decode_vs_{reference}"] = _decode_ratios(result, reference)
     answers = [e.answers[0] for e in examples]  # as bench_cpu_inference scores them
     result["drift_max_nats_per_token"] = _drift_max(bf16, engine, prompts["middle"], answers)
     result["load_average"] = [round(x, 2) for x in os.getloadavg()]
@@ -113,14 +124,16 @@ def _timed_paths(
     tokens: int,
     label: str,
     quantized: str | None,
+    reference: str,
 ) -> dict[str, Any]:
-    """Each path's mean seconds per answer over `prompts`, the paths taking turns, and its ratios."""
+    """Each path's mean seconds per answer over `prompts`, the paths taking turns, and its ratios
+    (`reference`: the unquantised path's name, "bf16" or "float32")."""
     seconds: dict[str, list[float]] = {name: [] for name in names}
     answers: dict[str, list[str]] = {name: [] for name in paths}
-    decoding: dict[str, list[tuple[float, int]]] = {"bf16": [], "default": []}
+    decoding: dict[str, list[tuple[float, int]]] = {reference: [], "default": []}
     for number, prompt in enumerate(prompts):
         for name in names if number % 2 == 0 else reversed(names):
-            engine = paths["bf16"][0] if name == "llama_cpp" else paths[name][0]
+            engine = paths[reference][0] if name == "llama_cpp" else paths[name][0]
             engine.document_prefixes.clear()  # a cold start: no rows another path read
             started = time.perf_counter()
             if name == "llama_cpp":
@@ -140,16 +153,16 @@ def _timed_paths(
     plain = [_plain_answer(paths["default"][0], prompt, tokens) for prompt in prompts]
     return {
         "seconds_per_answer": {name: round(value, 2) for name, value in mean.items()},
-        # decoding alone: seconds per token after the first, bf16 against the default path
+        # decoding alone: seconds per token after the first, unquantised against the default path
         "decode_seconds_per_token": {
             name: round(sum(s for s, _ in runs) / max(1, sum(n for _, n in runs)), 4)
             for name, runs in decoding.items()
         },
-        "default_vs_bf16": round(mean["bf16"] / mean["default"], 2),
+        f"default_vs_{reference}": round(mean[reference] / mean["default"], 2),
         "method_vs_unmodified": round(mean["default+method"] / mean["default"], 2),
-        # drafted answers against plain greedy decoding of the same model, and against bf16's
+        # drafted answers against plain greedy decoding of the same model, and the unquantised model's
         "speculative_identical": answers["default"] == plain,
-        "default_same_as_bf16": answers["default"] == answers["bf16"],
+        f"default_same_as_{reference}": answers["default"] == answers[reference],
         **({"method_vs_llama_cpp": round(mean["default+method"] / mean["llama_cpp"], 2)} if llm else {}),
         **(
             {"candidate_vs_unmodified": round(mean["default+candidate"] / mean["default"], 2)}
@@ -158,7 +171,7 @@ def _timed_paths(
         ),
         # The quantised paths: how much sooner than the default they answer (the method on and off),
         # and whether their answers are the unquantised ones (quantisation may change a token).
-        **(_quantized_ratios(quantized, mean, answers, llm is not None) if quantized else {}),
+        **(_quantized_ratios(quantized, mean, answers, llm is not None, reference) if quantized else {}),
     }
 
 
@@ -182,13 +195,14 @@ def _streamed(engine: Any, prompt: Any, tokens: int, method: str, started: float
     return "".join(pieces), first_piece, stream.result.completion_tokens
 
 
-def _decode_ratios(result: dict[str, Any]) -> dict[str, float]:
-    """Per answer setting, how many times as fast as bf16 the default path decodes."""
+def _decode_ratios(result: dict[str, Any], reference: str) -> dict[str, float]:
+    """Per answer setting, how many times as fast as the unquantised path the default path decodes."""
     ratios = {}
     for key, timed in result.items():
         if isinstance(timed, dict) and "decode_seconds_per_token" in timed:
             per_token = timed["decode_seconds_per_token"]
-            ratios[key] = round(per_token["bf16"] / per_token["default"], 2) if per_token["default"] else 0.0
+            ours = per_token["default"]
+            ratios[key] = round(per_token[reference] / ours, 2) if ours else 0.0
     return ratios
 
 
@@ -206,13 +220,13 @@ def _drift_max(bf16: Any, engine: Any, prompts: list[Any], answers: list[str]) -
 
 
 def _quantized_ratios(
-    scheme: str, mean: dict[str, float], answers: dict[str, list[str]], llama_cpp: bool
+    scheme: str, mean: dict[str, float], answers: dict[str, list[str]], llama_cpp: bool, reference: str
 ) -> dict[str, Any]:
     method = f"{scheme}+method"
     return {
         f"{scheme}_vs_default": round(mean["default"] / mean[scheme], 2),
         f"{method}_vs_default+method": round(mean["default+method"] / mean[method], 2),
-        f"{scheme}_same_answers": answers[scheme] == answers["bf16"],
+        f"{scheme}_same_answers": answers[scheme] == answers[reference],
         f"{method}_same_answers": answers[method] == answers["default+method"],
         **({f"{method}_vs_llama_cpp": round(mean[method] / mean["llama_cpp"], 2)} if llama_cpp else {}),
     }

@@ -4,6 +4,8 @@ The layers themselves and the methods on them: tests/test_weight_only.py."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from tiny_models import tiny_model, tiny_tokenizer
@@ -120,3 +122,16 @@ def test_engine_load_reads_the_prompt_in_int8_by_default_where_measured(tmp_path
         assert quantization_of(named.model) == INT8_PROMPT
     finally:
         torch.set_num_threads(before)
+
+
+def test_int8_prompt_warns_where_this_cpus_int8_matmul_is_a_slow_fallback(monkeypatch):
+    messages = {}
+    for capability in ("AVX2", "AVX512"):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            quantize_model(tiny_model("llama"), INT8_PROMPT)
+        messages[capability] = [str(w.message) for w in caught if "torch._int_mm" in str(w.message)]
+    assert not messages["AVX512"]
+    (message,) = messages["AVX2"]
+    assert "AVX2" in message and "--quantize auto" in message
