@@ -17,7 +17,7 @@ from tiny_models import tiny_model, tiny_tokenizer
 from torch import nn
 
 from rag_mspoe.engine import Engine
-from rag_mspoe.engine.engine_base import INT4_DECODING_LOOKUP_TOKENS, PROMPT_LOOKUP_TOKENS
+from rag_mspoe.engine.engine_base import CODES_LOOKUP_TOKENS, PROMPT_LOOKUP_TOKENS
 from rag_mspoe.models.grid_decoding import GridDecodingLinear
 from rag_mspoe.models.int8_prompt import PROMPT_TOKENS, Int8PromptLinear
 from rag_mspoe.models.quantization import (
@@ -207,6 +207,6 @@ def test_an_engine_decoding_on_the_codes_drafts_fewer_tokens(saved, tmp_path):
     finally:
         torch.set_num_threads(before)
     assert quantization_of(on_codes.model) == INT8_PROMPT_INT4
-    assert on_codes.prompt_lookup_tokens == INT4_DECODING_LOOKUP_TOKENS < PROMPT_LOOKUP_TOKENS
-    assert on_float32_codes.prompt_lookup_tokens == INT4_DECODING_LOOKUP_TOKENS
-    assert on_weights.prompt_lookup_tokens == on_int8.prompt_lookup_tokens == PROMPT_LOOKUP_TOKENS
+    assert on_codes.prompt_lookup_tokens == CODES_LOOKUP_TOKENS < PROMPT_LOOKUP_TOKENS
+    assert on_float32_codes.prompt_lookup_tokens == on_int8.prompt_lookup_tokens == CODES_LOOKUP_TOKENS
+    assert on_weights.prompt_lookup_tokens == PROMPT_LOOKUP_TOKENS
