@@ -29,6 +29,8 @@ is rounded to bf16 on the way in and the output comes back in float32.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 from torch.nn import functional
@@ -36,7 +38,8 @@ from torch.nn import functional
 from rag_mspoe.models.int4_grid import Int4Grid
 
 BITS = (4, 8)
-# The int4 kernel packs output channels in blocks of this many; rows are padded up to it.
+# The int4 kernel packs output channels in blocks of at most this many (`_int4_pack_block`); rows are
+# padded up to it.
 _INT4_BLOCK = 64
 # Rows up to which a call uses the kernel, from one-thread timings on a 4864 x 896 layer: the
 # kernels cost ~0.1 ms a row, de-quantising ~1.7 ms (int8) or ~8-15 ms (int4) plus the matmul.
@@ -119,10 +122,7 @@ class WeightOnlyLinear(nn.Module):
         if self.bits == 8:
             return (self.packed.to(dtype) * self.scales.to(dtype)[:, None]).T.contiguous()
         k, g = self.in_features, self.group_size
-        blocks = self.packed.view(-1, k, _INT4_BLOCK // 2)
-        # The kernel's layout: per block of 64 channels and per input, byte j holds channel j in its
-        # low nibble and channel j + 32 in its high one; so moving whole blocks of 64 gives W.T.
-        codes = torch.cat([blocks & 15, blocks >> 4], -1).to(dtype).transpose(0, 1).reshape(k // g, g, -1)
+        codes = _unpacked_t(self.packed, k, _int4_pack_block()).to(dtype).reshape(k // g, g, -1)
         scale, zero = self.scales[..., 0].to(dtype).unsqueeze(1), self.scales[..., 1].to(dtype).unsqueeze(1)
         weight = torch.addcmul(zero - 8 * scale, codes, scale).view(k, -1)
         return weight[:, : self.out_features]
@@ -162,6 +162,30 @@ def _int4_from_grid(grid: Int4Grid, dtype: torch.dtype) -> tuple[torch.Tensor, t
 
 def _pack_int4(codes: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.contiguous(), 1)
+
+
+def _unpacked_t(packed: torch.Tensor, k: int, block: int) -> torch.Tensor:
+    """The codes [K, N] (N padded) that `_pack_int4` packed, for the kernel's layout with `block`
+    channels a block: per block and per input, byte j holds channel j in its low nibble and
+    channel j + block / 2 in its high one; so moving whole blocks gives W.T."""
+    blocks = packed.view(-1, k, block // 2)
+    return torch.cat([blocks & 15, blocks >> 4], -1).transpose(0, 1).reshape(k, -1)
+
+
+@functools.cache
+def _int4_pack_block() -> int:
+    """Channels per block of torch's int4 packing on this CPU: its kernel packs 64 with AVX-512 and
+    32 with AVX2 (found by packing a probe, so a CPU of either kind reads its own layout)."""
+    channels = torch.arange(_INT4_BLOCK, dtype=torch.int32)
+    probe = torch.stack([channels % 16, channels // 16], 1)  # [N, K = 2]: each channel its own pair
+    packed = _pack_int4(probe)
+    for block in (_INT4_BLOCK, _INT4_BLOCK // 2):
+        if torch.equal(_unpacked_t(packed, 2, block).T.to(torch.int32), probe):
+            return block
+    raise RuntimeError(
+        f"torch {torch.__version__}'s int4 packing on this CPU ({torch.backends.cpu.get_cpu_capability()}) "
+        "has a layout this version cannot read back for a prompt; use --quantize int8 or int8-decoding."
+    )
 
 
 def _int4_rows(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
