@@ -76,8 +76,9 @@ INT4_DECODING = "int4-decoding"
 # The dtype the decoding schemes' kernels compute in (weight_only's docstring: their float32 forms
 # are several times slower).
 DECODING_KERNEL_DTYPE = torch.bfloat16
-# "auto": what an embedded model was measured to answer best with on a bf16 CPU
-# (`EmbeddedModel.answering_quantize`), none for any other model, device or dtype.
+# "auto": what an embedded model was measured to answer best with on the CPU in bf16 or float32
+# (`EmbeddedModel.answering_quantize`, `answering_quantize_float32`), none for any other model,
+# device or dtype.
 AUTO = "auto"
 SCHEMES = (*_BITS, INT8_PROMPT, INT8_PROMPT_INT4, INT8_DECODING, INT4_DECODING)  # what a model can take
 QUANTIZE_CHOICES = (AUTO, "none", *SCHEMES)
