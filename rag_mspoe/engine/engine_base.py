@@ -21,7 +21,7 @@ from rag_mspoe.methods.method_spec import MethodSpec, parse_method
 from rag_mspoe.methods.prompt_rewriting import PromptRewriting
 from rag_mspoe.methods.validated_documents import warn_outside_validated
 from rag_mspoe.models import loading
-from rag_mspoe.models.quantization import INT4_DECODING, INT8_DECODING, INT8_PROMPT_INT4, quantization_of
+from rag_mspoe.models.quantization import DECODES_ON_CODES, quantization_of
 from rag_mspoe.prompts.chat_template import Prompt, render
 from rag_mspoe.prompts.document_prompts import MissingDocumentSpans, render_with_spans
 from rag_mspoe.rope.rescaling import current_method, rescaled
@@ -124,7 +124,7 @@ class EngineBase:
         )
         engine = cls(model, tokenizer, method=method, compile=compile)
         if model.device.type == "cpu":
-            on_codes = quantization_of(model) in (INT8_PROMPT_INT4, INT8_DECODING, INT4_DECODING)
+            on_codes = quantization_of(model) in DECODES_ON_CODES
             engine.prompt_lookup_tokens = CODES_LOOKUP_TOKENS if on_codes else PROMPT_LOOKUP_TOKENS
         return engine
 
