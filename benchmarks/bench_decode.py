@@ -41,8 +41,18 @@ from bench_sweep_generate import sweep_generate
 
 # int4-exact-bf16: int4-exact with the layers off the file's 4-bit grid kept in bf16 (not int8);
 # int8-prompt: the prompt read in int8 in the MLP's gate and up projections, decoding in bf16;
-# int8-prompt+int4: that read, decoding on the file's 4-bit codes where it has them.
-PATHS = ("bf16", "int8", "int4", "int4-exact", "int4-exact-bf16", "int8-prompt", "int8-prompt+int4")
+# int8-prompt+int4: that read, decoding on the file's 4-bit codes where it has them;
+# int8-prompt+int4-decoding: and on int8 codes elsewhere, the output layer included.
+PATHS = (
+    "bf16",
+    "int8",
+    "int4",
+    "int4-exact",
+    "int4-exact-bf16",
+    "int8-prompt",
+    "int8-prompt+int4",
+    "int8-prompt+int4-decoding",
+)
 
 
 def main() -> None:

@@ -60,11 +60,12 @@ def main() -> None:
         "--shipped",
         nargs="?",
         const="int8-prompt",
-        choices=("int8-prompt", "int8-prompt+int4"),
+        choices=("int8-prompt", "int8-prompt+int4", "int8-prompt+int4-decoding"),
         metavar="SCHEME",
         help='drift: the model as quantize=SCHEME makes it instead of the variants below: "int8-prompt" '
         "(the default; gate and up projections W8A8 for the prompt, every call of 16 tokens or fewer on the "
-        'bf16 weight) or "int8-prompt+int4" (those calls on the file\'s 4-bit codes where it has them)',
+        'bf16 weight), "int8-prompt+int4" (those calls on the file\'s 4-bit codes where it has them) or '
+        '"int8-prompt+int4-decoding" (and on int8 codes elsewhere)',
     )
     parser.add_argument(
         "--decode-int8",

@@ -1,6 +1,8 @@
 """quantize="int8-prompt+int4": a prompt reads as int8-prompt reads it; every shorter call (a decoding
 step, a drafted step's check) runs on the file's own 4-bit codes where its layers have them and on
 the model's weights elsewhere; a model with nothing on a 4-bit grid is refused and left as it came.
+"int8-prompt+int4-decoding": the same read, and every shorter call on codes (int8 off the grid) but
+the output layer's.
 "int8-decoding" / "int4-decoding": a prompt reads on the model's own weights, bit for bit; shorter
 calls run on int8 codes / on the file's codes where it has them, in bf16 kernels in a float32 model."""
 
@@ -26,6 +28,8 @@ from rag_mspoe.models.quantization import (
     INT8_DECODING,
     INT8_PROMPT,
     INT8_PROMPT_INT4,
+    INT8_PROMPT_INT4_DECODING,
+    INT8_PROMPT_INT8,
     QuantizationError,
     quantization_census,
     quantization_of,
@@ -98,14 +102,59 @@ def test_a_prompt_reads_as_int8_prompt_and_a_step_computes_the_files_weights(sav
     torch.testing.assert_close(ours, exact, rtol=1e-4, atol=1e-4)  # ... the same weights
 
 
-def test_drafted_answers_are_the_quantised_models_own_greedy_answers(quantized):
+@pytest.fixture(scope="module")
+def all_on_codes(saved):
+    model, folder = saved
+    return quantize_model(copy.deepcopy(model), INT8_PROMPT_INT4_DECODING, folder)
+
+
+@pytest.mark.parametrize("scheme", [INT8_PROMPT_INT4, INT8_PROMPT_INT4_DECODING])
+def test_drafted_answers_are_the_quantised_models_own_greedy_answers(scheme, quantized, all_on_codes):
+    model = quantized if scheme == INT8_PROMPT_INT4 else all_on_codes
     generator = torch.Generator().manual_seed(5)
     for _ in range(3):
         ids = torch.randint(1, 300, (30,), generator=generator).tolist()
         ids = ids + ids[:12]  # its last tokens occurred before: a draft from the start
-        drafted, reads = drafted_from_the_prompt(quantized, ids, 12)
-        assert drafted == greedy(quantized, ids, 12)
+        drafted, reads = drafted_from_the_prompt(model, ids, 12)
+        assert drafted == greedy(model, ids, 12)
         assert any(1 < rows <= PROMPT_TOKENS for rows in reads), reads  # drafts checked, on the codes
+
+
+def test_all_but_the_output_layer_decode_on_codes_int8_off_the_grid(saved, all_on_codes):
+    model, _ = saved
+    linears = {name for name, module in model.named_modules() if type(module) is nn.Linear}
+    for name in linears - {"lm_head"}:
+        layer = all_on_codes.get_submodule(name)
+        assert isinstance(layer, GridDecodingLinear), name
+        assert layer.decoding.bits == (4 if name.endswith(ON_GRID) else 8), name
+        in_int8 = name.endswith(("gate_proj", "up_proj"))
+        assert type(layer.prompt_layer) is (Int8PromptLinear if in_int8 else nn.Linear), name
+    census = quantization_census(all_on_codes)
+    layers = model.config.num_hidden_layers
+    assert census is not None and quantization_of(all_on_codes) == INT8_PROMPT_INT4_DECODING
+    assert {kind: counts["layers"] for kind, counts in census.items()} == {
+        INT8_PROMPT_INT4: layers,  # gate projections
+        INT4_DECODING: 4 * layers,  # attention projections
+        INT8_PROMPT_INT8: layers,  # up projections
+        INT8_DECODING: layers,  # down projections
+        "none": 1,  # the output layer: its int8 kernel reads a drafted check slower than bf16
+    }
+    assert type(all_on_codes.lm_head) is nn.Linear
+
+
+def test_all_on_codes_reads_a_prompt_as_int8_prompt_and_steps_close_to_it(saved, all_on_codes):
+    model, _ = saved
+    int8_prompt = quantize_model(copy.deepcopy(model), INT8_PROMPT)
+    ids = torch.randint(0, 300, (2, 3 * PROMPT_TOKENS), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        prompt = all_on_codes(ids, use_cache=True)
+        assert torch.equal(prompt.logits, int8_prompt(ids).logits)
+        step = ids[:, -1:]
+        ours = all_on_codes(step, past_key_values=copy.deepcopy(prompt.past_key_values)).logits
+        exact = int8_prompt(step, past_key_values=copy.deepcopy(prompt.past_key_values)).logits
+    assert not torch.equal(ours, exact)
+    # bf16 kernels and int8 rounding off the grid, as the decoding schemes' test bounds them.
+    assert (ours - exact).abs().max() < 0.05 * exact.abs().max()
 
 
 @pytest.mark.parametrize(("scheme", "fix"), [(INT8_PROMPT_INT4, INT8_PROMPT), (INT4_DECODING, INT8_DECODING)])
@@ -198,15 +247,17 @@ def test_an_engine_decoding_on_the_codes_drafts_fewer_tokens(saved, tmp_path):
     model, _ = saved
     model.save_pretrained(tmp_path / "m")  # float32: the grid stays in the file
     tiny_tokenizer().save_pretrained(tmp_path / "m")
+    schemes = (INT8_PROMPT_INT4, INT8_PROMPT_INT4_DECODING, INT4_DECODING, INT8_DECODING, INT8_PROMPT)
     before = torch.get_num_threads()
     try:
-        on_codes = Engine.load(tmp_path / "m", threads=1, device="cpu", quantize=INT8_PROMPT_INT4)
-        on_weights = Engine.load(tmp_path / "m", threads=1, device="cpu", quantize=INT8_PROMPT)
-        on_float32_codes = Engine.load(tmp_path / "m", threads=1, device="cpu", quantize=INT4_DECODING)
-        on_int8 = Engine.load(tmp_path / "m", threads=1, device="cpu", quantize=INT8_DECODING)
+        engines = {
+            scheme: Engine.load(tmp_path / "m", threads=1, device="cpu", quantize=scheme)
+            for scheme in schemes
+        }
     finally:
         torch.set_num_threads(before)
-    assert quantization_of(on_codes.model) == INT8_PROMPT_INT4
-    assert on_codes.prompt_lookup_tokens == CODES_LOOKUP_TOKENS < PROMPT_LOOKUP_TOKENS
-    assert on_float32_codes.prompt_lookup_tokens == on_int8.prompt_lookup_tokens == CODES_LOOKUP_TOKENS
+    assert all(quantization_of(engine.model) == scheme for scheme, engine in engines.items())
+    on_weights = engines.pop(INT8_PROMPT)
+    assert all(engine.prompt_lookup_tokens == CODES_LOOKUP_TOKENS for engine in engines.values())
+    assert CODES_LOOKUP_TOKENS < PROMPT_LOOKUP_TOKENS
     assert on_weights.prompt_lookup_tokens == PROMPT_LOOKUP_TOKENS

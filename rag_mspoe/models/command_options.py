@@ -18,6 +18,7 @@ QUANTIZE_CHOICES = (
     "int4-exact",
     "int8-prompt",
     "int8-prompt+int4",
+    "int8-prompt+int4-decoding",
     "int8-decoding",
     "int4-decoding",
 )
@@ -59,6 +60,7 @@ def add_model_options(parser: argparse.ArgumentParser, quantize: str = "none") -
         "but scores move; int4-exact: int4 only where a GGUF file's weights are 4-bit, int8 elsewhere; "
         "int8-prompt: the MLP's gate and up projections read the prompt in int8, decoding unchanged; "
         "int8-prompt+int4: that read, decoding on a GGUF file's own 4-bit codes where it has them; "
+        "int8-prompt+int4-decoding: and on int8 codes elsewhere; "
         "int8-decoding / int4-decoding: the prompt read unchanged, decoding on int8 codes / on the file's "
         "4-bit codes where it has them (for float32, on a CPU without native bf16); "
         "auto: the scheme measured for an embedded Qwen model on the CPU (in bf16: int8-prompt for the "

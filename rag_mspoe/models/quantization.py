@@ -33,6 +33,13 @@ on a 4-bit grid (Q4_K / Q4_1) on the file's own codes (`rag_mspoe.models.grid_de
 layers on the model's weights: for a Q4_K_M file such as the 1.5B's (72 % of its layers' weights on
 the grid) a decoding step in 0.55x bf16's time.
 
+"int8-prompt+int4-decoding" reads the prompt as "int8-prompt" does and decodes every layer but the
+output layer on codes: the file's own 4-bit codes where it has them, int8 codes (one scale per
+output channel) elsewhere, such as the 1.5B's Q6_K value and down projections. The output layer
+stays on the model's weights: its int8 kernel reads one token in half bf16's time, but a drafted
+step's check of five in more (the 1.5B's 151,936 x 1,536: 30 against 27 ms), and drafted decoding
+was quicker with it in bf16 (0.140 against 0.153 s a token, docs/cpu-inference.md).
+
 "int8-decoding" and "int4-decoding" leave the prompt's read as it is (the model's own weights, in
 its dtype) and decode on int8 codes (one scale per output channel), or on the file's own 4-bit
 codes where its layers have them and int8 codes elsewhere, every Linear layer the output layer
@@ -69,6 +76,10 @@ INT8_PROMPT = "int8-prompt"
 INT8_PROMPT_LAYERS = ("gate_proj", "up_proj")
 # int8-prompt's read, and decoding on the file's 4-bit codes where its layers have them.
 INT8_PROMPT_INT4 = "int8-prompt+int4"
+# int8-prompt's read, and decoding on the file's 4-bit codes where its layers have them, int8 codes elsewhere.
+INT8_PROMPT_INT4_DECODING = "int8-prompt+int4-decoding"
+# What an int8-prompt layer off the grid becomes in it: decoding on int8 codes.
+INT8_PROMPT_INT8 = "int8-prompt+int8"
 # The prompt read on the model's own weights; decoding on int8 codes, or on the file's 4-bit codes
 # where its layers have them (int8 elsewhere); what each layer becomes is named so too.
 INT8_DECODING = "int8-decoding"
@@ -80,7 +91,8 @@ DECODING_KERNEL_DTYPE = torch.bfloat16
 # (`EmbeddedModel.answering_quantize`, `answering_quantize_float32`), none for any other model,
 # device or dtype.
 AUTO = "auto"
-SCHEMES = (*_BITS, INT8_PROMPT, INT8_PROMPT_INT4, INT8_DECODING, INT4_DECODING)  # what a model can take
+# What a model can take.
+SCHEMES = (*_BITS, INT8_PROMPT, INT8_PROMPT_INT4, INT8_PROMPT_INT4_DECODING, INT8_DECODING, INT4_DECODING)
 QUANTIZE_CHOICES = (AUTO, "none", *SCHEMES)
 # What an int4-exact layer off the 4-bit grid becomes: int8 weight-only, or kept as it is.
 FALLBACKS = ("int8", "none")
@@ -89,9 +101,11 @@ INT4_GROUP_SIZE = 32  # as GGUF's Q4_K / Q4_1 groups
 _SLOW_INT_MM = ("DEFAULT", "AVX2")
 # Schemes whose short calls (decoding, a drafted check) run on codes, whose kernels' time grows with
 # the tokens a check reads (`rag_mspoe.engine.engine_base.CODES_LOOKUP_TOKENS`).
-DECODES_ON_CODES = (INT8_PROMPT_INT4, INT8_DECODING, INT4_DECODING)
+DECODES_ON_CODES = (INT8_PROMPT_INT4, INT8_PROMPT_INT4_DECODING, INT8_DECODING, INT4_DECODING)
+# Schemes that read a prompt with torch._int_mm.
+_INT8_PROMPT_READS = (INT8_PROMPT, INT8_PROMPT_INT4, INT8_PROMPT_INT4_DECODING)
 # Schemes that read the file's 4-bit grids.
-_ON_GRIDS = (EXACT, INT8_PROMPT_INT4, INT4_DECODING)
+_ON_GRIDS = (EXACT, INT8_PROMPT_INT4, INT8_PROMPT_INT4_DECODING, INT4_DECODING)
 # Where `quantize_model` notes the scheme on the model, for run manifests, and what each layer became.
 _ATTRIBUTE = "_rag_mspoe_quantization"
 _CENSUS = "_rag_mspoe_quantization_census"
@@ -199,7 +213,7 @@ def quantize_model(
         raise
     if grids is not None:
         grids.save()  # the next load reads them instead of finding them again
-    if scheme in (INT8_PROMPT, INT8_PROMPT_INT4) and torch.backends.cpu.get_cpu_capability() in _SLOW_INT_MM:
+    if scheme in _INT8_PROMPT_READS and torch.backends.cpu.get_cpu_capability() in _SLOW_INT_MM:
         warnings.warn(
             f"quantize={scheme!r} reads prompts with torch._int_mm, which this CPU "
             f"({torch.backends.cpu.get_cpu_capability()}, no AVX-512) runs about 20x slower than the "
@@ -214,7 +228,7 @@ def quantize_model(
 
 def _check_census(scheme: str, kinds: Collection[str], model_type: str) -> None:
     """Refuse a scheme that found nothing to do in a model (what its layers became: `kinds`)."""
-    if scheme in (INT8_PROMPT, INT8_PROMPT_INT4) and not {INT8_PROMPT, INT8_PROMPT_INT4} & set(kinds):
+    if scheme in _INT8_PROMPT_READS and not {INT8_PROMPT, INT8_PROMPT_INT4, INT8_PROMPT_INT8} & set(kinds):
         raise QuantizationError(
             f"quantize={scheme!r} found no MLP layer named {' or '.join(INT8_PROMPT_LAYERS)} in this "
             f"{model_type}; it supports Llama-style models (Llama, Qwen2, Mistral, SmolLM2). "
@@ -242,11 +256,17 @@ def _layer_replacer(
     if grids is None:
         return lambda _, linear: _weight_only_layer(linear, _BITS[scheme])
     names = _parameter_names(model)
+    output_layer = model.get_output_embeddings()
 
     def replace(name: str, linear: nn.Linear) -> tuple[nn.Module | None, str]:
         if scheme == INT4_DECODING:
             on_codes = _on_file_grid(linear, grids, names[id(linear.weight)], DECODING_KERNEL_DTYPE)
             return _decoding_layer(linear, on_codes)
+        if scheme == INT8_PROMPT_INT4_DECODING:
+            on_codes = _on_file_grid(linear, grids, names[id(linear.weight)], DECODING_KERNEL_DTYPE)
+            if on_codes is None and linear is not output_layer:
+                on_codes = WeightOnlyLinear(linear, 8, dtype=DECODING_KERNEL_DTYPE)
+            return _grid_decoding_layer(name, linear, on_codes)
         on_grid = _on_file_grid(linear, grids, names[id(linear.weight)])
         if scheme == INT8_PROMPT_INT4:
             return _grid_decoding_layer(name, linear, on_grid)
@@ -265,10 +285,12 @@ def _weight_only_layer(linear: nn.Linear, bits: int) -> tuple[WeightOnlyLinear |
 def _grid_decoding_layer(
     name: str, linear: nn.Linear, decoding: WeightOnlyLinear | None
 ) -> tuple[nn.Module | None, str]:
-    """int8-prompt+int4's replacement of a layer (None to keep it) and what it became."""
+    """int8-prompt+int4's and int8-prompt+int4-decoding's replacement of a layer (None to keep it)
+    and what it became: a prompt read as int8-prompt reads it, shorter calls on `decoding`'s codes."""
     prompt_layer: nn.Module = Int8PromptLinear(linear) if name in INT8_PROMPT_LAYERS else linear
     if decoding is not None:
-        kind = INT8_PROMPT_INT4 if prompt_layer is not linear else INT4_DECODING
+        kinds = {4: (INT8_PROMPT_INT4, INT4_DECODING), 8: (INT8_PROMPT_INT8, INT8_DECODING)}[decoding.bits]
+        kind = kinds[0] if prompt_layer is not linear else kinds[1]  # the prompt read in int8, or not
         return GridDecodingLinear(prompt_layer, decoding), kind
     return (prompt_layer, INT8_PROMPT) if prompt_layer is not linear else (None, "none")
 
