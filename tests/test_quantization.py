@@ -20,7 +20,7 @@ from rag_mspoe.models.quantization import (
     INT4_DECODING,
     INT8_DECODING,
     INT8_PROMPT,
-    INT8_PROMPT_INT4,
+    INT8_PROMPT_INT4_DECODING,
     QuantizationError,
     answering_scheme,
     check_quantize,
@@ -86,8 +86,8 @@ def test_auto_is_a_models_measured_answering_scheme_on_the_cpu_and_none_elsewher
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
     for dtype in (torch.bfloat16, "bfloat16"):
         assert answering_scheme(AUTO, QWEN_05B, cpu, dtype) == INT8_PROMPT
-        # Its Q4_K layers decode on the file's codes too (docs/cpu-inference.md, int8-prompt+int4).
-        assert answering_scheme(AUTO, QWEN_15B, cpu, dtype) == INT8_PROMPT_INT4
+        # It decodes on its file's codes and int8 ones (docs/cpu-inference.md, int8-prompt+int4-decoding).
+        assert answering_scheme(AUTO, QWEN_15B, cpu, dtype) == INT8_PROMPT_INT4_DECODING
     # SmolLM2 moved 0.083 nats/token (docs/cpu-inference.md); no measurement in float32 or on a GPU;
     # a folder or hub id: not measured.
     assert answering_scheme(AUTO, DEFAULT_MODEL, cpu, torch.bfloat16) is None

@@ -104,7 +104,8 @@ def load_model(
     "int8" or "int4-exact" (weight-only: faster decoding on the CPU, but scores move; int4-exact
     reads the folder's float32 weights for the file's own 4-bit grid), "int8-prompt" (a quicker
     prompt read in the MLP's gate and up projections), "int8-prompt+int4" (that read, and decoding on
-    the file's own 4-bit codes where it has them), "int8-decoding" / "int4-decoding" (the prompt on
+    the file's own 4-bit codes where it has them), "int8-prompt+int4-decoding" (and on int8 codes for
+    the other layers but the output layer), "int8-decoding" / "int4-decoding" (the prompt on
     the model's own weights, decoding on int8 codes / on the file's 4-bit codes where it has them:
     for float32 on a CPU without native bf16) or "auto" (an embedded model's measured answering
     scheme on the CPU in bf16 or float32, `Engine.load`'s default); see
