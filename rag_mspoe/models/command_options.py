@@ -64,7 +64,8 @@ def add_model_options(parser: argparse.ArgumentParser, quantize: str = "none") -
         "int8-decoding / int4-decoding: the prompt read unchanged, decoding on int8 codes / on the file's "
         "4-bit codes where it has them (for float32, on a CPU without native bf16); "
         "auto: the scheme measured for an embedded Qwen model on the CPU (in bf16: int8-prompt for the "
-        "0.5B, int8-prompt+int4-decoding for the 1.5B; in float32: int8-decoding / int4-decoding), none otherwise; "
+        "0.5B, int8-prompt+int4-decoding for the 1.5B; in float32: int8-decoding / int4-decoding), "
+        "none otherwise; "
         f"default {quantize}; docs/cpu-inference.md)",
     )
 
