@@ -6,7 +6,8 @@ default path on a quantised model (`--quantize`), with and without the method.
 "bf16" loads the model with `quantize="none"` and decodes plainly (named "float32" where this CPU
 loads float32, without native bf16, and every "bf16" key below with it); "default" is what
 `Engine.load` gives without arguments (`quantize="auto"`: on a bf16 CPU int8-prompt for the 0.5B,
-int8-prompt+int4-decoding for the 1.5B; int8-decoding / int4-decoding in float32) with its prompt-lookup drafts. `decode_vs_bf16`
+int8-prompt+int4-decoding for the 1.5B; int8-decoding / int4-decoding in float32) with its
+prompt-lookup drafts. `decode_vs_bf16`
 compares their decoding alone (the time after the first piece of text, per token after the first);
 `drift_max_nats_per_token` is the largest change of the gold answer's log-likelihood per token,
 default against bf16, over the prompts. The shipped method's ranking runs once before the timing

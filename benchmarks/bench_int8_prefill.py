@@ -90,6 +90,13 @@ def main() -> None:
         "paper), fitted on the 8 prompts after the drift prompts",
     )
     parser.add_argument(
+        "--rotate",
+        action="store_true",
+        help="drift: the candidate's residual stream turned by a random orthogonal matrix first (QuaRot's "
+        "idea, folded into the weights: no cost at run time), so no input channel of the layers reading it "
+        "holds the large activations alone",
+    )
+    parser.add_argument(
         "--outlier-threshold",
         type=float,
         metavar="T",
@@ -97,9 +104,12 @@ def main() -> None:
     )
     args = parser.parse_args()
     # Flags that do not go together fail before the model loads.
-    if args.shipped and (args.keep or args.outlier_threshold is not None or args.smoothing is not None):
+    if args.shipped and (
+        args.keep or args.outlier_threshold is not None or args.smoothing is not None or args.rotate
+    ):
         parser.error(
-            "--shipped measures the shipped scheme: drop --keep, --outlier-threshold and --smoothing"
+            "--shipped measures the shipped scheme: "
+            "drop --keep, --outlier-threshold, --smoothing and --rotate"
         )
     if args.decode_int8 and args.shipped != "int8-prompt":
         parser.error("--decode-int8 changes int8-prompt's decoding: add --shipped int8-prompt")
@@ -119,7 +129,8 @@ def main() -> None:
             if args.smoothing is not None:
                 after = range(prompts.stop, prompts.stop + CALIBRATION_PROMPTS)
                 factors = smoothing_factors(model, tokenizer, _prompts(after)[1], args.smoothing)
-            candidate = variant(model, tuple(args.keep), args.outlier_threshold, factors)
+            base = rotated(model) if args.rotate else model
+            candidate = variant(base, tuple(args.keep), args.outlier_threshold, factors)
         result["drift"] = {
             "scheme": args.shipped or "variant",
             "decode_int8": args.decode_int8 or [],
@@ -127,6 +138,7 @@ def main() -> None:
             "kept_bf16": args.keep,
             "outlier_threshold": args.outlier_threshold,
             "smoothing_alpha": args.smoothing,
+            "rotated": args.rotate,
             "calibration_prompts": CALIBRATION_PROMPTS if args.smoothing is not None else 0,
             **drift(model, candidate, tokenizer, prompts),
         }
@@ -270,6 +282,53 @@ def variant(
             if type(child) is nn.Linear and not (keep and name.endswith(keep)):
                 smoothing = factors.get(f"{parent_name}.{name}")
                 setattr(parent, name, Int8ActivationLinear(child, outlier_threshold, smoothing))
+    return candidate
+
+
+def rotated(model: Any, seed: int = 0) -> Any:
+    """A copy of the model computing the same function with its residual stream turned by a random
+    orthogonal Q: every hidden state h becomes h Q. Each RMSNorm's weight moves into the layers
+    reading it (an RMSNorm without weight commutes with Q), the layers reading the stream take W Q,
+    those writing it Q^T W, the embeddings E Q; the output layer is untied from them."""
+    candidate = copy.deepcopy(model)
+    width = candidate.config.hidden_size
+    generator = torch.Generator().manual_seed(seed)
+    turn, _ = torch.linalg.qr(torch.randn(width, width, generator=generator, dtype=torch.float64))
+
+    def reading(linear: nn.Linear, norm_weight: torch.Tensor) -> None:
+        weight = linear.weight.double() * norm_weight.double()
+        linear.weight = nn.Parameter((weight @ turn).to(linear.weight.dtype), requires_grad=False)
+
+    def writing(linear: nn.Linear) -> None:
+        weight = turn.T @ linear.weight.double()
+        linear.weight = nn.Parameter(weight.to(linear.weight.dtype), requires_grad=False)
+        if linear.bias is not None:
+            bias = (linear.bias.double() @ turn).to(linear.bias.dtype)
+            linear.bias = nn.Parameter(bias, requires_grad=False)
+
+    def unweighted(norm: nn.Module) -> torch.Tensor:
+        weight = norm.weight.detach().clone()
+        norm.weight = nn.Parameter(torch.ones_like(weight), requires_grad=False)
+        return weight
+
+    with torch.no_grad():
+        inner = candidate.model
+        head = candidate.get_output_embeddings()
+        head.weight = nn.Parameter(head.weight.detach().clone(), requires_grad=False)  # untied
+        embeddings = inner.embed_tokens.weight.double() @ turn
+        inner.embed_tokens.weight = nn.Parameter(embeddings.to(head.weight.dtype), requires_grad=False)
+        for layer in inner.layers:
+            attention, mlp = layer.self_attn, layer.mlp
+            weight = unweighted(layer.input_layernorm)
+            for linear in (attention.q_proj, attention.k_proj, attention.v_proj):
+                reading(linear, weight)
+            writing(attention.o_proj)
+            weight = unweighted(layer.post_attention_layernorm)
+            for linear in (mlp.gate_proj, mlp.up_proj):
+                reading(linear, weight)
+            writing(mlp.down_proj)
+        reading(head, unweighted(inner.norm))
+    candidate.config.tie_word_embeddings = False
     return candidate
 
 
