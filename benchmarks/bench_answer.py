@@ -7,11 +7,11 @@ default path on a quantised model (`--quantize`), with and without the method.
 loads float32, without native bf16, and every "bf16" key below with it); "default" is what
 `Engine.load` gives without arguments (`quantize="auto"`: on a bf16 CPU int8-prompt for the 0.5B,
 int8-prompt+int4-decoding for the 1.5B; int8-decoding / int4-decoding in float32) with its
-prompt-lookup drafts. `decode_vs_bf16`
-compares their decoding alone (the time after the first piece of text, per token after the first);
-`drift_max_nats_per_token` is the largest change of the gold answer's log-likelihood per token,
-default against bf16, over the prompts. The shipped method's ranking runs once before the timing
-(its positional-bias estimate is made once per model and kept).
+prompt-lookup drafts. `decode_vs_bf16` compares their decoding alone (the time after the first
+piece of text, per token after the first); `drift_max_nats_per_token` is the largest change of the
+gold answer's log-likelihood per token, default against bf16, over the prompts. The shipped
+method's ranking runs once before the timing (its positional-bias estimate is made once per model
+and kept).
 
     python benchmarks/bench_answer.py --quick        # 4 prompts; the full run takes 12
 

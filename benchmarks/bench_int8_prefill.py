@@ -314,7 +314,7 @@ def rotated(model: Any, seed: int = 0) -> Any:
     with torch.no_grad():
         inner = candidate.model
         head = candidate.get_output_embeddings()
-        head.weight = nn.Parameter(head.weight.detach().clone(), requires_grad=False)  # untied
+        # A new Parameter each for the embeddings and (below) the output layer unties them.
         embeddings = inner.embed_tokens.weight.double() @ turn
         inner.embed_tokens.weight = nn.Parameter(embeddings.to(head.weight.dtype), requires_grad=False)
         for layer in inner.layers:
