@@ -15,6 +15,7 @@ from rag_mspoe.models import embedded_models
 from rag_mspoe.models.devices import place, resolve_device
 from rag_mspoe.models.model_cache import ModelLoadError, convert_gguf
 from rag_mspoe.models.quantization import answering_scheme, quantize_model, resolve_quantize
+from rag_mspoe.models.step_attention import use_step_attention
 
 
 def source_name(source: str | os.PathLike[str] | None) -> str:
@@ -109,7 +110,9 @@ def load_model(
     the model's own weights, decoding on int8 codes / on the file's 4-bit codes where it has them:
     for float32 on a CPU without native bf16) or "auto" (an embedded model's measured answering
     scheme on the CPU in bf16 or float32, `Engine.load`'s default); see
-    `rag_mspoe.models.quantization` and docs/cpu-inference.md.
+    `rag_mspoe.models.quantization` and docs/cpu-inference.md. attn_implementation: None attends
+    as transformers chooses, with decoding steps on the CPU in float32 products instead of SDPA's
+    kernel (`rag_mspoe.models.step_attention`); a name ("sdpa", "eager") is used throughout.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -136,6 +139,8 @@ def load_model(
     if not placement.device_map:
         model.to(placement.device)
     model.eval()
+    if not attn_implementation:  # one named is kept as it is ("sdpa": torch's kernel throughout)
+        use_step_attention(model)
     quantize_model(model, quantize, folder)
     model._rag_mspoe_name = name
     if tokenizer.pad_token is None:

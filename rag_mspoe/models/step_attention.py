@@ -1,0 +1,114 @@
+"""Attention for a decoding step on the CPU: plain float32 products instead of SDPA's kernel.
+
+torch's CPU kernel for `scaled_dot_product_attention` is slow on a decoding step in bf16: one query
+row over a 1,300-token cache took 2.6-3.1 ms per layer (12-14 heads, one thread), where the two
+products and the softmax in float32 take 0.2 ms and are more exact (the kernel multiplies the
+probabilities by the values in bf16). On the Qwen models that was about half of each decoded
+token's time (docs/cpu-inference.md). So a model loaded on the CPU (`load_model`) attends through
+`step_attention`: calls of up to `STEP_TOKENS` query rows per sequence (a decoding step, a drafted
+step's check) take the float32 products, every longer call (a prompt) takes SDPA as before, whose
+kernel does not hold a [rows, cache] table of scores. Masks mean what they mean to SDPA.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+NAME = "rag_mspoe_sdpa"
+# Query rows per sequence up to which a call takes the float32 products: a drafted step checks
+# `rag_mspoe.engine.engine_base.PROMPT_LOOKUP_TOKENS` + 1 = 11 rows.
+STEP_TOKENS = 16
+
+
+def use_step_attention(model: Any) -> None:
+    """Make `model` (on the CPU, attending through SDPA) attend through `step_attention`; any other
+    model is left as it is. Its config's `_attn_implementation` then names it; "sdpa" restores."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    config = model.config
+    if config._attn_implementation != "sdpa" or model.device.type != "cpu":
+        return
+    ALL_ATTENTION_FUNCTIONS.register(NAME, step_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)  # the masks SDPA takes
+    config._attn_implementation = NAME
+
+
+def step_attention(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface: query [B, H, Tq, D], key and value [B, KV heads, Tk, D]
+    (after RoPE and the cache update); returns [B, Tq, H, D]. Long calls, dropout, and what only
+    SDPA's wrapper knows (a position bias, a paged cache, a soft cap) go to SDPA."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    rows = query.shape[2]
+    if rows > STEP_TOKENS or dropout or any(kwargs.get(name) is not None for name in _SDPA_ONLY):
+        return sdpa_attention_forward(  # type: ignore[no-any-return]
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=dropout,
+            scaling=scaling,
+            is_causal=is_causal,
+            **kwargs,
+        )
+    is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    if attention_mask is None and is_causal and rows > 1:
+        # As SDPA's is_causal: row i reads the first i + 1 keys (a prompt read whole).
+        key, value = key[:, :, :rows], value[:, :, :rows]
+        attention_mask = torch.ones(rows, rows, dtype=torch.bool, device=query.device).tril()
+    return float32_attention(query, key, value, attention_mask, scaling), None
+
+
+_SDPA_ONLY = ("position_bias", "cache", "softcap", "s_aux")
+
+
+def float32_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scaling: float | None,
+) -> torch.Tensor:
+    """softmax(q k^T * scaling + mask) v in float32, each query head reading KV head h // group;
+    mask: boolean (True: attend) or additive, broadcastable to [B, H, Tq, Tk]. [B, Tq, H, D]."""
+    batch, heads, rows, width = query.shape
+    kv_heads, keys = key.shape[1], key.shape[2]
+    group = heads // kv_heads
+    # The query heads that share a KV head are stacked as rows of one product with it.
+    grouped = query.float().reshape(batch, kv_heads, group * rows, width)
+    scores = torch.matmul(grouped, key.float().transpose(-1, -2))
+    scores = scores.mul_(width**-0.5 if scaling is None else scaling).view(batch, kv_heads, group, rows, keys)
+    if mask is not None:
+        mask = _by_kv_head(mask, kv_heads, group)
+        if mask.dtype == torch.bool:
+            # The float minimum rather than -inf: a row with nothing to read averages the values
+            # instead of giving NaN.
+            scores = scores.masked_fill(~mask, torch.finfo(torch.float32).min)
+        else:
+            scores = scores + mask.float()
+    weights = torch.softmax(scores.view(batch, kv_heads, group * rows, keys), dim=-1)
+    out = torch.matmul(weights, value.float()).view(batch, heads, rows, width)
+    return out.transpose(1, 2).contiguous().to(query.dtype)
+
+
+def _by_kv_head(mask: torch.Tensor, kv_heads: int, group: int) -> torch.Tensor:
+    """A mask broadcastable to [B, H, Tq, Tk], broadcastable to [B, KV heads, group, Tq, Tk]."""
+    while mask.dim() < 4:
+        mask = mask.unsqueeze(0)
+    if mask.shape[1] == 1:
+        return mask.unsqueeze(2)
+    return mask.reshape(mask.shape[0], kv_heads, group, mask.shape[2], mask.shape[3])
