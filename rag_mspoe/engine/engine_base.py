@@ -21,7 +21,13 @@ from rag_mspoe.methods.method_spec import MethodSpec, parse_method
 from rag_mspoe.methods.prompt_rewriting import PromptRewriting
 from rag_mspoe.methods.validated_documents import warn_outside_validated
 from rag_mspoe.models import loading
-from rag_mspoe.models.quantization import DECODES_ON_CODES, quantization_of
+from rag_mspoe.models.quantization import (
+    INT4_DECODING,
+    INT8_DECODING,
+    INT8_PROMPT_INT4,
+    INT8_PROMPT_INT4_DECODING,
+    quantization_of,
+)
 from rag_mspoe.prompts.chat_template import Prompt, render
 from rag_mspoe.prompts.document_prompts import MissingDocumentSpans, render_with_spans
 from rag_mspoe.rope.rescaling import current_method, rescaled
@@ -45,12 +51,13 @@ def _lock_for(model: Any) -> threading.Lock:
 # Tokens of the prompt drafted ahead per forward on the CPU (transformers' prompt lookup); measured
 # by benchmarks/bench_answer.py.
 PROMPT_LOOKUP_TOKENS = 10
-# Fewer where decoding runs on codes ("int8-prompt+int4", "int8-decoding", "int4-decoding"): those
-# kernels' time grows with the tokens a call checks (11 cost what 5 single steps cost on the 1.5B's
-# Q4_K layers; int8 on an AVX2 CPU, 1.9x), and on 6 real 1.5B answers 10-token drafts took 1.17x
-# the time of none, 4-token ones 1.00x; 0.5B int8-decoding on AVX2, 3 answers: 0.270, 0.242, 0.231
-# s a token for 10, none, 4 (docs/cpu-inference.md).
-CODES_LOOKUP_TOKENS = 4
+# Fewer where decoding runs on codes, by scheme: those kernels' time grows with the tokens a check
+# reads (11 cost what 5 single steps cost on the 1.5B's Q4_K layers; int8 on an AVX2 CPU, 1.9x). In
+# float32 four: 0.5B int8-decoding on AVX2, 3 answers, 0.270, 0.242, 0.231 s a token for 10, none,
+# 4. On the bf16 schemes one, since steps attend in float32 products (`step_attention`) and so cost
+# little beside a check: 8 real 1.5B answers took 93.3 s in all with 1-token drafts, 96.7 with none,
+# 104.0 with 4 (docs/cpu-inference.md).
+CODES_LOOKUP_TOKENS = {INT8_PROMPT_INT4: 1, INT8_PROMPT_INT4_DECODING: 1, INT8_DECODING: 4, INT4_DECODING: 4}
 
 
 class EngineBase:
@@ -124,8 +131,8 @@ class EngineBase:
         )
         engine = cls(model, tokenizer, method=method, compile=compile)
         if model.device.type == "cpu":
-            on_codes = quantization_of(model) in DECODES_ON_CODES
-            engine.prompt_lookup_tokens = CODES_LOOKUP_TOKENS if on_codes else PROMPT_LOOKUP_TOKENS
+            scheme = quantization_of(model)
+            engine.prompt_lookup_tokens = CODES_LOOKUP_TOKENS.get(scheme or "", PROMPT_LOOKUP_TOKENS)
         return engine
 
     # -- facts -------------------------------------------------------------------------------------

@@ -101,9 +101,6 @@ FALLBACKS = ("int8", "none")
 INT4_GROUP_SIZE = 32  # as GGUF's Q4_K / Q4_1 groups
 # CPU capabilities (torch.backends.cpu.get_cpu_capability) whose torch._int_mm is a slow fallback.
 _SLOW_INT_MM = ("DEFAULT", "AVX2")
-# Schemes whose short calls (decoding, a drafted check) run on codes, whose kernels' time grows with
-# the tokens a check reads (`rag_mspoe.engine.engine_base.CODES_LOOKUP_TOKENS`).
-DECODES_ON_CODES = (INT8_PROMPT_INT4, INT8_PROMPT_INT4_DECODING, INT8_DECODING, INT4_DECODING)
 # Schemes that read a prompt with torch._int_mm.
 _INT8_PROMPT_READS = (INT8_PROMPT, INT8_PROMPT_INT4, INT8_PROMPT_INT4_DECODING)
 # Schemes that read the file's 4-bit grids.

@@ -1,0 +1,117 @@
+"""Decoding steps through SDPA's CPU kernel against the float32 products of `step_attention`.
+
+    python benchmarks/bench_step_attention.py                 # the 0.5B, 4 prompts, 32 tokens
+    python benchmarks/bench_step_attention.py --model qwen2.5-coder-1.5b-instruct --prompts 2
+
+- kernel: milliseconds per attention call of the model's head shape at `--rows` query rows over
+  1,300 keys, SDPA (as transformers calls it: grouped KV heads, a mask where rows > 1) against
+  `float32_attention`, in bf16.
+- decoding: real 10-document prompts (the search half, the gold fifth of ten), each read once, then
+  `--new-tokens` greedy steps through each attention in turn from copies of the same cache; the
+  seconds per step and whether the tokens are the same.
+
+The model loads with `quantize="auto"` (answering's default; `--quantize none` for bf16). One
+JSON line on stdout; one thread; compare within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from bench_cpu_inference import prompt_ids
+from bench_int8_prefill import _prompts
+
+from rag_mspoe.models.step_attention import NAME, float32_attention
+
+KEYS = 1300  # a 10-document prompt
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="qwen2.5-coder-0.5b-instruct", help="an embedded model's name")
+    parser.add_argument("--quantize", default="auto")
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 5, 11, 16])
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    from rag_mspoe import load_model
+
+    model, tokenizer = load_model(args.model, threads=1, quantize=args.quantize)
+    config = model.config
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    width = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kernel = {rows: kernel_ms(heads, kv_heads, width, rows, model.dtype) for rows in args.rows}
+    _, prompts = _prompts(range(args.prompts))
+    steps: dict[str, list[float]] = {"sdpa": [], NAME: []}
+    same = 0
+    for number, prompt in enumerate(prompts):
+        tokens = {}
+        for name in list(steps) if number % 2 == 0 else reversed(list(steps)):
+            seconds, tokens[name] = decode(model, prompt_ids(tokenizer, prompt), name, args.new_tokens)
+            steps[name].append(seconds)
+        same += tokens["sdpa"] == tokens[NAME]
+    config._attn_implementation = NAME
+    sdpa, ours = (sum(steps[name]) / len(steps[name]) for name in ("sdpa", NAME))
+    print(
+        json.dumps(
+            {
+                "model": args.model,
+                "dtype": str(model.dtype).removeprefix("torch."),
+                "quantize": args.quantize,
+                "threads": 1,
+                "kernel_ms_by_rows": kernel,
+                "decode_seconds_per_token": {"sdpa": round(sdpa, 4), "step_attention": round(ours, 4)},
+                "decode_speedup": round(sdpa / ours, 2),
+                "same_tokens": f"{same}/{len(prompts)}",
+            }
+        )
+    )
+
+
+def kernel_ms(heads: int, kv_heads: int, width: int, rows: int, dtype: torch.dtype) -> dict[str, float]:
+    """One attention call of `rows` query rows over `KEYS` keys: SDPA's and the float32 products'."""
+    generator = torch.Generator().manual_seed(rows)
+    query = torch.randn(1, heads, rows, width, generator=generator).to(dtype)
+    key, value = (torch.randn(1, kv_heads, KEYS, width, generator=generator).to(dtype) for _ in range(2))
+    mask = None if rows == 1 else torch.ones(rows, KEYS, dtype=torch.bool).tril(KEYS - rows)[None, None]
+    sdpa = _ms(lambda: F.scaled_dot_product_attention(query, key, value, attn_mask=mask, enable_gqa=True))
+    ours = _ms(lambda: float32_attention(query, key, value, mask, None))
+    return {"sdpa": round(sdpa, 3), "float32": round(ours, 3), "speedup": round(sdpa / ours, 2)}
+
+
+def decode(model: Any, ids: torch.Tensor, attention: str, steps: int) -> tuple[float, list[int]]:
+    """Seconds per greedy step after reading `ids` (the read untimed, on SDPA), and the tokens."""
+    model.config._attn_implementation = "sdpa"
+    with torch.inference_mode():
+        out = model(ids, logits_to_keep=1, use_cache=True)
+        cache, token = copy.deepcopy(out.past_key_values), out.logits[:, -1].argmax(-1, keepdim=True)
+        model.config._attn_implementation = attention
+        tokens = []
+        started = time.perf_counter()
+        for _ in range(steps):
+            out = model(token, past_key_values=cache, use_cache=True)
+            cache, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+            tokens.append(int(token))
+        return (time.perf_counter() - started) / steps, tokens
+
+
+def _ms(call: Callable[[], Any], repeats: int = 20) -> float:
+    call()
+    started = time.perf_counter()
+    for _ in range(repeats):
+        call()
+    return (time.perf_counter() - started) / repeats * 1e3
+
+
+if __name__ == "__main__":
+    main()
