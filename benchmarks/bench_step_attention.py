@@ -20,13 +20,12 @@ import argparse
 import copy
 import json
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from bench_cpu_inference import prompt_ids
-from bench_int8_prefill import _prompts
+from bench_int8_prefill import _ms, _prompts
 
 from rag_mspoe.models.step_attention import NAME, float32_attention
 
@@ -84,8 +83,8 @@ def kernel_ms(heads: int, kv_heads: int, width: int, rows: int, dtype: torch.dty
     query = torch.randn(1, heads, rows, width, generator=generator).to(dtype)
     key, value = (torch.randn(1, kv_heads, KEYS, width, generator=generator).to(dtype) for _ in range(2))
     mask = None if rows == 1 else torch.ones(rows, KEYS, dtype=torch.bool).tril(KEYS - rows)[None, None]
-    sdpa = _ms(lambda: F.scaled_dot_product_attention(query, key, value, attn_mask=mask, enable_gqa=True))
-    ours = _ms(lambda: float32_attention(query, key, value, mask, None))
+    sdpa = _ms(lambda: F.scaled_dot_product_attention(query, key, value, attn_mask=mask, enable_gqa=True), 20)
+    ours = _ms(lambda: float32_attention(query, key, value, mask, None), 20)
     return {"sdpa": round(sdpa, 3), "float32": round(ours, 3), "speedup": round(sdpa / ours, 2)}
 
 
@@ -103,14 +102,6 @@ def decode(model: Any, ids: torch.Tensor, attention: str, steps: int) -> tuple[f
             cache, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
             tokens.append(int(token))
         return (time.perf_counter() - started) / steps, tokens
-
-
-def _ms(call: Callable[[], Any], repeats: int = 20) -> float:
-    call()
-    started = time.perf_counter()
-    for _ in range(repeats):
-        call()
-    return (time.perf_counter() - started) / repeats * 1e3
 
 
 if __name__ == "__main__":

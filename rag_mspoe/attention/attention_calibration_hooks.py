@@ -20,10 +20,10 @@ from rag_mspoe.attention.document_hooks import (
     AttentionCall,
     DocumentAttentionHooks,
     attention_scaling,
-    by_key_head,
     row_membership,
 )
 from rag_mspoe.models.loading import model_display_name
+from rag_mspoe.models.step_attention import by_key_head
 
 
 class CalibrationSettings(Protocol):

@@ -316,17 +316,6 @@ def attention_scaling(module: Any, query: torch.Tensor, kwargs: dict[str, Any]) 
     return scaling
 
 
-def by_key_head(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
-    """[B, H, R, X] @ [B, kv_heads, X, Y] -> [B, H, R, Y], query head h reading KV head h // group.
-
-    The query heads of a group share one product, so the KV cache is never copied per query head.
-    """
-    batch, heads, rows, inner = left.shape
-    groups = right.shape[1]
-    grouped = left.reshape(batch, groups, (heads // groups) * rows, inner) @ right
-    return grouped.reshape(batch, heads, rows, right.shape[-1])
-
-
 def row_membership(rows: list[RowDocuments | None], keys: int, device: torch.device) -> torch.Tensor:
     """[B, keys, K] float: 1 where key j is a token of document k (K the most documents of a row)."""
     most = max((len(row.spans) for row in rows if row is not None), default=0)

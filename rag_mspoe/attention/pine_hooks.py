@@ -39,8 +39,8 @@ from rag_mspoe.attention.document_hooks import (
     DocumentAttentionHooks,
     RowDocuments,
     attention_scaling,
-    by_key_head,
 )
+from rag_mspoe.models.step_attention import by_key_head
 from rag_mspoe.rope.head_rotation import RotationStandIn, unwrap_apply_rotary, wrap_apply_rotary
 
 ROW_CHUNK = 256

@@ -85,30 +85,25 @@ def float32_attention(
 ) -> torch.Tensor:
     """softmax(q k^T * scaling + mask) v in float32, each query head reading KV head h // group;
     mask: boolean (True: attend) or additive, broadcastable to [B, H, Tq, Tk]. [B, Tq, H, D]."""
-    batch, heads, rows, width = query.shape
-    kv_heads, keys = key.shape[1], key.shape[2]
-    group = heads // kv_heads
-    # The query heads that share a KV head are stacked as rows of one product with it.
-    grouped = query.float().reshape(batch, kv_heads, group * rows, width)
-    scores = torch.matmul(grouped, key.float().transpose(-1, -2))
-    scores = scores.mul_(width**-0.5 if scaling is None else scaling).view(batch, kv_heads, group, rows, keys)
-    if mask is not None:
-        mask = _by_kv_head(mask, kv_heads, group)
-        if mask.dtype == torch.bool:
-            # The float minimum rather than -inf: a row with nothing to read averages the values
-            # instead of giving NaN.
-            scores = scores.masked_fill(~mask, torch.finfo(torch.float32).min)
-        else:
-            scores = scores + mask.float()
-    weights = torch.softmax(scores.view(batch, kv_heads, group * rows, keys), dim=-1)
-    out = torch.matmul(weights, value.float()).view(batch, heads, rows, width)
+    width = query.shape[-1]
+    scores = by_key_head(query.float(), key.float().transpose(-1, -2))
+    scores = scores.mul_(width**-0.5 if scaling is None else scaling)
+    if mask is not None and mask.dtype == torch.bool:
+        # The float minimum rather than -inf: a row with nothing to read averages the values
+        # instead of giving NaN.
+        scores = scores.masked_fill(~mask, torch.finfo(torch.float32).min)
+    elif mask is not None:
+        scores = scores + mask.float()
+    out = by_key_head(torch.softmax(scores, dim=-1), value.float())
     return out.transpose(1, 2).contiguous().to(query.dtype)
 
 
-def _by_kv_head(mask: torch.Tensor, kv_heads: int, group: int) -> torch.Tensor:
-    """A mask broadcastable to [B, H, Tq, Tk], broadcastable to [B, KV heads, group, Tq, Tk]."""
-    while mask.dim() < 4:
-        mask = mask.unsqueeze(0)
-    if mask.shape[1] == 1:
-        return mask.unsqueeze(2)
-    return mask.reshape(mask.shape[0], kv_heads, group, mask.shape[2], mask.shape[3])
+def by_key_head(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    """[B, H, R, X] @ [B, kv_heads, X, Y] -> [B, H, R, Y], query head h reading KV head h // group.
+
+    The query heads of a group share one product, so the KV cache is never copied per query head.
+    """
+    batch, heads, rows, inner = left.shape
+    groups = right.shape[1]
+    grouped = left.reshape(batch, groups, (heads // groups) * rows, inner) @ right
+    return grouped.reshape(batch, heads, rows, right.shape[-1])
