@@ -230,19 +230,41 @@ def test_leaving_an_async_stream_early_frees_the_model_at_once(engine):
 
 
 def test_a_cancelled_call_stops_waiting_for_the_model_or_generating(engine):
-    busy = engine.stream(PROMPTS[0], max_new_tokens=200)  # holds the model for a while
-    next(iter(busy))
-    cancel = threading.Event()
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        waiting = pool.submit(engine.generate, PROMPTS[1], max_new_tokens=4, cancel=cancel)
-        cancel.set()
-        with pytest.raises(GenerationCancelled, match="waiting"):
-            waiting.result(timeout=1)  # long before the first call would free the model
-    busy.close()
-    cancel = threading.Event()
-    threading.Timer(0.05, cancel.set).start()  # 200 tokens take about half a second
-    with pytest.raises(GenerationCancelled):
-        engine.generate(PROMPTS[0], max_new_tokens=200, cancel=cancel)
+    # A pre-hook makes the model as slow as the test needs: no race against the machine's speed.
+    release, forwards, cancel = threading.Event(), [], threading.Event()
+
+    def slow_model(module, args):
+        forwards.append(1)
+        release.wait(timeout=30)
+
+    hook = engine.model.model.layers[0].register_forward_pre_hook(slow_model)
+    try:
+        busy = engine.stream(PROMPTS[0], max_new_tokens=200)  # holds the model until released
+        while not forwards:
+            threading.Event().wait(0.01)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            waiting = pool.submit(engine.generate, PROMPTS[1], max_new_tokens=4, cancel=cancel)
+            cancel.set()
+            with pytest.raises(GenerationCancelled, match="waiting"):
+                waiting.result(timeout=5)
+        busy.close()
+        release.set()
+    finally:
+        hook.remove()
+
+    cancel, forwards = threading.Event(), []
+
+    def cancel_at_the_third_forward(module, args):  # the prompt's read gives token 1, then 2, 3
+        forwards.append(1)
+        if len(forwards) == 3:
+            cancel.set()
+
+    hook = engine.model.model.layers[0].register_forward_pre_hook(cancel_at_the_third_forward)
+    try:
+        with pytest.raises(GenerationCancelled, match="after 3 tokens"):
+            engine.generate(PROMPTS[0], max_new_tokens=200, cancel=cancel)
+    finally:
+        hook.remove()
     assert engine.generate(PROMPTS[1], max_new_tokens=2, timeout=0.5).completion_tokens == 2
 
 
