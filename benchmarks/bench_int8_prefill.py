@@ -13,7 +13,8 @@ by `torch._int_mm`, and the int32 product scaled back in bf16.
   1,300-token prompt): the bf16 matmul, the W8A8 product and its parts; and, for decoding, the
   int8 weight-only kernel against the bf16 matmul at 1-16 rows (a drafted step checks 11).
 - drift (`--drift-prompts N`): the gold answer's log-likelihood per token on N real 10-document
-  prompts (the search half), bf16 against the model with every Linear layer (but those `--keep`
+  prompts (the search half), the stock bf16 model (SDPA's kernel) against the model attending as
+  `load_model` makes it attend, with every Linear layer (but those `--keep`
   names) W8A8 for calls over 16 rows (the prompt) and weight-only int8 below (the answer), and
   each one's seconds, the two alternating prompt by prompt; `--outlier-threshold` multiplies the
   input columns holding larger activations in bf16, `--smoothing` smooths each layer's inputs as
@@ -116,7 +117,11 @@ def main() -> None:
     torch.set_num_threads(1)
     from rag_mspoe import load_model
 
-    model, tokenizer = load_model(args.model, dtype="bfloat16", threads=1)
+    from rag_mspoe.models.step_attention import NAME, use_step_attention
+
+    # The reference is the stock model (torch's SDPA kernel throughout); the candidate attends as
+    # `load_model` makes it attend (float32 steps, bf16 prompt blocks), so the drift counts both.
+    model, tokenizer = load_model(args.model, dtype="bfloat16", threads=1, attn_implementation="sdpa")
     result: dict[str, Any] = {"model": args.model, "threads": 1, "rows": args.rows}
     result["layers"] = layer_timings(model, args.rows)
     if args.drift_prompts:
@@ -131,8 +136,11 @@ def main() -> None:
                 factors = smoothing_factors(model, tokenizer, _prompts(after)[1], args.smoothing)
             base = rotated(model) if args.rotate else model
             candidate = variant(base, tuple(args.keep), args.outlier_threshold, factors)
+        use_step_attention(candidate)
         result["drift"] = {
             "scheme": args.shipped or "variant",
+            "reference_attention": model.config._attn_implementation,
+            "candidate_attention": NAME if candidate.config._attn_implementation == NAME else "sdpa",
             "decode_int8": args.decode_int8 or [],
             "first_prompt": args.first_prompt,
             "kept_bf16": args.keep,

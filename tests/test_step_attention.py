@@ -1,6 +1,9 @@
-"""Decoding steps attend in float32 products on the CPU: the same attention as SDPA's, masks and all."""
+"""Attention on the CPU: decoding steps in float32 products, bf16 prompts read whole in blocks of
+shifted bf16 products; the same attention as SDPA's, masks and all, and as exact as its kernel."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
@@ -10,6 +13,8 @@ from tiny_models import ARCH_NAMES, prompt_ids, tiny_model, tiny_tokenizer
 from rag_mspoe import load_model, rescale, unrescale
 from rag_mspoe.attention import document_spans
 from rag_mspoe.methods import AttentionCalibration
+from rag_mspoe.models import prompt_attention, step_attention
+from rag_mspoe.models.prompt_attention import BLOCK_ROWS, blocked_causal_attention
 from rag_mspoe.models.step_attention import NAME, STEP_TOKENS, float32_attention, use_step_attention
 
 
@@ -72,6 +77,60 @@ def test_bf16_inputs_are_attended_in_float32_more_exactly_than_the_bf16_kernel()
     kernel = F.scaled_dot_product_attention(query, key, value, enable_gqa=True).transpose(1, 2)
     assert ours <= (kernel.double() - exact).abs().max()
     assert ours < 1e-2  # within bf16's rounding of the output
+
+
+def _relative_error(got: torch.Tensor, exact: torch.Tensor) -> float:
+    return float((got.double() - exact).norm() / exact.norm())
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "rows"), [(12, 2, 2 * BLOCK_ROWS + 37), (4, 4, BLOCK_ROWS - 5)]
+)
+@pytest.mark.parametrize("magnitude", [1.0, 40.0, 3000.0])
+def test_a_bf16_prompt_read_whole_is_as_close_to_float64_as_the_kernel(heads, kv_heads, rows, magnitude):
+    # Scores in the tens and thousands, as real layers have (the Qwen models' first layer runs to
+    # ~10^5 before scaling): a plain bf16 product rounds them by more than softmax forgives.
+    generator = torch.Generator().manual_seed(rows)
+    query = (magnitude * torch.randn(1, heads, rows, 64, generator=generator)).bfloat16()
+    key, value = (torch.randn(1, kv_heads, rows, 64, generator=generator).bfloat16() for _ in range(2))
+    exact = _sdpa(query, key, value, is_causal=True)
+    ours = blocked_causal_attention(query, key, value, 64**-0.5)
+    kernel = F.scaled_dot_product_attention(query, key, value, is_causal=True, enable_gqa=True)
+    assert ours.shape == (1, rows, heads, 64)
+    assert _relative_error(ours, exact) <= 1.5 * _relative_error(kernel.transpose(1, 2), exact) + 1e-4
+
+
+def test_rows_whose_shift_stays_coarse_take_float32(monkeypatch):
+    monkeypatch.setattr(prompt_attention, "SHIFT_READS", 1)  # the first shift of huge scores is off
+    generator = torch.Generator().manual_seed(0)
+    query = (3000 * torch.randn(1, 4, 90, 64, generator=generator)).bfloat16()
+    key, value = (torch.randn(1, 2, 90, 64, generator=generator).bfloat16() for _ in range(2))
+    exact = _sdpa(query, key, value, is_causal=True)
+    assert _relative_error(blocked_causal_attention(query, key, value, 64**-0.5), exact) < 4e-3
+
+
+@pytest.mark.parametrize("arch", ARCH_NAMES)
+def test_a_bf16_model_reads_prompts_in_blocks_as_exactly_as_through_sdpa(arch, monkeypatch):
+    blocks = []
+    blocked = step_attention.blocked_causal_attention
+    monkeypatch.setattr(
+        step_attention, "blocked_causal_attention", lambda *args: blocks.append(1) or blocked(*args)
+    )
+    exact = tiny_model(arch)  # float32
+    stock, ours = copy.deepcopy(exact).bfloat16(), copy.deepcopy(exact).bfloat16()
+    use_step_attention(ours)
+    ids = prompt_ids(BLOCK_ROWS + 50)  # two blocks, past the sliding windows of 12
+    padded = torch.cat([torch.zeros_like(ids[:, :5]), ids[:, :-5]], dim=1)  # a batch read takes SDPA
+    with torch.inference_mode():
+        reference = exact(ids).logits.double()
+        got, kernel = ours(ids).logits, stock(ids).logits
+        pair = {"input_ids": torch.cat([ids, padded]), "attention_mask": torch.cat([ids.ne(0), padded.ne(0)])}
+        batch, stock_batch = ours(**pair).logits, stock(**pair).logits
+    # The layers attending to the whole prompt took the blocks; the tiny Mistral has none (every
+    # layer's window of 12 comes as a mask, which SDPA reads).
+    assert bool(blocks) == (arch != "mistral")
+    assert _relative_error(got, reference) <= 1.5 * _relative_error(kernel, reference) + 1e-4
+    torch.testing.assert_close(batch, stock_batch, atol=0, rtol=0)
 
 
 def _decoded_logits(model, ids: torch.Tensor, steps: int, drafted: int) -> torch.Tensor:

@@ -22,8 +22,8 @@ from rag_mspoe.attention.document_hooks import (
     attention_scaling,
     row_membership,
 )
+from rag_mspoe.models.grouped_heads import by_key_head
 from rag_mspoe.models.loading import model_display_name
-from rag_mspoe.models.step_attention import by_key_head
 
 
 class CalibrationSettings(Protocol):

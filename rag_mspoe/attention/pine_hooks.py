@@ -40,7 +40,7 @@ from rag_mspoe.attention.document_hooks import (
     RowDocuments,
     attention_scaling,
 )
-from rag_mspoe.models.step_attention import by_key_head
+from rag_mspoe.models.grouped_heads import by_key_head
 from rag_mspoe.rope.head_rotation import RotationStandIn, unwrap_apply_rotary, wrap_apply_rotary
 
 ROW_CHUNK = 256

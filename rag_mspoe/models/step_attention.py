@@ -1,4 +1,4 @@
-"""Attention for a decoding step on the CPU: plain float32 products instead of SDPA's kernel.
+"""Attention on the CPU: decoding steps in float32 products, prompts read whole in bf16 blocks.
 
 torch's CPU kernel for `scaled_dot_product_attention` is slow on a decoding step in bf16: one query
 row over a 1,300-token cache took 2.6-3.1 ms per layer (12-14 heads, one thread), where the two
@@ -6,8 +6,10 @@ products and the softmax in float32 take 0.2 ms and are more exact (the kernel m
 probabilities by the values in bf16). On the Qwen models that was about half of each decoded
 token's time (docs/cpu-inference.md). So a model loaded on the CPU (`load_model`) attends through
 `step_attention`: calls of up to `STEP_TOKENS` query rows per sequence (a decoding step, a drafted
-step's check) take the float32 products, every longer call (a prompt) takes SDPA as before, whose
-kernel does not hold a [rows, cache] table of scores. Masks mean what they mean to SDPA.
+step's check) take the float32 products; a bf16 prompt read whole (causal, no mask, no cache
+before it) takes `blocked_causal_attention`, 1.6x the kernel's speed on the 1.5B's heads; every
+other call (padded batches, a read after a cache, float32 models) takes SDPA as before. Masks mean
+what they mean to SDPA.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from rag_mspoe.models.grouped_heads import by_key_head
+from rag_mspoe.models.prompt_attention import blocked_causal_attention
 
 NAME = "rag_mspoe_sdpa"
 # Query rows per sequence up to which a call takes the float32 products: a drafted step checks
@@ -48,24 +53,19 @@ def step_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention interface: query [B, H, Tq, D], key and value [B, KV heads, Tk, D]
-    (after RoPE and the cache update); returns [B, Tq, H, D]. Long calls, dropout, and what only
-    SDPA's wrapper knows (a position bias, a paged cache, a soft cap) go to SDPA."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
+    (after RoPE and the cache update); returns [B, Tq, H, D]. Long calls but bf16 prompts read
+    whole, dropout, and what only SDPA's wrapper knows (a position bias, a paged cache, a soft cap)
+    go to SDPA."""
     rows = query.shape[2]
-    if rows > STEP_TOKENS or dropout or any(kwargs.get(name) is not None for name in _SDPA_ONLY):
-        return sdpa_attention_forward(  # type: ignore[no-any-return]
-            module,
-            query,
-            key,
-            value,
-            attention_mask,
-            dropout=dropout,
-            scaling=scaling,
-            is_causal=is_causal,
-            **kwargs,
-        )
+    if dropout or any(kwargs.get(name) is not None for name in _SDPA_ONLY):
+        return _sdpa(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    if rows > STEP_TOKENS:
+        whole_read = attention_mask is None and is_causal and key.shape[2] == rows
+        if whole_read and query.dtype == torch.bfloat16:
+            scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+            return blocked_causal_attention(query, key, value, scale), None
+        return _sdpa(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
     if attention_mask is None and is_causal and rows > 1:
         # As SDPA's is_causal: row i reads the first i + 1 keys (a prompt read whole).
         key, value = key[:, :, :rows], value[:, :, :rows]
@@ -74,6 +74,32 @@ def step_attention(
 
 
 _SDPA_ONLY = ("position_bias", "cache", "softcap", "s_aux")
+
+
+def _sdpa(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float,
+    scaling: float | None,
+    is_causal: bool | None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(  # type: ignore[no-any-return]
+        module,
+        query,
+        key,
+        value,
+        attention_mask,
+        dropout=dropout,
+        scaling=scaling,
+        is_causal=is_causal,
+        **kwargs,
+    )
 
 
 def float32_attention(
@@ -96,14 +122,3 @@ def float32_attention(
         scores = scores + mask.float()
     out = by_key_head(torch.softmax(scores, dim=-1), value.float())
     return out.transpose(1, 2).contiguous().to(query.dtype)
-
-
-def by_key_head(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
-    """[B, H, R, X] @ [B, kv_heads, X, Y] -> [B, H, R, Y], query head h reading KV head h // group.
-
-    The query heads of a group share one product, so the KV cache is never copied per query head.
-    """
-    batch, heads, rows, inner = left.shape
-    groups = right.shape[1]
-    grouped = left.reshape(batch, groups, (heads // groups) * rows, inner) @ right
-    return grouped.reshape(batch, heads, rows, right.shape[-1])
