@@ -61,12 +61,13 @@ def main() -> None:
         "--shipped",
         nargs="?",
         const="int8-prompt",
-        choices=("int8-prompt", "int8-prompt+int4", "int8-prompt+int4-decoding"),
+        choices=("none", "int8-prompt", "int8-prompt+int4", "int8-prompt+int4-decoding"),
         metavar="SCHEME",
         help='drift: the model as quantize=SCHEME makes it instead of the variants below: "int8-prompt" '
         "(the default; gate and up projections W8A8 for the prompt, every call of 16 tokens or fewer on the "
         'bf16 weight), "int8-prompt+int4" (those calls on the file\'s 4-bit codes where it has them) or '
-        '"int8-prompt+int4-decoding" (and on int8 codes elsewhere)',
+        '"int8-prompt+int4-decoding" (and on int8 codes elsewhere); "none": the bf16 weights, so the drift '
+        "is the attention's alone",
     )
     parser.add_argument(
         "--decode-int8",
@@ -116,7 +117,6 @@ def main() -> None:
         parser.error("--decode-int8 changes int8-prompt's decoding: add --shipped int8-prompt")
     torch.set_num_threads(1)
     from rag_mspoe import load_model
-
     from rag_mspoe.models.step_attention import NAME, use_step_attention
 
     # The reference is the stock model (torch's SDPA kernel throughout); the candidate attends as

@@ -1,11 +1,15 @@
-"""Decoding steps through SDPA's CPU kernel against the float32 products of `step_attention`.
+"""SDPA's CPU kernel against `step_attention`: decoding steps in float32 products, prompts read
+whole in bf16 blocks (`blocked_causal_attention`).
 
     python benchmarks/bench_step_attention.py                 # the 0.5B, 4 prompts, 32 tokens
     python benchmarks/bench_step_attention.py --model qwen2.5-coder-1.5b-instruct --prompts 2
 
 - kernel: milliseconds per attention call of the model's head shape at `--rows` query rows over
   1,300 keys, SDPA (as transformers calls it: grouped KV heads, a mask where rows > 1) against
-  `float32_attention`, in bf16.
+  `float32_attention`, in bf16; and one causal call of 1,300 rows (a prompt read whole), SDPA
+  against `blocked_causal_attention`.
+- read: each real prompt read whole through each attention in turn, the seconds, and how far the
+  next token's distribution moved from SDPA's read (KL divergence, nats; the largest over prompts).
 - decoding: real 10-document prompts (the search half, the gold fifth of ten), each read once, then
   `--new-tokens` greedy steps through each attention in turn from copies of the same cache; the
   seconds per step and whether the tokens are the same.
@@ -27,6 +31,7 @@ import torch.nn.functional as F
 from bench_cpu_inference import prompt_ids
 from bench_int8_prefill import _ms, _prompts
 
+from rag_mspoe.models.prompt_attention import blocked_causal_attention
 from rag_mspoe.models.step_attention import NAME, float32_attention
 
 KEYS = 1300  # a 10-document prompt
@@ -50,7 +55,9 @@ def main() -> None:
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     width = getattr(config, "head_dim", None) or config.hidden_size // heads
     kernel = {rows: kernel_ms(heads, kv_heads, width, rows, model.dtype) for rows in args.rows}
+    kernel["prompt"] = prompt_ms(heads, kv_heads, width, model.dtype)
     _, prompts = _prompts(range(args.prompts))
+    reads = [read(model, prompt_ids(tokenizer, prompt), number) for number, prompt in enumerate(prompts)]
     steps: dict[str, list[float]] = {"sdpa": [], NAME: []}
     same = 0
     for number, prompt in enumerate(prompts):
@@ -69,6 +76,10 @@ def main() -> None:
                 "quantize": args.quantize,
                 "threads": 1,
                 "kernel_ms_by_rows": kernel,
+                "read_seconds": {name: round(sum(r[name] for r in reads) / len(reads), 3) for name in steps},
+                "read_speedup": round(sum(r["sdpa"] for r in reads) / sum(r[NAME] for r in reads), 2),
+                "read_kl_max": round(max(r["kl"] for r in reads), 5),
+                "read_same_next_token": f"{sum(r['same'] for r in reads)}/{len(reads)}",
                 "decode_seconds_per_token": {"sdpa": round(sdpa, 4), "step_attention": round(ours, 4)},
                 "decode_speedup": round(sdpa / ours, 2),
                 "same_tokens": f"{same}/{len(prompts)}",
@@ -86,6 +97,31 @@ def kernel_ms(heads: int, kv_heads: int, width: int, rows: int, dtype: torch.dty
     sdpa = _ms(lambda: F.scaled_dot_product_attention(query, key, value, attn_mask=mask, enable_gqa=True), 20)
     ours = _ms(lambda: float32_attention(query, key, value, mask, None), 20)
     return {"sdpa": round(sdpa, 3), "float32": round(ours, 3), "speedup": round(sdpa / ours, 2)}
+
+
+def prompt_ms(heads: int, kv_heads: int, width: int, dtype: torch.dtype) -> dict[str, float]:
+    """One causal call of `KEYS` query rows (a prompt read whole): SDPA's and the bf16 blocks'."""
+    generator = torch.Generator().manual_seed(KEYS)
+    query = torch.randn(1, heads, KEYS, width, generator=generator).to(dtype)
+    key, value = (torch.randn(1, kv_heads, KEYS, width, generator=generator).to(dtype) for _ in range(2))
+    sdpa = _ms(lambda: F.scaled_dot_product_attention(query, key, value, is_causal=True, enable_gqa=True), 5)
+    ours = _ms(lambda: blocked_causal_attention(query, key, value, width**-0.5), 5)
+    return {"sdpa": round(sdpa, 2), "blocks": round(ours, 2), "speedup": round(sdpa / ours, 2)}
+
+
+def read(model: Any, ids: torch.Tensor, number: int) -> dict[str, Any]:
+    """Seconds of one whole read of `ids` through SDPA and through ours (in turns), and the change."""
+    seconds, logprobs = {}, {}
+    for attention in ("sdpa", NAME) if number % 2 == 0 else (NAME, "sdpa"):
+        model.config._attn_implementation = attention
+        with torch.inference_mode():
+            started = time.perf_counter()
+            logits = model(ids, logits_to_keep=1).logits[0, -1]
+            seconds[attention] = time.perf_counter() - started
+        logprobs[attention] = torch.log_softmax(logits.float(), dim=-1)
+    kl = float((logprobs["sdpa"].exp() * (logprobs["sdpa"] - logprobs[NAME])).sum())
+    same = bool(logprobs[NAME].argmax() == logprobs["sdpa"].argmax())
+    return {**seconds, "kl": kl, "same": same}
 
 
 def decode(model: Any, ids: torch.Tensor, attention: str, steps: int) -> tuple[float, list[int]]:
