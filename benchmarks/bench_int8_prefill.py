@@ -99,6 +99,13 @@ def main() -> None:
         "holds the large activations alone",
     )
     parser.add_argument(
+        "--prompt-blocks",
+        choices=["model", "on", "off"],
+        default="model",
+        help="drift: whether the candidate reads bf16 prompts in blocks of query rows (model: as "
+        "`load_model` chooses for it) or through SDPA's kernel",
+    )
+    parser.add_argument(
         "--outlier-threshold",
         type=float,
         metavar="T",
@@ -117,10 +124,12 @@ def main() -> None:
         parser.error("--decode-int8 changes int8-prompt's decoding: add --shipped int8-prompt")
     torch.set_num_threads(1)
     from rag_mspoe import load_model
-    from rag_mspoe.models.step_attention import NAME, use_step_attention
+    from rag_mspoe.models.embedded_models import prompt_blocks
+    from rag_mspoe.models.step_attention import use_step_attention
 
     # The reference is the stock model (torch's SDPA kernel throughout); the candidate attends as
-    # `load_model` makes it attend (float32 steps, bf16 prompt blocks), so the drift counts both.
+    # `load_model` makes it attend (float32 steps, bf16 prompt blocks where the model takes them), so
+    # the drift counts both.
     model, tokenizer = load_model(args.model, dtype="bfloat16", threads=1, attn_implementation="sdpa")
     result: dict[str, Any] = {"model": args.model, "threads": 1, "rows": args.rows}
     result["layers"] = layer_timings(model, args.rows)
@@ -136,11 +145,12 @@ def main() -> None:
                 factors = smoothing_factors(model, tokenizer, _prompts(after)[1], args.smoothing)
             base = rotated(model) if args.rotate else model
             candidate = variant(base, tuple(args.keep), args.outlier_threshold, factors)
-        use_step_attention(candidate)
+        blocks = prompt_blocks(args.model) if args.prompt_blocks == "model" else args.prompt_blocks == "on"
+        use_step_attention(candidate, prompt_blocks=blocks)
         result["drift"] = {
             "scheme": args.shipped or "variant",
             "reference_attention": model.config._attn_implementation,
-            "candidate_attention": NAME if candidate.config._attn_implementation == NAME else "sdpa",
+            "candidate_attention": candidate.config._attn_implementation,
             "decode_int8": args.decode_int8 or [],
             "first_prompt": args.first_prompt,
             "kept_bf16": args.keep,

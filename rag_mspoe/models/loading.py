@@ -112,7 +112,8 @@ def load_model(
     scheme on the CPU in bf16 or float32, `Engine.load`'s default); see
     `rag_mspoe.models.quantization` and docs/cpu-inference.md. attn_implementation: None attends
     as transformers chooses, with decoding steps on the CPU in float32 products instead of SDPA's
-    kernel (`rag_mspoe.models.step_attention`); a name ("sdpa", "eager") is used throughout.
+    kernel and bf16 prompts in blocks of query rows where measured within the drift bound
+    (`rag_mspoe.models.step_attention`); a name ("sdpa", "eager") is used throughout.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -140,7 +141,7 @@ def load_model(
         model.to(placement.device)
     model.eval()
     if not attn_implementation:  # one named is kept as it is ("sdpa": torch's kernel throughout)
-        use_step_attention(model)
+        use_step_attention(model, prompt_blocks=embedded_models.prompt_blocks(name))
     quantize_model(model, quantize, folder)
     model._rag_mspoe_name = name
     if tokenizer.pad_token is None:

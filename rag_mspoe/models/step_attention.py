@@ -9,11 +9,13 @@ token's time (docs/cpu-inference.md). So a model loaded on the CPU (`load_model`
 step's check) take the float32 products; a bf16 prompt read whole (causal, no mask, no cache
 before it) takes `blocked_causal_attention`, 1.6x the kernel's speed on the 1.5B's heads; every
 other call (padded batches, a read after a cache, float32 models) takes SDPA as before. Masks mean
-what they mean to SDPA.
+what they mean to SDPA. A model whose measured default path the blocks moved past the drift bound
+(`EmbeddedModel.prompt_blocks`) attends through `steps_only_attention`: its prompts keep the kernel.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -22,23 +24,26 @@ from rag_mspoe.models.grouped_heads import by_key_head
 from rag_mspoe.models.prompt_attention import blocked_causal_attention
 
 NAME = "rag_mspoe_sdpa"
+STEPS_ONLY_NAME = "rag_mspoe_steps"  # decoding steps in float32, every prompt through the kernel
 # Query rows per sequence up to which a call takes the float32 products: a drafted step checks
 # `rag_mspoe.engine.engine_base.PROMPT_LOOKUP_TOKENS` + 1 = 11 rows.
 STEP_TOKENS = 16
 
 
-def use_step_attention(model: Any) -> None:
-    """Make `model` (on the CPU, attending through SDPA) attend through `step_attention`; any other
-    model is left as it is. Its config's `_attn_implementation` then names it; "sdpa" restores."""
+def use_step_attention(model: Any, *, prompt_blocks: bool = True) -> None:
+    """Make `model` (on the CPU, attending through SDPA) attend through `step_attention` (or, with
+    `prompt_blocks=False`, `steps_only_attention`); any other model is left as it is. Its config's
+    `_attn_implementation` then names it (`NAME`, `STEPS_ONLY_NAME`); "sdpa" restores."""
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     config = model.config
     if config._attn_implementation != "sdpa" or model.device.type != "cpu":
         return
-    ALL_ATTENTION_FUNCTIONS.register(NAME, step_attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)  # the masks SDPA takes
-    config._attn_implementation = NAME
+    name = NAME if prompt_blocks else STEPS_ONLY_NAME
+    ALL_ATTENTION_FUNCTIONS.register(name, step_attention if prompt_blocks else steps_only_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(name, sdpa_mask)  # the masks SDPA takes
+    config._attn_implementation = name
 
 
 def step_attention(
@@ -50,6 +55,8 @@ def step_attention(
     dropout: float = 0.0,
     scaling: float | None = None,
     is_causal: bool | None = None,
+    *,
+    prompt_blocks: bool = True,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention interface: query [B, H, Tq, D], key and value [B, KV heads, Tk, D]
@@ -62,7 +69,7 @@ def step_attention(
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     if rows > STEP_TOKENS:
         whole_read = attention_mask is None and is_causal and key.shape[2] == rows
-        if whole_read and query.dtype == torch.bfloat16:
+        if prompt_blocks and whole_read and query.dtype == torch.bfloat16:
             scale = query.shape[-1] ** -0.5 if scaling is None else scaling
             return blocked_causal_attention(query, key, value, scale), None
         return _sdpa(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
@@ -72,6 +79,8 @@ def step_attention(
         attention_mask = torch.ones(rows, rows, dtype=torch.bool, device=query.device).tril()
     return float32_attention(query, key, value, attention_mask, scaling), None
 
+
+steps_only_attention = partial(step_attention, prompt_blocks=False)
 
 _SDPA_ONLY = ("position_bias", "cache", "softcap", "s_aux")
 
