@@ -106,13 +106,19 @@ def test_a_bf16_prompt_read_whole_is_as_close_to_float64_as_the_kernel(heads, kv
     assert _relative_error(ours, exact) <= 1.5 * _relative_error(kernel.transpose(1, 2), exact) + 1e-4
 
 
-@pytest.mark.parametrize("arch", ARCH_NAMES)
-def test_a_bf16_model_reads_prompts_in_blocks_as_exactly_as_through_sdpa(arch, monkeypatch):
-    blocks = []
+@pytest.fixture
+def block_calls(monkeypatch) -> list[int]:
+    """Grows by one for each call `step_attention` makes to `blocked_causal_attention`."""
+    calls: list[int] = []
     blocked = step_attention.blocked_causal_attention
     monkeypatch.setattr(
-        step_attention, "blocked_causal_attention", lambda *args: blocks.append(1) or blocked(*args)
+        step_attention, "blocked_causal_attention", lambda *args: calls.append(1) or blocked(*args)
     )
+    return calls
+
+
+@pytest.mark.parametrize("arch", ARCH_NAMES)
+def test_a_bf16_model_reads_prompts_in_blocks_as_exactly_as_through_sdpa(arch, block_calls):
     exact = tiny_model(arch)  # float32
     stock, ours = copy.deepcopy(exact).bfloat16(), copy.deepcopy(exact).bfloat16()
     use_step_attention(ours)
@@ -125,17 +131,12 @@ def test_a_bf16_model_reads_prompts_in_blocks_as_exactly_as_through_sdpa(arch, m
         batch, stock_batch = ours(**pair).logits, stock(**pair).logits
     # The layers attending to the whole prompt took the blocks; the tiny Mistral has none (every
     # layer's window of 12 comes as a mask, which SDPA reads).
-    assert bool(blocks) == (arch != "mistral")
+    assert bool(block_calls) == (arch != "mistral")
     assert _relative_error(got, reference) <= 1.5 * _relative_error(kernel, reference) + 1e-4
     torch.testing.assert_close(batch, stock_batch, atol=0, rtol=0)
 
 
-def test_a_model_without_prompt_blocks_reads_prompts_through_the_kernel(monkeypatch):
-    blocks = []
-    blocked = step_attention.blocked_causal_attention
-    monkeypatch.setattr(
-        step_attention, "blocked_causal_attention", lambda *args: blocks.append(1) or blocked(*args)
-    )
+def test_a_model_without_prompt_blocks_reads_prompts_through_the_kernel(block_calls):
     stock = tiny_model("qwen2").bfloat16()
     ours = copy.deepcopy(stock)
     use_step_attention(ours, prompt_blocks=False)
@@ -143,7 +144,7 @@ def test_a_model_without_prompt_blocks_reads_prompts_through_the_kernel(monkeypa
     ids = prompt_ids(BLOCK_ROWS + 50)
     with torch.inference_mode():
         torch.testing.assert_close(ours(ids).logits, stock(ids).logits, atol=0, rtol=0)
-    assert not blocks
+    assert not block_calls
 
 
 def test_an_embedded_model_measured_without_blocks_loads_without_them(tmp_path, monkeypatch):

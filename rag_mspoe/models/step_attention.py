@@ -7,7 +7,8 @@ probabilities by the values in bf16). On the Qwen models that was about half of 
 token's time (docs/cpu-inference.md). So a model loaded on the CPU (`load_model`) attends through
 `step_attention`: calls of up to `STEP_TOKENS` query rows per sequence (a decoding step, a drafted
 step's check) take the float32 products; a bf16 prompt read whole (causal, no mask, no cache
-before it) takes `blocked_causal_attention`, 1.6x the kernel's speed on the 1.5B's heads; every
+before it) takes `blocked_causal_attention` (1.5-1.7x the kernel's speed a layer on the Qwen
+models' heads on one machine, 1.16x on the next); every
 other call (padded batches, a read after a cache, float32 models) takes SDPA as before. Masks mean
 what they mean to SDPA. A model whose measured default path the blocks moved past the drift bound
 (`EmbeddedModel.prompt_blocks`) attends through `steps_only_attention`: its prompts keep the kernel.
@@ -40,8 +41,8 @@ def use_step_attention(model: Any, *, prompt_blocks: bool = True) -> None:
     config = model.config
     if config._attn_implementation != "sdpa" or model.device.type != "cpu":
         return
-    name = NAME if prompt_blocks else STEPS_ONLY_NAME
-    ALL_ATTENTION_FUNCTIONS.register(name, step_attention if prompt_blocks else steps_only_attention)
+    name, attention = (NAME, step_attention) if prompt_blocks else (STEPS_ONLY_NAME, steps_only_attention)
+    ALL_ATTENTION_FUNCTIONS.register(name, attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(name, sdpa_mask)  # the masks SDPA takes
     config._attn_implementation = name
 
