@@ -147,7 +147,7 @@ def test_a_model_without_prompt_blocks_reads_prompts_through_the_kernel(block_ca
     assert not block_calls
 
 
-def test_an_embedded_model_measured_without_blocks_loads_without_them(tmp_path, monkeypatch):
+def test_blocks_load_only_on_a_quantised_path_of_a_model_measured_with_them(tmp_path, monkeypatch):
     tiny_model("qwen2").save_pretrained(tmp_path)
     tiny_tokenizer().save_pretrained(tmp_path)
     measured = embedded_models.MODELS["qwen2.5-coder-1.5b-instruct"]
@@ -156,9 +156,14 @@ def test_an_embedded_model_measured_without_blocks_loads_without_them(tmp_path, 
     model, _ = load_model(measured.name, dtype=torch.float32, device="cpu", threads=1, quantize="none")
     assert model.config._attn_implementation == STEPS_ONLY_NAME
     other, _ = load_model(
-        "qwen2.5-coder-0.5b-instruct", dtype=torch.float32, device="cpu", threads=1, quantize="none"
+        "qwen2.5-coder-0.5b-instruct", dtype=torch.float32, device="cpu", threads=1, quantize="int8"
     )
     assert other.config._attn_implementation == NAME
+    # Unquantised, the model measured with blocks reads prompts as stock transformers does.
+    plain, _ = load_model(
+        "qwen2.5-coder-0.5b-instruct", dtype=torch.float32, device="cpu", threads=1, quantize="none"
+    )
+    assert plain.config._attn_implementation == STEPS_ONLY_NAME
 
 
 def _decoded_logits(model, ids: torch.Tensor, steps: int, drafted: int) -> torch.Tensor:
@@ -206,7 +211,9 @@ def test_load_model_uses_it_on_the_cpu_unless_an_implementation_is_named(tmp_pat
     tiny_model("qwen2").save_pretrained(tmp_path)
     tiny_tokenizer().save_pretrained(tmp_path)
     model, _ = load_model(tmp_path, dtype=torch.float32, device="cpu", threads=1)
-    assert model.config._attn_implementation == NAME
+    assert model.config._attn_implementation == STEPS_ONLY_NAME  # not quantised: stock prompts
+    quantised, _ = load_model(tmp_path, dtype=torch.float32, device="cpu", threads=1, quantize="int8")
+    assert quantised.config._attn_implementation == NAME
     named, _ = load_model(tmp_path, dtype=torch.float32, device="cpu", threads=1, attn_implementation="sdpa")
     assert named.config._attn_implementation == "sdpa"
     eager = tiny_model("qwen2", attn="eager")

@@ -112,8 +112,8 @@ def load_model(
     scheme on the CPU in bf16 or float32, `Engine.load`'s default); see
     `rag_mspoe.models.quantization` and docs/cpu-inference.md. attn_implementation: None attends
     as transformers chooses, with decoding steps on the CPU in float32 products instead of SDPA's
-    kernel and bf16 prompts in blocks of query rows where measured within the drift bound
-    (`rag_mspoe.models.step_attention`); a name ("sdpa", "eager") is used throughout.
+    kernel and, on a quantised path measured within the drift bound, bf16 prompts in blocks of
+    query rows (`rag_mspoe.models.step_attention`); a name ("sdpa", "eager") is used throughout.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -141,7 +141,11 @@ def load_model(
         model.to(placement.device)
     model.eval()
     if not attn_implementation:  # one named is kept as it is ("sdpa": torch's kernel throughout)
-        use_step_attention(model, prompt_blocks=embedded_models.prompt_blocks(name))
+        # Blocks round a bf16 prompt's attention a little differently from SDPA's kernel: they are
+        # part of a measured quantised path; the unquantised model (sweeps whose numbers are
+        # published) reads its prompts as stock transformers does.
+        blocks = quantize not in (None, "none") and embedded_models.prompt_blocks(name)
+        use_step_attention(model, prompt_blocks=blocks)
     quantize_model(model, quantize, folder)
     model._rag_mspoe_name = name
     if tokenizer.pad_token is None:

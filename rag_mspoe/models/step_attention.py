@@ -11,7 +11,8 @@ before it) takes `blocked_causal_attention` (1.5-1.7x the kernel's speed a layer
 models' heads on one machine, 1.16x on the next); every
 other call (padded batches, a read after a cache, float32 models) takes SDPA as before. Masks mean
 what they mean to SDPA. A model whose measured default path the blocks moved past the drift bound
-(`EmbeddedModel.prompt_blocks`) attends through `steps_only_attention`: its prompts keep the kernel.
+(`EmbeddedModel.prompt_blocks`), and any model loaded unquantised (whose numbers a published sweep
+must reproduce), attends through `steps_only_attention`: its prompts keep the kernel.
 """
 
 from __future__ import annotations
