@@ -82,7 +82,9 @@ def test_every_order_of_the_documents_gives_the_same_prompt_and_answer(engine, s
     assert engine.generate(_qa(orders[0]), method=method, max_new_tokens=2).method == "invariant-reorder"
 
 
-def test_the_documents_are_sorted_by_how_well_each_alone_predicts_the_question(engine):
+@pytest.mark.parametrize("which", ["engine", "qwen_engine", "qwen_tree_engine"])
+def test_the_documents_are_sorted_by_how_well_each_alone_predicts_the_question(request, which):
+    engine = request.getfixturevalue(which)
     scores = []
     for index in range(len(DOCUMENTS)):
         # A full forward of the document's own prompt: the log-likelihood of every token after it.
@@ -126,7 +128,19 @@ def qwen_engine(qwen_tokenizer):
     return Engine(model, qwen_tokenizer, method="none")
 
 
-@pytest.mark.parametrize("which", ["engine", "qwen_engine"])
+@pytest.fixture(scope="module")
+def qwen_tree_engine(qwen_tokenizer):
+    # Without its sliding window the tiny Qwen's cache grows plainly: its documents' prompts are
+    # read as one tree (a window reads each prompt alone, as `qwen_engine` does).
+    vocab = len(qwen_tokenizer)
+    model = tiny_model(
+        "qwen2", seed=3, vocab_size=vocab, max_position_embeddings=1024, use_sliding_window=False
+    )
+    model._rag_mspoe_name = "tiny-qwen2"
+    return Engine(model, qwen_tokenizer, method="none")
+
+
+@pytest.mark.parametrize("which", ["engine", "qwen_engine", "qwen_tree_engine"])
 def test_the_documents_are_sorted_by_the_models_judgement_of_each_alone(request, which):
     engine = request.getfixturevalue(which)
     judged = [_judged_by_a_full_forward(engine, index) for index in range(len(DOCUMENTS))]
@@ -188,19 +202,24 @@ def test_a_document_scored_again_runs_no_model_pass(engine, monkeypatch):
     forward = engine.model.forward
     monkeypatch.setattr(engine.model, "forward", lambda *a, **k: passes.append(1) or forward(*a, **k))
     first = InvariantReorder().scores(engine, _qa((0, 1, 2, 3)))
-    ran = len(passes)
-    assert ran >= len(DOCUMENTS)
+    # The template once, then every document's prompt in one pass over the tree of their tokens.
+    assert len(passes) == 2
     assert InvariantReorder(keep=2).scores(engine, _qa((2, 0, 3, 1))) == [first[i] for i in (2, 0, 3, 1)]
-    assert len(passes) == ran
-    # The judgement reads the same rows through each document: only the rows after it run.
+    assert len(passes) == 2
+    # The judgement's prompts: one more pass, from the template's kept rows.
     computed = engine.document_prefixes.computed
     InvariantReorder(score="judge").scores(engine, _qa((0, 1, 2, 3)))
-    assert engine.document_prefixes.computed == computed and len(passes) == ran + len(DOCUMENTS)
+    assert engine.document_prefixes.computed == computed and len(passes) == 3
     # Other scores of the same prompts (the question's attention) are other numbers: they run.
     InvariantReorder(score="attention").scores(engine, _qa((0, 1, 2, 3)))
-    assert len(passes) > ran + len(DOCUMENTS)
+    assert len(passes) > 3 + len(DOCUMENTS)
     engine.document_prefixes.clear()
     assert InvariantReorder().scores(engine, _qa((0, 1, 2, 3))) == first
+    # Both scores of a fresh prompt: one pass after the template.
+    engine.document_prefixes.clear()
+    passes.clear()
+    InvariantReorder(score="question+judge").scores(engine, _qa((0, 1, 2, 3)))
+    assert len(passes) == 2
 
 
 def test_equal_scores_are_ordered_by_the_documents_text_not_their_place():

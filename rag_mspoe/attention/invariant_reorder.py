@@ -27,16 +27,20 @@ score leads the first one's by at least the margin. A model that reads its first
 (the 1.5B at 20 documents) then keeps that position's answers when its retriever was right, and
 the documents are reordered when the ranking says the retriever was wrong.
 
-Cost: one short pass per document (the document and the question, after the template's rows,
-computed once), about one prefill of the whole prompt in all; the judgement runs only the rows
-after the document again (the yes-or-no question). Each document's rows are cached by their
-tokens (`rag_mspoe.engine.document_prefix`), and so is each score: scoring the same document with the
-same template again (a sweep's other gold positions, another `keep` or `best`) runs nothing.
+Cost: about one prefill of the whole prompt. The template's rows are computed once and kept
+(`rag_mspoe.engine.document_prefix`); every document's question prompt (and judge prompt) is then
+read in one pass over the tree of their tokens (`rag_mspoe.attention.token_tree`), where each
+document's rows, and the question's first words its two prompts share, are read once. Each score
+is kept by its prompt's tokens: scoring the same document with the same template again (a sweep's
+other gold positions, another `keep` or `best`) runs nothing. A model with a sliding window reads
+each prompt alone, from its document's cached rows; so does the attention score.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
@@ -47,9 +51,10 @@ from rag_mspoe.attention.reorder import (
     document_texts,
     prompt_with_documents,
 )
+from rag_mspoe.attention.token_tree import TokenTree, tree_logits
 from rag_mspoe.methods.method_config import MethodConfig, check_finite, check_layers, chosen_layers
 from rag_mspoe.prompts.chat_template import Prompt
-from rag_mspoe.rope.hooks import cache_argument
+from rag_mspoe.rope.hooks import cache_argument, cache_grows_plainly
 from rag_mspoe.rope.rescaling import rescaled
 
 if TYPE_CHECKING:
@@ -149,15 +154,25 @@ class InvariantReorder(DocumentReordering):
         model's yes-or-no judgement of it, both standardised and summed, or the attention the
         question gives it."""
         singles = [prompt_with_documents(prompt, [k]) for k in range(len(document_texts(prompt)))]
+        kinds: tuple[Score, ...] = ("question", "judge") if self.score == "question+judge" else (self.score,)
+        scored = {kind: [self._scored_prompt(engine, one, raw, kind) for one in singles] for kind in kinds}
+        if self.score != "attention" and cache_grows_plainly(engine.model):
+            read_as_one_tree(engine, [one for kind in kinds for one in scored[kind]])
+        values = {
+            kind: [
+                engine.document_prefixes.value(one.key, partial(self._computed_score, engine, one))
+                for one in scored[kind]
+            ]
+            for kind in kinds
+        }
         if self.score != "question+judge":
-            return [self._score_alone(engine, single, raw, self.score) for single in singles]
-        likelihood = [self._score_alone(engine, single, raw, "question") for single in singles]
-        judgement = [self._score_alone(engine, single, raw, "judge") for single in singles]
-        return [a + b for a, b in zip(standardised(likelihood), standardised(judgement), strict=True)]
+            return values[self.score]
+        likelihood, judgement = standardised(values["question"]), standardised(values["judge"])
+        return [a + b for a, b in zip(likelihood, judgement, strict=True)]
 
-    def _score_alone(
+    def _scored_prompt(
         self, engine: EngineLike, single: list[dict[str, Any]], raw: bool, score: Score
-    ) -> float:
+    ) -> ScoredPrompt:
         if score == "judge":
             single = with_judge_question(single, raw)
         ids, spans = engine.document_spans_of(self, single[0]["content"] if raw else single, raw=raw)
@@ -165,24 +180,22 @@ class InvariantReorder(DocumentReordering):
             self.ranking_layers(int(engine.model.config.num_hidden_layers)) if score == "attention" else []
         )
         key = ("invariant-reorder", score, tuple(layers), tuple(ids))
-        return engine.document_prefixes.value(
-            key, lambda: self._computed_score(engine, ids, spans, layers, score)
-        )
+        return ScoredPrompt(key, score, ids, spans[-1], layers)
 
-    def _computed_score(
-        self, engine: EngineLike, ids: list[int], spans: list[Any], layers: list[int], score: Score
-    ) -> float:
+    def _computed_score(self, engine: EngineLike, one: ScoredPrompt) -> float:
+        """One prompt's score read alone: the attention score, or any score of a model whose cache
+        does not grow plainly (a sliding window), which `read_as_one_tree` leaves."""
         # Every document's prompt starts with the same template (the tokens before `start`): its rows
         # are computed once and each document's run from a copy of them.
-        start, end = spans[-1]
+        ids, (start, end) = one.ids, one.document
         with rescaled(engine.model, None):
-            if score == "attention":
+            if one.score == "attention":
                 cache = engine.document_prefixes.copy_of(ids[:end], shared=start)
-                return float(document_attention(engine.model, cache, ids, spans, layers).mean())
+                return float(document_attention(engine.model, cache, ids, [one.document], one.layers).mean())
             # The cache stops one token short: the document's last row predicts the first token after
             # it. The judgement's prompt has the same rows up to there, so it shares this cache.
             cache = engine.document_prefixes.copy_of(ids[: end - 1], shared=start) if end > 1 else None
-            if score == "judge":
+            if one.score == "judge":
                 return yes_over_no(engine, next_token_logprobs(engine.model, cache, ids, end))
             return log_likelihood_after(engine.model, cache, ids, end)
 
@@ -209,6 +222,50 @@ class InvariantReorder(DocumentReordering):
         where they were."""
         ranked = sorted(range(len(scores)), key=lambda k: (-scores[k], texts[k]))[: self.keep]
         return ranked if self.best == "first" else ranked[::-1]
+
+
+@dataclass(frozen=True)
+class ScoredPrompt:
+    """One document's prompt and what is read off it: `key` names the value kept for it."""
+
+    key: tuple[Any, ...]
+    score: Score
+    ids: list[int]
+    document: tuple[int, int]  # the document's token span
+    layers: list[int]
+
+
+def read_as_one_tree(engine: EngineLike, prompts: list[ScoredPrompt]) -> None:
+    """Score every question or judge prompt not scored yet in one forward of the unmodified model
+    over the tree of their tokens (`rag_mspoe.attention.token_tree`), after the template's rows
+    (computed once, kept), and keep each value as reading it alone would."""
+    todo = [
+        one
+        for one in prompts
+        if not engine.document_prefixes.knows(one.key) and one.document[1] < len(one.ids)
+    ]
+    if not todo:
+        return
+    # The rows up to the first document's start are the template every prompt shares.
+    shared = min(len(os.path.commonprefix([one.ids for one in todo])), *(one.document[0] for one in todo))
+    # The likelihood reads the rows from the document's last token to the question's second to
+    # last; the judgement the last row only.
+    rows = [
+        range(one.document[1] - 1, len(one.ids) - 1) if one.score == "question" else [len(one.ids) - 1]
+        for one in todo
+    ]
+    with rescaled(engine.model, None):
+        start_cache = engine.document_prefixes.copy_of(todo[0].ids[:shared]) if shared else None
+        tree = TokenTree.of([one.ids for one in todo], shared)
+        logits = tree_logits(engine.model, tree, start_cache, rows)
+    for one, read in zip(todo, logits, strict=True):
+        logprobs = torch.log_softmax(read, dim=-1)
+        if one.score == "judge":
+            value = yes_over_no(engine, logprobs[-1])
+        else:
+            targets = torch.tensor(one.ids[one.document[1] :], device=logprobs.device)
+            value = float(logprobs.gather(1, targets[:, None]).sum())
+        engine.document_prefixes.remember(one.key, value)
 
 
 def with_judge_question(single: list[dict[str, Any]], raw: bool) -> list[dict[str, Any]]:

@@ -72,10 +72,19 @@ class DocumentPrefixCache:
         if key in self._values:
             self._values.move_to_end(key)
             return self._values[key]
-        self._values[key] = compute()
+        return self.remember(key, compute())
+
+    def remember(self, key: Hashable, value: float) -> float:
+        """Keep `value` for `key` (computed together with others), as `value` would; returns it."""
+        self._values[key] = value
+        self._values.move_to_end(key)
         if len(self._values) > MAX_VALUES:
             self._values.popitem(last=False)
-        return self._values[key]
+        return value
+
+    def knows(self, key: Hashable) -> bool:
+        """Whether a value is kept for `key` (`value` would compute nothing)."""
+        return key in self._values
 
     def copy_of(self, prefix: Sequence[int], shared: int = 0) -> Any:
         """A fresh copy of the cache after `prefix`, computed by the model as it is now (the caller

@@ -9,7 +9,9 @@ token's time (docs/cpu-inference.md). So a model loaded on the CPU (`load_model`
 step's check) take the float32 products; a bf16 prompt read whole (causal, no mask, no cache
 before it) takes `blocked_causal_attention` (1.5-1.7x the kernel's speed a layer on the Qwen
 models' heads on one machine, 1.16x on the next); every
-other call (padded batches, a read after a cache, float32 models) takes SDPA as before. Masks mean
+other call (padded batches, a read after a cache, float32 models) takes SDPA as before, but a
+masked read of one sequence within `sparse_mask_reads` (a tree of prompts), which takes
+`blocked_masked_attention`. Masks mean
 what they mean to SDPA. A model whose measured default path the blocks moved past the drift bound
 (`EmbeddedModel.prompt_blocks`), and any model loaded unquantised (whose numbers a published sweep
 must reproduce), attends through `steps_only_attention`: its prompts keep the kernel.
@@ -23,7 +25,11 @@ from typing import Any
 import torch
 
 from rag_mspoe.models.grouped_heads import by_key_head
-from rag_mspoe.models.prompt_attention import blocked_causal_attention
+from rag_mspoe.models.prompt_attention import (
+    blocked_causal_attention,
+    blocked_masked_attention,
+    reads_sparse_masks,
+)
 
 NAME = "rag_mspoe_sdpa"
 STEPS_ONLY_NAME = "rag_mspoe_steps"  # decoding steps in float32, every prompt through the kernel
@@ -70,9 +76,13 @@ def step_attention(
         return _sdpa(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     if rows > STEP_TOKENS:
+        scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+        # A tree of prompts (one sequence, a boolean mask): each block of rows over its own keys.
+        tree = attention_mask if reads_sparse_masks() and query.shape[0] == 1 else None
+        if tree is not None and tree.dtype == torch.bool:
+            return blocked_masked_attention(query, key, value, tree, scale), None
         whole_read = attention_mask is None and is_causal and key.shape[2] == rows
         if prompt_blocks and whole_read and query.dtype == torch.bfloat16:
-            scale = query.shape[-1] ** -0.5 if scaling is None else scaling
             return blocked_causal_attention(query, key, value, scale), None
         return _sdpa(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
     if attention_mask is None and is_causal and rows > 1:
@@ -83,6 +93,7 @@ def step_attention(
 
 
 steps_only_attention = partial(step_attention, prompt_blocks=False)
+
 
 _SDPA_ONLY = ("position_bias", "cache", "softcap", "s_aux")
 
