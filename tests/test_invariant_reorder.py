@@ -15,7 +15,7 @@ from eval_run_helpers import tiny_chat_model
 from tiny_models import tiny_model
 
 from rag_mspoe import rescaled
-from rag_mspoe.attention import document_spans
+from rag_mspoe.attention import document_spans, invariant_reorder
 from rag_mspoe.attention.invariant_reorder import JUDGE_NUMBERED, NO, YES, standardised
 from rag_mspoe.attention.reorder import documents_read, moved_slot, prompt_with_documents
 from rag_mspoe.engine import Engine
@@ -220,6 +220,19 @@ def test_a_document_scored_again_runs_no_model_pass(engine, monkeypatch):
     passes.clear()
     InvariantReorder(score="question+judge").scores(engine, _qa((0, 1, 2, 3)))
     assert len(passes) == 2
+
+
+def test_past_the_tree_limit_the_prompts_are_read_in_several_passes_alike(engine, monkeypatch):
+    method = InvariantReorder(score="question+judge")
+    engine.document_prefixes.clear()
+    whole = method.scores(engine, _qa((0, 1, 2, 3)))
+    engine.document_prefixes.clear()
+    monkeypatch.setattr(invariant_reorder, "MAX_TREE_TOKENS", 1)  # every prompt a tree of its own
+    passes = []
+    forward = engine.model.forward
+    monkeypatch.setattr(engine.model, "forward", lambda *a, **k: passes.append(1) or forward(*a, **k))
+    assert method.scores(engine, _qa((0, 1, 2, 3))) == pytest.approx(whole, abs=1e-4)
+    assert len(passes) == 1 + 2 * len(DOCUMENTS)  # the template, then each prompt
 
 
 def test_equal_scores_are_ordered_by_the_documents_text_not_their_place():

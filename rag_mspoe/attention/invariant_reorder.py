@@ -69,6 +69,10 @@ SCORES: tuple[Score, ...] = ("question", "attention", "judge", "question+judge")
 JUDGE_NUMBERED = "Does Document [1] answer the question? Answer yes or no."
 JUDGE_UNNUMBERED = "Does the document above answer the question? Answer yes or no."
 YES, NO = ("Yes", "yes", " Yes", " yes"), ("No", "no", " No", " no")
+# Tokens after the template one pass reads as a tree (counted before the prompts' shared tokens
+# merge): a 20-document ranking's question and judge prompts fit, and more documents take more
+# passes, which bounds the pass's mask and the logits it keeps.
+MAX_TREE_TOKENS = 8192
 
 
 @dataclass
@@ -157,7 +161,8 @@ class InvariantReorder(DocumentReordering):
         kinds: tuple[Score, ...] = ("question", "judge") if self.score == "question+judge" else (self.score,)
         scored = {kind: [self._scored_prompt(engine, one, raw, kind) for one in singles] for kind in kinds}
         if self.score != "attention" and cache_grows_plainly(engine.model):
-            read_as_one_tree(engine, [one for kind in kinds for one in scored[kind]])
+            # A document's question and judge prompts side by side: they share its rows.
+            read_as_one_tree(engine, [one for pair in zip(*scored.values(), strict=True) for one in pair])
         values = {
             kind: [
                 engine.document_prefixes.value(one.key, partial(self._computed_score, engine, one))
@@ -238,7 +243,9 @@ class ScoredPrompt:
 def read_as_one_tree(engine: EngineLike, prompts: list[ScoredPrompt]) -> None:
     """Score every question or judge prompt not scored yet in one forward of the unmodified model
     over the tree of their tokens (`rag_mspoe.attention.token_tree`), after the template's rows
-    (computed once, kept), and keep each value as reading it alone would."""
+    (computed once, kept), and keep each value as reading it alone would. Past `MAX_TREE_TOKENS`
+    the prompts are read in several trees, each a run of them in the order given (put the
+    prompts of one document side by side: they share its rows only within a tree)."""
     todo = [
         one
         for one in prompts
@@ -246,18 +253,26 @@ def read_as_one_tree(engine: EngineLike, prompts: list[ScoredPrompt]) -> None:
     ]
     if not todo:
         return
-    # The rows up to the first document's start are the template every prompt shares.
-    shared = min(len(os.path.commonprefix([one.ids for one in todo])), *(one.document[0] for one in todo))
     # The likelihood reads the rows from the document's last token to the question's second to
     # last; the judgement the last row only.
     rows = [
-        range(one.document[1] - 1, len(one.ids) - 1) if one.score == "question" else [len(one.ids) - 1]
+        range(one.document[1] - 1, len(one.ids) - 1)
+        if one.score == "question"
+        else range(len(one.ids) - 1, len(one.ids))
         for one in todo
     ]
+    # The rows up to the first document's start are the template every prompt shares.
+    shared = min(
+        len(os.path.commonprefix([one.ids for one in todo])),
+        *(one.document[0] for one in todo),
+        *(read.start for read in rows),
+    )
+    logits: list[torch.Tensor] = []
     with rescaled(engine.model, None):
-        start_cache = engine.document_prefixes.copy_of(todo[0].ids[:shared]) if shared else None
-        tree = TokenTree.of([one.ids for one in todo], shared)
-        logits = tree_logits(engine.model, tree, start_cache, rows)
+        for group in _tree_runs([len(one.ids) - shared for one in todo]):
+            start_cache = engine.document_prefixes.copy_of(todo[0].ids[:shared]) if shared else None
+            tree = TokenTree.of([todo[i].ids for i in group], shared)
+            logits += tree_logits(engine.model, tree, start_cache, [rows[i] for i in group])
     for one, read in zip(todo, logits, strict=True):
         logprobs = torch.log_softmax(read, dim=-1)
         if one.score == "judge":
@@ -266,6 +281,18 @@ def read_as_one_tree(engine: EngineLike, prompts: list[ScoredPrompt]) -> None:
             targets = torch.tensor(one.ids[one.document[1] :], device=logprobs.device)
             value = float(logprobs.gather(1, targets[:, None]).sum())
         engine.document_prefixes.remember(one.key, value)
+
+
+def _tree_runs(lengths: list[int]) -> list[range]:
+    """Runs of consecutive prompts whose tokens after the shared start sum to at most
+    `MAX_TREE_TOKENS` (a longer prompt alone)."""
+    runs, first, total = [], 0, 0
+    for index, length in enumerate(lengths):
+        if total and total + length > MAX_TREE_TOKENS:
+            runs.append(range(first, index))
+            first, total = index, 0
+        total += length
+    return [*runs, range(first, len(lengths))]
 
 
 def with_judge_question(single: list[dict[str, Any]], raw: bool) -> list[dict[str, Any]]:

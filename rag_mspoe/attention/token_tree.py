@@ -71,6 +71,10 @@ class TokenTree:
 
     def node(self, prompt: int, position: int) -> int:
         """The node of `prompt`'s token at `position` (counted from the prompt's first token)."""
+        if not self.start <= position < self.start + len(self.paths[prompt]):
+            raise ValueError(
+                f"position {position} is not in the tree (from {self.start} to the prompt's end)"
+            )
         return self.paths[prompt][position - self.start]
 
 
