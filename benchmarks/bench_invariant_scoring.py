@@ -5,6 +5,8 @@ default answering path (`Engine.load`'s quantisation).
 
     python benchmarks/bench_invariant_scoring.py --model qwen2.5-coder-1.5b-instruct --prompts 6
     python benchmarks/bench_invariant_scoring.py --model qwen2.5-coder-0.5b-instruct --prompts 8 --float32
+    python benchmarks/bench_invariant_scoring.py --model qwen2.5-coder-1.5b-instruct --prompts 10 \
+        --data docs/results/nq20-1.5b/validation-20.jsonl.gz --gold 9
 
 Both paths compute the same numbers up to rounding (the rows are read in other groupings in bf16
 or int8), so besides the time it prints how far the scores move and whether the ranking does: how
@@ -35,11 +37,12 @@ def main() -> None:
     add_options(parser, prompts=6, threads=1)
     parser.add_argument("--score", choices=[s for s in SCORES if s != "attention"], default="question+judge")
     parser.add_argument("--float32", action="store_true", help="also score on the model in float32")
+    parser.add_argument("--gold", type=int, default=MIDDLE, help="the gold document's place (from 0)")
     args = parser.parse_args()
     engine = Engine.load(args.model, threads=args.threads)
     exact = {"dtype": "float32", "quantize": "none"}
     reference = Engine.load(args.model, threads=args.threads, **exact) if args.float32 else None
-    prompts = search_prompts(args.data, args.prompts, MIDDLE)
+    prompts = search_prompts(args.data, args.prompts, args.gold)
     method = InvariantReorder(score=args.score)
     paths = {"tree": False, "one by one": True}
     seconds = dict.fromkeys(paths, 0.0)
@@ -59,7 +62,7 @@ def main() -> None:
         tops = {name: _top(s) for name, s in scores.items()}
         same_top += len(set(tops.values())) == 1
         for name, top in tops.items():
-            gold_first[name] += top == MIDDLE
+            gold_first[name] += top == args.gold
         first, second = scores.values()
         moved += [abs(a - b) for a, b in zip(first, second, strict=True)]
         if reference is not None:
@@ -75,6 +78,7 @@ def main() -> None:
         "threads": args.threads,
         "prompts": len(prompts),
         "documents": len(invariant_reorder.document_texts(prompts[0])),
+        "gold": args.gold,
         "seconds_per_prompt": {name: round(s / len(prompts), 2) for name, s in seconds.items()},
         "speed_up": round(seconds["one by one"] / seconds["tree"], 2),
         "same_top_document": same_top,
