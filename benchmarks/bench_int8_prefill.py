@@ -235,17 +235,17 @@ def shape_timings(inputs: int, outputs: int, rows: int) -> dict[str, Any]:
     x = torch.randn(rows, inputs, dtype=torch.bfloat16)
     quantized, row_scale = quantize_rows(x)
     product = torch._int_mm(quantized, codes_t)
-    bf16 = _ms(lambda: torch.nn.functional.linear(x, linear.weight))
-    int8 = _ms(lambda: w8a8(x, codes_t, scales))
+    bf16 = milliseconds(lambda: torch.nn.functional.linear(x, linear.weight))
+    int8 = milliseconds(lambda: w8a8(x, codes_t, scales))
     return {
         "bf16_ms": round(bf16, 2),
         "w8a8_ms": round(int8, 2),
         "w8a8_speedup": round(bf16 / int8, 2),
-        "int_mm_ms": round(_ms(lambda: torch._int_mm(quantized, codes_t)), 2),
-        "quantize_rows_ms": round(_ms(lambda: quantize_rows(x)), 2),
-        "scale_back_bf16_ms": round(_ms(lambda: scale_back(product, row_scale, scales, x.dtype)), 2),
+        "int_mm_ms": round(milliseconds(lambda: torch._int_mm(quantized, codes_t)), 2),
+        "quantize_rows_ms": round(milliseconds(lambda: quantize_rows(x)), 2),
+        "scale_back_bf16_ms": round(milliseconds(lambda: scale_back(product, row_scale, scales, x.dtype)), 2),
         "scale_back_fp32_ms": round(
-            _ms(lambda: (product.float() * row_scale * scales.float()).to(x.dtype)), 2
+            milliseconds(lambda: (product.float() * row_scale * scales.float()).to(x.dtype)), 2
         ),
         "int8_kernel_time_vs_bf16_by_rows": {
             count: round(_kernel_vs_bf16(layer, linear, count), 2) for count in DECODE_ROWS
@@ -257,8 +257,8 @@ def _kernel_vs_bf16(layer: Int8ActivationLinear, linear: nn.Linear, rows: int) -
     """The weight-only int8 kernel's time over the bf16 matmul's, at `rows` rows (decoding)."""
     step = torch.randn(rows, linear.in_features, dtype=torch.bfloat16)
     packed, scales = layer.weight_only.packed, layer.weight_only.scales
-    kernel = _ms(lambda: torch.ops.aten._weight_int8pack_mm(step, packed, scales))
-    return kernel / _ms(lambda: torch.nn.functional.linear(step, linear.weight))
+    kernel = milliseconds(lambda: torch.ops.aten._weight_int8pack_mm(step, packed, scales))
+    return kernel / milliseconds(lambda: torch.nn.functional.linear(step, linear.weight))
 
 
 def shipped(model: Any, name: str, scheme: str) -> Any:
@@ -429,7 +429,8 @@ def _mean_outlier_columns(model: Any) -> float | None:
     return round(statistics.fmean(counts), 1) if counts else None
 
 
-def _ms(call: Callable[[], Any], repeats: int = 5) -> float:
+def milliseconds(call: Callable[[], Any], repeats: int = 5) -> float:
+    """Mean milliseconds a call takes over `repeats` calls, after one to warm up."""
     call()
     started = time.perf_counter()
     for _ in range(repeats):

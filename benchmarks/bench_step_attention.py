@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from bench_cpu_inference import prompt_ids
-from bench_int8_prefill import _ms, _prompts
+from bench_int8_prefill import _prompts, milliseconds
 
 from rag_mspoe.models.prompt_attention import blocked_causal_attention
 from rag_mspoe.models.step_attention import NAME, float32_attention, use_step_attention
@@ -96,8 +96,10 @@ def kernel_ms(heads: int, kv_heads: int, width: int, rows: int, dtype: torch.dty
     query = torch.randn(1, heads, rows, width, generator=generator).to(dtype)
     key, value = (torch.randn(1, kv_heads, KEYS, width, generator=generator).to(dtype) for _ in range(2))
     mask = None if rows == 1 else torch.ones(rows, KEYS, dtype=torch.bool).tril(KEYS - rows)[None, None]
-    sdpa = _ms(lambda: F.scaled_dot_product_attention(query, key, value, attn_mask=mask, enable_gqa=True), 20)
-    ours = _ms(lambda: float32_attention(query, key, value, mask, None), 20)
+    sdpa = milliseconds(
+        lambda: F.scaled_dot_product_attention(query, key, value, attn_mask=mask, enable_gqa=True), 20
+    )
+    ours = milliseconds(lambda: float32_attention(query, key, value, mask, None), 20)
     return {"sdpa": round(sdpa, 3), "float32": round(ours, 3), "speedup": round(sdpa / ours, 2)}
 
 
@@ -106,8 +108,10 @@ def prompt_ms(heads: int, kv_heads: int, width: int, dtype: torch.dtype) -> dict
     generator = torch.Generator().manual_seed(KEYS)
     query = torch.randn(1, heads, KEYS, width, generator=generator).to(dtype)
     key, value = (torch.randn(1, kv_heads, KEYS, width, generator=generator).to(dtype) for _ in range(2))
-    sdpa = _ms(lambda: F.scaled_dot_product_attention(query, key, value, is_causal=True, enable_gqa=True), 5)
-    ours = _ms(lambda: blocked_causal_attention(query, key, value, width**-0.5), 5)
+    sdpa = milliseconds(
+        lambda: F.scaled_dot_product_attention(query, key, value, is_causal=True, enable_gqa=True), 5
+    )
+    ours = milliseconds(lambda: blocked_causal_attention(query, key, value, width**-0.5), 5)
     return {"sdpa": round(sdpa, 2), "blocks": round(ours, 2), "speedup": round(sdpa / ours, 2)}
 
 

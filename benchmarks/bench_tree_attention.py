@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
-from collections.abc import Callable
 
 import torch
+from bench_int8_prefill import milliseconds
 
 from rag_mspoe.attention.token_tree import TokenTree
 from rag_mspoe.models.prompt_attention import blocked_masked_attention
@@ -49,14 +48,14 @@ def main() -> None:
     key, value = (torch.randn(1, KV_HEADS, keys, WIDTH, generator=generator).bfloat16() for _ in range(2))
     group = HEADS // KV_HEADS
     every_key, every_value = key.repeat_interleave(group, 1), value.repeat_interleave(group, 1)
-    kernel = _milliseconds(
+    kernel = milliseconds(
         lambda: torch.nn.functional.scaled_dot_product_attention(
             query, every_key, every_value, attn_mask=mask
         ),
         args.repeats,
     )
     scale = WIDTH**-0.5
-    blocks = _milliseconds(lambda: blocked_masked_attention(query, key, value, mask, scale), args.repeats)
+    blocks = milliseconds(lambda: blocked_masked_attention(query, key, value, mask, scale), args.repeats)
     print(
         json.dumps(
             {
@@ -67,14 +66,6 @@ def main() -> None:
             }
         )
     )
-
-
-def _milliseconds(call: Callable[[], object], repeats: int) -> float:
-    call()  # warm
-    started = time.perf_counter()
-    for _ in range(repeats):
-        call()
-    return (time.perf_counter() - started) / repeats * 1000
 
 
 if __name__ == "__main__":

@@ -8,11 +8,10 @@ token's time (docs/cpu-inference.md). So a model loaded on the CPU (`load_model`
 `step_attention`: calls of up to `STEP_TOKENS` query rows per sequence (a decoding step, a drafted
 step's check) take the float32 products; a bf16 prompt read whole (causal, no mask, no cache
 before it) takes `blocked_causal_attention` (1.5-1.7x the kernel's speed a layer on the Qwen
-models' heads on one machine, 1.16x on the next); every
-other call (padded batches, a read after a cache, float32 models) takes SDPA as before, but a
-masked read of one sequence within `sparse_mask_reads` (a tree of prompts), which takes
-`blocked_masked_attention`. Masks mean
-what they mean to SDPA. A model whose measured default path the blocks moved past the drift bound
+models' heads on one machine, 1.16x on the next); a masked read of one sequence within
+`sparse_mask_reads` (a tree of prompts) takes `blocked_masked_attention`; every other call
+(padded batches, a read after a cache, float32 models) takes SDPA as before. Masks mean what they
+mean to SDPA. A model whose measured default path the blocks moved past the drift bound
 (`EmbeddedModel.prompt_blocks`), and any model loaded unquantised (whose numbers a published sweep
 must reproduce), attends through `steps_only_attention`: its prompts keep the kernel.
 """
