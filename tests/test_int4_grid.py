@@ -34,7 +34,7 @@ def on_grid(rows: int, inputs: int, seed: int = 0, dyadic: bool = True) -> torch
     return (codes * scale - low).view(rows, inputs)
 
 
-@pytest.mark.parametrize("out_features", [96, 48])  # 48: padded to the kernel's blocks of 64 channels
+@pytest.mark.parametrize("out_features", [128, 96, 48])  # 96, 48: padded to blocks of 64 channels
 def test_a_weight_on_a_4_bit_grid_round_trips_bit_exactly_in_fp32(out_features):
     weight = on_grid(out_features, 64)
     linear = nn.Linear(64, out_features)

@@ -15,7 +15,7 @@ from torch import nn
 from rag_mspoe import load_model
 from rag_mspoe.engine import Engine
 from rag_mspoe.models.quantization import quantization_census, quantization_of, quantize_model
-from rag_mspoe.models.weight_only import KERNEL_ROWS, WeightOnlyLinear
+from rag_mspoe.models.weight_only import KERNEL_ROWS, WeightOnlyLinear, int8_per_channel
 from rag_mspoe.prompts.qa_prompt import render_qa_prompt
 
 DOCUMENTS = [
@@ -49,6 +49,22 @@ def test_kernel_and_dequantised_paths_compute_the_dequantised_weights_product(bi
     reference = x.float() @ bf16.dequantized(torch.float32).T + bf16.bias.float()
     assert bf16(x).dtype == torch.bfloat16
     torch.testing.assert_close(bf16(x).float(), reference, atol=0.03, rtol=0.02)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_codes_put_each_rows_largest_weight_at_127_and_the_rest_within_half_a_step(dtype):
+    torch.manual_seed(0)
+    weight = (torch.randn(5000, 48) * torch.logspace(-3, 1, 5000)[:, None]).to(dtype)  # two chunks
+    weight[7] = 0  # an all-zero row keeps a tiny positive scale and zero codes
+    kept = weight.clone()
+    codes, scales = int8_per_channel(weight)
+    assert torch.equal(weight, kept)  # quantising leaves the weight as it was
+    assert codes.dtype == torch.int8 and scales.dtype == dtype and scales.shape == (5000,)
+    assert (scales > 0).all() and not codes[7].any()
+    largest = codes.abs().amax(1)
+    assert (largest[torch.arange(5000) != 7] == 127).all()
+    restored = codes.float() * scales.float()[:, None]
+    assert ((restored - weight.float()).abs() <= scales.float()[:, None] / 2 * 1.0001).all()
 
 
 def dequantised_copy(model, quantized):

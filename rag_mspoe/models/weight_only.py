@@ -138,8 +138,10 @@ def int8_per_channel(
 
 
 def _int8_rows(weight: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    scales = (weight.float().abs().amax(1) / 127).clamp(min=torch.finfo(torch.float32).tiny).to(dtype)
-    codes = torch.round(weight.float() / scales.float()[:, None]).clamp(-128, 127).to(torch.int8)
+    # One float32 copy, divided in place (a copy even of a float32 weight: the layer keeps it).
+    values = weight.to(torch.float32, copy=True)
+    scales = (values.abs().amax(1) / 127).clamp(min=torch.finfo(torch.float32).tiny).to(dtype)
+    codes = values.div_(scales.float()[:, None]).round_().clamp_(-128, 127).to(torch.int8)
     return codes, scales
 
 
@@ -154,10 +156,11 @@ def _int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Te
 def _int4_from_grid(grid: Int4Grid, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's packed codes and scales for codes already on a grid (`rag_mspoe.models.int4_grid`)."""
     pad = -grid.codes.shape[0] % _INT4_BLOCK
-    codes = functional.pad(grid.codes, (0, 0, 0, pad))
+    # Padding copies the whole int32 grid even by no rows, which once took a sixth of the load.
+    codes = functional.pad(grid.codes, (0, 0, 0, pad)) if pad else grid.codes
     packed = torch.cat([_pack_int4(rows) for rows in codes.split(_CHUNK_ROWS)])
-    scales = functional.pad(torch.stack([grid.scale, grid.zero], -1), (0, 0, 0, pad))
-    return packed, scales.to(dtype)
+    scales = torch.stack([grid.scale, grid.zero], -1)
+    return packed, (functional.pad(scales, (0, 0, 0, pad)) if pad else scales).to(dtype)
 
 
 def _pack_int4(codes: torch.Tensor) -> torch.Tensor:
