@@ -110,3 +110,30 @@ def test_a_ranking_by_lower_layers_stops_there_and_answers_as_one_full_pass(engi
     assert cut == full
     if min_margin:  # the order stays: the upper layers read the prompt once, then the answer's tokens
         assert sum(rows) == len(engine.document_spans_of(lower, prompt)[0]) + 7
+
+
+@pytest.fixture(scope="module")
+def qwen_default_engine():
+    try:
+        return Engine.load("qwen2.5-coder-0.5b-instruct", threads=1)  # its answering default
+    except (RuntimeError, ValueError, OSError) as exc:
+        pytest.skip(f"the embedded Qwen2.5-Coder-0.5B is not installed: {exc}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("question", [0, 3])  # the 4th one's answer moved when the rest took SDPA
+def test_on_the_quantised_default_path_a_kept_start_answers_as_the_whole_read(qwen_default_engine, question):
+    from pathlib import Path
+
+    from rag_mspoe.eval.data.loaders import load_qa
+    from rag_mspoe.eval.data.prompts import qa_prompt
+
+    data = Path(__file__).parents[1] / "docs" / "results" / "nq10-split" / "search-10.jsonl.gz"
+    prompt = qa_prompt(with_gold_at(load_qa(data)[question], 0))
+    engine = qwen_default_engine
+    whole, _ = answer(engine, prompt, shared=False, method="none")
+    read_again, full_tokens = answer(engine, prompt, shared=False, method=KEEPS_ORDER)
+    kept, kept_tokens = answer(engine, prompt, shared=True, method=KEEPS_ORDER)
+    assert kept.text == read_again.text == whole.text
+    _, spans = engine.document_spans_of(KEEPS_ORDER, prompt)
+    assert full_tokens - kept_tokens >= spans[-1][1] - 1  # the kept start's documents were not read again

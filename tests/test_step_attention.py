@@ -136,6 +136,34 @@ def test_a_bf16_model_reads_prompts_in_blocks_as_exactly_as_through_sdpa(arch, b
     torch.testing.assert_close(batch, stock_batch, atol=0, rtol=0)
 
 
+def _pieces_against_whole(model) -> float:
+    """The largest change of the last 30 rows' logits when `model` reads them after a kept start
+    instead of in one whole read."""
+    from transformers.cache_utils import DynamicCache
+
+    ids = prompt_ids(BLOCK_ROWS + 50)
+    start, rest = ids[:, : BLOCK_ROWS + 20], ids[:, BLOCK_ROWS + 20 :]
+    with torch.inference_mode():
+        whole = model(ids).logits[:, -rest.shape[1] :].float()
+        cache = DynamicCache(config=model.config)
+        model(start, past_key_values=cache)
+        pieces = model(rest, past_key_values=cache).logits.float()
+    return float((pieces - whole).abs().max())
+
+
+@pytest.mark.parametrize("arch", ARCH_NAMES)
+def test_the_rest_of_a_bf16_prompt_after_a_kept_start_reads_as_the_whole_read_does(arch, monkeypatch):
+    ours = tiny_model(arch).bfloat16()
+    use_step_attention(ours)
+    blocks = _pieces_against_whole(ours)
+    monkeypatch.setattr(step_attention, "_plainly_causal_after_start", lambda *args: False)
+    kernel = _pieces_against_whole(ours)  # the rest through SDPA, as before
+    assert blocks <= kernel
+    if not getattr(ours.config, "sliding_window", None):  # windowed layers take SDPA both ways
+        assert blocks == 0  # row for row what the whole read computed
+        assert kernel > 0
+
+
 def test_a_model_without_prompt_blocks_reads_prompts_through_the_kernel(block_calls):
     stock = tiny_model("qwen2").bfloat16()
     ours = copy.deepcopy(stock)

@@ -8,9 +8,10 @@ token's time (docs/cpu-inference.md). So a model loaded on the CPU (`load_model`
 `step_attention`: calls of up to `STEP_TOKENS` query rows per sequence (a decoding step, a drafted
 step's check) take the float32 products; a bf16 prompt read whole (causal, no mask, no cache
 before it) takes `blocked_causal_attention` (1.5-1.7x the kernel's speed a layer on the Qwen
-models' heads on one machine, 1.16x on the next); a masked read of one sequence within
-`sparse_mask_reads` (a tree of prompts) takes `blocked_masked_attention`; every other call
-(padded batches, a read after a cache, float32 models) takes SDPA as before. Masks mean what they
+models' heads on one machine, 1.16x on the next), and the rest of a bf16 prompt of one sequence
+read after a kept start takes the same blocks through `blocked_masked_attention`, so its rows are
+those of a whole read; so does a masked read of one sequence within `sparse_mask_reads` (a tree
+of prompts); every other call (padded batches, float32 models) takes SDPA as before. Masks mean what they
 mean to SDPA. A model whose measured default path the blocks moved past the drift bound
 (`EmbeddedModel.prompt_blocks`), and any model loaded unquantised (whose numbers a published sweep
 must reproduce), attends through `steps_only_attention`: its prompts keep the kernel.
@@ -83,6 +84,12 @@ def step_attention(
         whole_read = attention_mask is None and is_causal and key.shape[2] == rows
         if prompt_blocks and whole_read and query.dtype == torch.bfloat16:
             return blocked_causal_attention(query, key, value, scale), None
+        # The rest of one prompt read after a kept start: the same blocks, so its rows are a whole
+        # read's and an answer from a kept start is the whole read's.
+        one_bf16_prompt = prompt_blocks and query.shape[0] == 1 and query.dtype == torch.bfloat16
+        mask = attention_mask if one_bf16_prompt else None
+        if mask is not None and _plainly_causal_after_start(mask, rows, key.shape[2]):
+            return blocked_masked_attention(query, key, value, mask, scale), None
         return _sdpa(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
     if attention_mask is None and is_causal and rows > 1:
         # As SDPA's is_causal: row i reads the first i + 1 keys (a prompt read whole).
@@ -92,6 +99,15 @@ def step_attention(
 
 
 steps_only_attention = partial(step_attention, prompt_blocks=False)
+
+
+def _plainly_causal_after_start(mask: torch.Tensor, rows: int, keys: int) -> bool:
+    """Whether `mask` lets each of `rows` rows read every key up to its own after `keys - rows` kept
+    ones, and nothing else (no window, no padding: what a whole read's blocks compute)."""
+    if mask.dtype != torch.bool or keys <= rows or mask.shape[-2:] != (rows, keys):
+        return False
+    causal = torch.ones(rows, keys, dtype=torch.bool, device=mask.device).tril(keys - rows)
+    return bool(torch.equal(mask.reshape(-1, rows, keys)[0], causal)) and mask.numel() == rows * keys
 
 
 _SDPA_ONLY = ("position_bias", "cache", "softcap", "s_aux")
