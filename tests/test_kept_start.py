@@ -3,6 +3,7 @@ only the question is read again, and the answer is the one a full prefill gives.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,10 +12,13 @@ from forward_counts import counted_forwards
 
 from rag_mspoe.attention.reorder import CalibratedReorder
 from rag_mspoe.engine import Engine
+from rag_mspoe.eval.data.loaders import load_qa
+from rag_mspoe.eval.data.prompts import qa_prompt
 from rag_mspoe.eval.data.records import with_gold_at
 from rag_mspoe.eval.data.synthetic import generate_invented_qa
 from rag_mspoe.eval.sweep.batch_scorer import prompt_of
 
+SEARCH_QUESTIONS = Path(__file__).parents[1] / "docs" / "results" / "nq10-split" / "search-10.jsonl.gz"
 # A margin no ranking reaches: the order always stays. Strength 0 needs no bias estimate.
 KEEPS_ORDER = CalibratedReorder(strength=0.0, min_margin=2.0)
 
@@ -123,13 +127,7 @@ def qwen_default_engine():
 @pytest.mark.slow
 @pytest.mark.parametrize("question", [0, 3])  # the 4th one's answer moved when the rest took SDPA
 def test_on_the_quantised_default_path_a_kept_start_answers_as_the_whole_read(qwen_default_engine, question):
-    from pathlib import Path
-
-    from rag_mspoe.eval.data.loaders import load_qa
-    from rag_mspoe.eval.data.prompts import qa_prompt
-
-    data = Path(__file__).parents[1] / "docs" / "results" / "nq10-split" / "search-10.jsonl.gz"
-    prompt = qa_prompt(with_gold_at(load_qa(data)[question], 0))
+    prompt = qa_prompt(with_gold_at(load_qa(SEARCH_QUESTIONS)[question], 0))
     engine = qwen_default_engine
     whole, _ = answer(engine, prompt, shared=False, method="none")
     read_again, full_tokens = answer(engine, prompt, shared=False, method=KEEPS_ORDER)

@@ -11,8 +11,8 @@ before it) takes `blocked_causal_attention` (1.5-1.7x the kernel's speed a layer
 models' heads on one machine, 1.16x on the next), and the rest of a bf16 prompt of one sequence
 read after a kept start takes the same blocks through `blocked_masked_attention`, so its rows are
 those of a whole read; so does a masked read of one sequence within `sparse_mask_reads` (a tree
-of prompts); every other call (padded batches, float32 models) takes SDPA as before. Masks mean what they
-mean to SDPA. A model whose measured default path the blocks moved past the drift bound
+of prompts); every other call (padded batches, float32 models) takes SDPA as before. Masks mean
+what they mean to SDPA. A model whose measured default path the blocks moved past the drift bound
 (`EmbeddedModel.prompt_blocks`), and any model loaded unquantised (whose numbers a published sweep
 must reproduce), attends through `steps_only_attention`: its prompts keep the kernel.
 """
@@ -104,10 +104,10 @@ steps_only_attention = partial(step_attention, prompt_blocks=False)
 def _plainly_causal_after_start(mask: torch.Tensor, rows: int, keys: int) -> bool:
     """Whether `mask` lets each of `rows` rows read every key up to its own after `keys - rows` kept
     ones, and nothing else (no window, no padding: what a whole read's blocks compute)."""
-    if mask.dtype != torch.bool or keys <= rows or mask.shape[-2:] != (rows, keys):
+    if mask.dtype != torch.bool or keys <= rows or mask.numel() != rows * keys:
         return False
     causal = torch.ones(rows, keys, dtype=torch.bool, device=mask.device).tril(keys - rows)
-    return bool(torch.equal(mask.reshape(-1, rows, keys)[0], causal)) and mask.numel() == rows * keys
+    return torch.equal(mask.reshape(rows, keys), causal)
 
 
 _SDPA_ONLY = ("position_bias", "cache", "softcap", "s_aux")
