@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,16 @@ def test_index_reports_what_it_indexed_and_skipped(built, capsys):
     assert "5 documents were already indexed" in out
     assert "skipped" in out and "latin1.txt: not valid UTF-8" in out
     assert ChunkIndex.load(built / "index").settings.chunk_size == 120
+
+
+def test_index_draws_its_bars_on_a_terminal_unless_told_not_to(tmp_path, capsys, monkeypatch):
+    docs = write_corpus(tmp_path / "docs")
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # tqdm draws only on a terminal
+    assert main(["index", str(docs), "--index", str(tmp_path / "shown")]) == 0
+    assert "Embedding" in capsys.readouterr().err
+    assert main(["index", str(docs), "--index", str(tmp_path / "hidden"), "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert "Embedding" not in captured.err and "Indexed 5 documents" in captured.out
 
 
 def test_search_prints_ranked_chunks_with_sources(built, capsys):

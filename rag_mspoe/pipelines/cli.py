@@ -72,6 +72,9 @@ def _register_index(subparsers: Any) -> None:
         action="store_true",
         help="also index files that links inside a folder point to outside it (skipped by default)",
     )
+    parser.add_argument(
+        "--no-progress", action="store_true", help="hide the progress bars (shown on a terminal by default)"
+    )
     parser.set_defaults(func=_index)
 
 
@@ -152,6 +155,7 @@ def _index(args: argparse.Namespace) -> int:
         text_field=args.text_field,
         batch_size=args.batch_size,
         follow_outside_links=args.follow_links,
+        progress=False if args.no_progress else None,
     )
     print(report.summary())
     for skipped in report.skipped:
