@@ -14,8 +14,11 @@ method's ranking runs once before the timing (its positional-bias estimate is ma
 and kept).
 
     python benchmarks/bench_answer.py --quick        # 4 prompts; the full run takes 12
+    python benchmarks/bench_answer.py --model qwen2.5-coder-1.5b-instruct --prompts 3 --new-tokens 32 \
+        --data docs/results/nq20-1.5b/validation-20.jsonl.gz
 
-Real 10-document NQ-open prompts (the search half: nothing validated is read), greedy answers of
+Real 10-document NQ-open prompts (the search half: nothing validated is read; `--data` takes
+another build-qa file, such as the 1.5B's 20-document prompts, where its method ships), greedy answers of
 `--new-tokens` tokens (32, as NQ needs) and of 128, with the gold passage in the middle (where the
 method moves it first) and first (where a retriever mostly ranks it, and the order stays: the
 answer then starts from the rows the ranking pass read). The paths take turns prompt by prompt in
@@ -38,7 +41,7 @@ from typing import Any
 from bench_cpu_inference import DATA
 from bench_llama_cpp import joined_gguf
 
-GOLD_SLOTS = {"middle": 4, "first": 0}  # the gold passage fifth of ten, or first
+GOLD_SLOTS = ("middle", "first")  # the gold passage in the middle (fifth of ten), or first
 
 
 def main() -> None:
@@ -49,6 +52,12 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=12)
     parser.add_argument("--quick", action="store_true", help="4 prompts")
     parser.add_argument("--new-tokens", type=int, nargs="+", default=[32, 128])
+    parser.add_argument(
+        "--data",
+        default=str(DATA),
+        help="prompts (a build-qa file; default: the 10-document search half), e.g. "
+        "docs/results/nq20-1.5b/validation-20.jsonl.gz for the 1.5B's method where it ships",
+    )
     parser.add_argument(
         "--candidate",
         metavar="SPEC",
@@ -77,7 +86,7 @@ def main() -> None:
     reference = "bf16" if bf16.model.dtype == torch.bfloat16 else str(bf16.model.dtype).removeprefix("torch.")
     default_lookup = engine.prompt_lookup_tokens
     count = 4 if args.quick else args.prompts
-    examples = load_qa(DATA)[:count]
+    examples = load_qa(args.data)[:count]
     paths = {
         reference: (bf16, 0, "none"),
         "default": (engine, default_lookup, "none"),
@@ -93,6 +102,7 @@ def main() -> None:
     result: dict[str, Any] = {
         "model": args.model,
         "prompts": count,
+        "documents": len(examples[0].documents),
         "threads": 1,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
     }
@@ -100,7 +110,10 @@ def main() -> None:
         result["candidate"] = args.candidate
     if args.quantize:
         result["quantize"] = args.quantize
-    prompts = {gold: [qa_prompt(with_gold_at(e, at)) for e in examples] for gold, at in GOLD_SLOTS.items()}
+    prompts = {
+        gold: [qa_prompt(with_gold_at(e, _gold_slot(gold, len(e.documents)))) for e in examples]
+        for gold in GOLD_SLOTS
+    }
     engine.rewritten([prompts["middle"][0]], method="calibrated")  # the bias estimate, untimed
     for tokens in args.new_tokens:
         for gold in GOLD_SLOTS:
@@ -115,6 +128,11 @@ def main() -> None:
     result["drift_max_nats_per_token"] = _drift_max(bf16, engine, prompts["middle"], answers)
     result["load_average"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(result))
+
+
+def _gold_slot(gold: str, documents: int) -> int:
+    """The gold passage's index: first, or the middle's (4 of 10, 9 of 20)."""
+    return 0 if gold == "first" else documents // 2 - 1
 
 
 def _timed_paths(

@@ -102,6 +102,18 @@ def test_each_shipped_config_is_for_an_embedded_model_and_has_its_validation_rec
         assert summaries, f"no docs/results/*/README.md names the validation of calibrated/{path.name}"
 
 
+def test_commands_default_to_the_method_shipped_for_the_model_or_none(shipped):
+    assert calibrated_configs.default_method("tiny-cal") == "none"
+    CONFIG.save(shipped / "tiny-cal.json", base_model="tiny-cal")
+    assert calibrated_configs.default_method("tiny-cal") == "calibrated"
+    assert calibrated_configs.default_method("org/tiny-cal") == "none"  # a hub id is never a shipped name
+
+
+def test_the_packages_own_defaults_are_the_shipped_methods():
+    assert calibrated_configs.default_method("qwen2.5-coder-0.5b-instruct") == "calibrated"
+    assert calibrated_configs.default_method("smollm2-135m-instruct") == "none"
+
+
 def test_server_offers_calibrated_only_where_a_config_ships(shipped):
     pytest.importorskip("fastapi")
     from rag_mspoe.connectors.server import ModelRoutes

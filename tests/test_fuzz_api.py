@@ -41,7 +41,17 @@ def check_answer(status: int, content_type: str, text: str) -> None:
 def server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("fuzzed-server")
     model = save_tiny_chat_model(folder / "model", max_position_embeddings=4096)
-    options = ["--model", str(model), "--threads", "1", "--max-tokens-limit", str(MAX_TOKENS)]
+    # Ms-PoE as the default route: requests naming only the model run a rescaled model.
+    options = [
+        "--model",
+        str(model),
+        "--method",
+        "mspoe",
+        "--threads",
+        "1",
+        "--max-tokens-limit",
+        str(MAX_TOKENS),
+    ]
     with serve_process(folder / "server.log", *options) as url:
         yield url, folder / "server.log"
 

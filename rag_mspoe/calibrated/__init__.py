@@ -39,6 +39,13 @@ def shipped_models() -> list[str]:
     return sorted({path.stem for folder in SEARCH_PATH for path in folder.glob("*.json")})
 
 
+def default_method(model_name: str) -> str:
+    """The method `ask` and `serve` apply when told none: "calibrated" where a config ships for the
+    model (it won on questions it was not chosen on), else "none". Ms-PoE at its published ratios
+    made the Qwen models' answers worse at every position, so no rescaling is on unasked."""
+    return "calibrated" if calibrated_config_path(model_name) is not None else "none"
+
+
 def calibrated_method(model_name: str) -> MethodConfig:
     """The calibrated config for the model `model_name`; NoCalibratedMethodError when none ships."""
     path = calibrated_config_path(model_name)

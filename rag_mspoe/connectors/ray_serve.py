@@ -37,7 +37,7 @@ class ReplicaSettings:
     """What every replica loads and serves: `Engine.load`'s arguments and `create_app`'s options."""
 
     model: str | None = None
-    method: str = "mspoe"
+    method: str | None = None  # None: `default_method` of the model (its shipped method, or none)
     engine: dict[str, Any] = field(default_factory=dict)  # device, dtype, threads, quantize, compile
     app: dict[str, Any] = field(default_factory=dict)  # create_app's keyword arguments
 
@@ -91,13 +91,16 @@ class ModelReplica:
     """One replica: the engine loaded once, the server's app around it, a heartbeat to the board."""
 
     def __init__(self, settings: ReplicaSettings) -> None:
+        from rag_mspoe.calibrated import default_method
         from rag_mspoe.connectors.server import create_app
         from rag_mspoe.engine import Engine
         from rag_mspoe.methods import method_name
+        from rag_mspoe.models.loading import source_name
 
         context = serve.get_replica_context()
         self.replica = context.replica_id.unique_id
-        engine = Engine.load(settings.model, method=settings.method, **settings.engine)
+        method = settings.method or default_method(source_name(settings.model))
+        engine = Engine.load(settings.model, method=method, **settings.engine)
         self.board = ReplicaBoard.options(  # type: ignore[attr-defined]
             name=board_name(context.app_name, context.deployment),
             namespace=NAMESPACE,

@@ -8,6 +8,7 @@ import json
 import os
 from typing import Any
 
+from rag_mspoe.calibrated import default_method
 from rag_mspoe.methods import UNMODIFIED_NAMES, MethodConfig, method_name, parse_method
 from rag_mspoe.models.command_options import add_engine_options, engine_options
 from rag_mspoe.models.loading import source_name
@@ -36,9 +37,9 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--method",
-        default="mspoe",
+        default=None,
         help="default method: none, pi, pi:2, mspoe, layerwise+pi, ..., calibrated (the config shipped "
-        "for the model) or a config path",
+        "for the model) or a config path (default: calibrated where one ships for the model, else none)",
     )
     parser.add_argument(
         "--method-config",
@@ -193,6 +194,7 @@ def allowed_hosts(host: str, extra: list[str]) -> list[str]:
 def _serve(args: argparse.Namespace) -> int:
     api_key = args.api_key or None  # an empty key (an unset variable's value) is no key
     check_exposure(args.host, api_key, args.allow_unauthenticated)
+    args.method = args.method or default_method(source_name(args.model))
     parse_method(args.method, source_name(args.model))  # a bad default method fails before the model loads
     try:
         import uvicorn

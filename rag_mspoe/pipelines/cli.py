@@ -97,9 +97,9 @@ def _register_ask(subparsers: Any) -> None:
     add_engine_options(parser)
     parser.add_argument(
         "--method",
-        default="mspoe",
+        default=None,
         help="none, pi, pi:2, mspoe, layerwise, layerwise+pi, calibrated (the config shipped for the "
-        "model) or a config path",
+        "model) or a config path (default: calibrated where one ships for the model, else none)",
     )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument(
@@ -182,14 +182,16 @@ def _search(args: argparse.Namespace) -> int:
 
 def _ask(args: argparse.Namespace) -> int:
     from rag_mspoe import parse_method
+    from rag_mspoe.calibrated import default_method
     from rag_mspoe.engine import Engine
     from rag_mspoe.models.loading import source_name
     from rag_mspoe.pipelines.answer import answer_question
     from rag_mspoe.pipelines.retrieval import Retriever
 
+    method = args.method or default_method(source_name(args.model))
     # Fail on a bad method name (or no calibrated config for the model) or a device this machine
     # lacks before loading anything heavy.
-    parse_method(args.method, source_name(args.model))
+    parse_method(method, source_name(args.model))
     load_options = engine_options(args)
     retriever = Retriever.load(args.index, embedding_model=args.embedding_model, first_stage=args.first_stage)
     engine = Engine.load(args.model, **load_options)
@@ -201,7 +203,7 @@ def _ask(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         reorder=args.reorder,
         cite=not args.no_cite,
-        method=args.method,
+        method=method,
     )
     if args.json:
         print(json.dumps(_answer_record(answer), indent=1, ensure_ascii=False))
