@@ -3,6 +3,8 @@ none ships. Configs are written to a temporary folder put on the search path."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from tiny_models import prompt_ids, tiny_model, tiny_tokenizer
@@ -109,8 +111,32 @@ def test_commands_default_to_the_method_shipped_for_the_model_or_none(shipped):
     assert calibrated_configs.default_method("org/tiny-cal") == "none"  # a hub id is never a shipped name
 
 
+def test_the_default_applies_the_shipped_method_only_at_the_document_counts_it_won_at(shipped):
+    path = CONFIG.save(shipped / "tiny-cal.json", base_model="tiny-cal")
+    path.write_text(json.dumps({**json.loads(path.read_text()), "validated_documents": [20]}))
+    assert calibrated_configs.default_method("tiny-cal", documents=20) == "calibrated"
+    assert calibrated_configs.default_method("tiny-cal", documents=5) == "none"
+    assert calibrated_configs.default_method("tiny-cal") == "calibrated"  # a server: counts vary, it warns
+
+
+def test_ask_says_when_it_answers_without_the_shipped_method(shipped, tmp_path, capsys):
+    path = CONFIG.save(shipped / "tiny-cal.json", base_model="tiny-cal")
+    path.write_text(json.dumps({**json.loads(path.read_text()), "validated_documents": [20]}))
+    folder = tmp_path / "tiny-cal"
+    tiny_model("qwen2").save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    argv = ["ask", "anything", "--index", str(tmp_path / "none"), "--model", str(folder)]
+    # The index is missing, so the command stops after choosing the method.
+    assert main([*argv, "-k", "5"]) == 1
+    assert "not validated at 5 documents; answering without it" in capsys.readouterr().err
+    assert main([*argv, "-k", "20"]) == 1
+    assert "not validated" not in capsys.readouterr().err
+
+
 def test_the_packages_own_defaults_are_the_shipped_methods():
-    assert calibrated_configs.default_method("qwen2.5-coder-0.5b-instruct") == "calibrated"
+    assert calibrated_configs.default_method("qwen2.5-coder-0.5b-instruct", documents=5) == "calibrated"
+    assert calibrated_configs.default_method("qwen2.5-coder-1.5b-instruct", documents=20) == "calibrated"
+    assert calibrated_configs.default_method("qwen2.5-coder-1.5b-instruct", documents=5) == "none"
     assert calibrated_configs.default_method("smollm2-135m-instruct") == "none"
 
 

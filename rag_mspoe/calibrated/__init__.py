@@ -39,11 +39,15 @@ def shipped_models() -> list[str]:
     return sorted({path.stem for folder in SEARCH_PATH for path in folder.glob("*.json")})
 
 
-def default_method(model_name: str) -> str:
+def default_method(model_name: str, documents: int | None = None) -> str:
     """The method `ask` and `serve` apply when told none: "calibrated" where a config ships for the
-    model (it won on questions it was not chosen on), else "none". Ms-PoE at its published ratios
-    made the Qwen models' answers worse at every position, so no rescaling is on unasked."""
-    return "calibrated" if calibrated_config_path(model_name) is not None else "none"
+    model (it won on questions it was not chosen on) and, when the prompts' document count is known,
+    was validated at that count; else "none". Ms-PoE at its published ratios made the Qwen models'
+    answers worse at every position, so no rescaling is on unasked."""
+    if calibrated_config_path(model_name) is None:
+        return "none"
+    counts = calibrated_method(model_name).validated_documents
+    return "calibrated" if documents is None or counts is None or documents in counts else "none"
 
 
 def calibrated_method(model_name: str) -> MethodConfig:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -99,7 +100,8 @@ def _register_ask(subparsers: Any) -> None:
         "--method",
         default=None,
         help="none, pi, pi:2, mspoe, layerwise, layerwise+pi, calibrated (the config shipped for the "
-        "model) or a config path (default: calibrated where one ships for the model, else none)",
+        "model) or a config path (default: calibrated where one ships for the model and was validated "
+        "at -k documents, else none)",
     )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument(
@@ -188,7 +190,13 @@ def _ask(args: argparse.Namespace) -> int:
     from rag_mspoe.pipelines.answer import answer_question
     from rag_mspoe.pipelines.retrieval import Retriever
 
-    method = args.method or default_method(source_name(args.model))
+    method = args.method or default_method(source_name(args.model), documents=args.k)
+    if args.method is None and default_method(source_name(args.model)) != method:
+        print(
+            f"The method shipped for this model was not validated at {args.k} documents; answering without "
+            "it (--method calibrated applies it anyway, -k sets the count).",
+            file=sys.stderr,
+        )
     # Fail on a bad method name (or no calibrated config for the model) or a device this machine
     # lacks before loading anything heavy.
     parse_method(method, source_name(args.model))
