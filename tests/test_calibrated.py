@@ -128,9 +128,11 @@ def test_ask_says_when_it_answers_without_the_shipped_method(shipped, tmp_path, 
     argv = ["ask", "anything", "--index", str(tmp_path / "none"), "--model", str(folder)]
     # The index is missing, so the command stops after choosing the method.
     assert main([*argv, "-k", "5"]) == 1
-    assert "not validated at 5 documents; answering without it" in capsys.readouterr().err
+    assert "without the method shipped for this model: it was not validated at 5" in capsys.readouterr().err
+    assert main([*argv, "-k", "20", "--reorder"]) == 1
+    assert "without the method shipped for this model: --reorder" in capsys.readouterr().err
     assert main([*argv, "-k", "20"]) == 1
-    assert "not validated" not in capsys.readouterr().err
+    assert "without the method shipped" not in capsys.readouterr().err
 
 
 def test_the_packages_own_defaults_are_the_shipped_methods():

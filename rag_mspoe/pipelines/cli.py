@@ -101,7 +101,7 @@ def _register_ask(subparsers: Any) -> None:
         default=None,
         help="none, pi, pi:2, mspoe, layerwise, layerwise+pi, calibrated (the config shipped for the "
         "model) or a config path (default: calibrated where one ships for the model and was validated "
-        "at -k documents, else none)",
+        "at -k documents, else none; none under --reorder)",
     )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument(
@@ -184,19 +184,12 @@ def _search(args: argparse.Namespace) -> int:
 
 def _ask(args: argparse.Namespace) -> int:
     from rag_mspoe import parse_method
-    from rag_mspoe.calibrated import default_method
     from rag_mspoe.engine import Engine
     from rag_mspoe.models.loading import source_name
     from rag_mspoe.pipelines.answer import answer_question
     from rag_mspoe.pipelines.retrieval import Retriever
 
-    method = args.method or default_method(source_name(args.model), documents=args.k)
-    if args.method is None and default_method(source_name(args.model)) != method:
-        print(
-            f"The method shipped for this model was not validated at {args.k} documents; answering without "
-            "it (--method calibrated applies it anyway, -k sets the count).",
-            file=sys.stderr,
-        )
+    method = args.method or _default_ask_method(args)
     # Fail on a bad method name (or no calibrated config for the model) or a device this machine
     # lacks before loading anything heavy.
     parse_method(method, source_name(args.model))
@@ -244,6 +237,29 @@ def _ask(args: argparse.Namespace) -> int:
 
 def _hit_record(hit: RetrievedChunk) -> dict[str, Any]:
     return {"rank": hit.rank, "score": hit.score, "chunk_id": hit.chunk_id, **asdict(hit.chunk)}
+
+
+def _default_ask_method(args: argparse.Namespace) -> str:
+    """`ask`'s method when given none: the model's shipped method where it was validated at -k
+    documents, and none under --reorder (LongContextReorder is the remedy asked for); says on
+    stderr when a shipped method is left out."""
+    from rag_mspoe.calibrated import default_method
+    from rag_mspoe.models.loading import source_name
+
+    model = source_name(args.model)
+    if default_method(model) == "none":
+        return "none"
+    if args.reorder:
+        reason = "--reorder asks for LongContextReorder instead"
+    elif default_method(model, documents=args.k) == "none":
+        reason = f"it was not validated at {args.k} documents (-k sets the count)"
+    else:
+        return "calibrated"
+    print(
+        f"Answering without the method shipped for this model: {reason}; --method calibrated applies it.",
+        file=sys.stderr,
+    )
+    return "none"
 
 
 def _answer_record(answer: Answer) -> dict[str, Any]:
