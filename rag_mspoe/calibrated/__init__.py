@@ -40,10 +40,11 @@ def shipped_models() -> list[str]:
 
 
 def default_method(model_name: str, documents: int | None = None) -> str:
-    """The method `ask` and `serve` apply when told none: "calibrated" where a config ships for the
-    model (it won on questions it was not chosen on) and, when the prompts' document count is known,
-    was validated at that count; else "none". Ms-PoE at its published ratios made the Qwen models'
-    answers worse at every position, so no rescaling is on unasked."""
+    """The method `ask` applies when told none: "calibrated" where a config ships for the model (it
+    won on questions it was not chosen on) and, when the prompts' document count is known, was
+    validated at that count; else "none". Ms-PoE at its published ratios made the Qwen models'
+    answers worse at every position, so no rescaling is on unasked. Where the count varies (a
+    server, a chain), "auto" decides per prompt (`rag_mspoe.methods.where_validated`)."""
     if calibrated_config_path(model_name) is None:
         return "none"
     counts = calibrated_method(model_name).validated_documents

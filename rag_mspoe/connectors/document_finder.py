@@ -117,17 +117,18 @@ def locate_documents(messages: Sequence[Mapping[str, Any]], method: Any) -> Loca
             if spans:
                 message[DOCUMENT_SPANS] = [list(span) for span in spans]
     found = sum(len(spans or []) for spans in said)
-    if found and method.rewrites_prompt():
+    if found and method.rewrites_prompt() and method.applies_at(found):
         _check_question_after(converted, said, method)
     if not found:
-        _warn_once(
-            NoDocumentsFound,
-            f"{_name(method)} reads the prompt's documents, and this prompt holds none that a "
-            "retriever returned in this process nor 'Document [i]' lines, so the unmodified model "
-            "answered (the response says documents_read: []). Retrieve the documents with a "
-            "LangChain or LlamaIndex retriever in the same process, or format them with "
-            "rag_mspoe.connectors.format_documents. Said once per process.",
-        )
+        if method.applies_at(0):  # "auto" expects nothing of a prompt without documents
+            _warn_once(
+                NoDocumentsFound,
+                f"{_name(method)} reads the prompt's documents, and this prompt holds none that a "
+                "retriever returned in this process nor 'Document [i]' lines, so the unmodified model "
+                "answered (the response says documents_read: []). Retrieve the documents with a "
+                "LangChain or LlamaIndex retriever in the same process, or format them with "
+                "rag_mspoe.connectors.format_documents. Said once per process.",
+            )
         last = next((m for m in reversed(converted) if _readable(m)), None)
         if last is not None:
             last[DOCUMENT_SPANS] = []  # says: no documents, so the engine answers unmodified

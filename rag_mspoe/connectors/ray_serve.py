@@ -25,6 +25,8 @@ from typing import Any
 import ray
 from ray import serve
 
+from rag_mspoe.methods import AUTO
+
 NAMESPACE = "rag-mspoe"
 APP_NAME = DEPLOYMENT_NAME = "rag-mspoe"
 REPLICA_HEADER = "x-rag-mspoe-replica"
@@ -37,7 +39,7 @@ class ReplicaSettings:
     """What every replica loads and serves: `Engine.load`'s arguments and `create_app`'s options."""
 
     model: str | None = None
-    method: str | None = None  # None: `default_method` of the model (its shipped method, or none)
+    method: str | None = AUTO  # the shipped method where validated (`rag_mspoe.methods.where_validated`)
     engine: dict[str, Any] = field(default_factory=dict)  # device, dtype, threads, quantize, compile
     app: dict[str, Any] = field(default_factory=dict)  # create_app's keyword arguments
 
@@ -91,16 +93,13 @@ class ModelReplica:
     """One replica: the engine loaded once, the server's app around it, a heartbeat to the board."""
 
     def __init__(self, settings: ReplicaSettings) -> None:
-        from rag_mspoe.calibrated import default_method
         from rag_mspoe.connectors.server import create_app
         from rag_mspoe.engine import Engine
         from rag_mspoe.methods import method_name
-        from rag_mspoe.models.loading import source_name
 
         context = serve.get_replica_context()
         self.replica = context.replica_id.unique_id
-        method = settings.method or default_method(source_name(settings.model))
-        engine = Engine.load(settings.model, method=method, **settings.engine)
+        engine = Engine.load(settings.model, method=settings.method, **settings.engine)
         self.board = ReplicaBoard.options(  # type: ignore[attr-defined]
             name=board_name(context.app_name, context.deployment),
             namespace=NAMESPACE,

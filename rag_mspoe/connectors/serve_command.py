@@ -8,8 +8,7 @@ import json
 import os
 from typing import Any
 
-from rag_mspoe.calibrated import default_method
-from rag_mspoe.methods import UNMODIFIED_NAMES, MethodConfig, method_name, parse_method
+from rag_mspoe.methods import AUTO, UNMODIFIED_NAMES, MethodConfig, method_name, parse_method
 from rag_mspoe.models.command_options import add_engine_options, engine_options
 from rag_mspoe.models.loading import source_name
 
@@ -37,9 +36,10 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--method",
-        default=None,
+        default=AUTO,
         help="default method: none, pi, pi:2, mspoe, layerwise+pi, ..., calibrated (the config shipped "
-        "for the model) or a config path (default: calibrated where one ships for the model, else none)",
+        "for the model) or a config path (default: auto, the shipped config on requests of the document "
+        "counts it was validated at, the unmodified model on the others and where none ships)",
     )
     parser.add_argument(
         "--method-config",
@@ -194,7 +194,6 @@ def allowed_hosts(host: str, extra: list[str]) -> list[str]:
 def _serve(args: argparse.Namespace) -> int:
     api_key = args.api_key or None  # an empty key (an unset variable's value) is no key
     check_exposure(args.host, api_key, args.allow_unauthenticated)
-    args.method = args.method or default_method(source_name(args.model))
     parse_method(args.method, source_name(args.model))  # a bad default method fails before the model loads
     try:
         import uvicorn

@@ -13,7 +13,7 @@ from rag_mspoe.calibrated import calibrated_config_path
 from rag_mspoe.connectors.batching import RequestBatcher
 from rag_mspoe.connectors.server_errors import ApiError
 from rag_mspoe.engine import ENGINE_DEFAULT, Engine, EngineDefault
-from rag_mspoe.methods import CALIBRATED, NAMED_METHODS, MethodConfig, method_name, parse_method
+from rag_mspoe.methods import AUTO, CALIBRATED, NAMED_METHODS, MethodConfig, method_name, parse_method
 from rag_mspoe.models.loading import model_display_name
 
 
@@ -27,6 +27,7 @@ class ModelRoutes:
         self.methods.update({n: m for n, m in named.items() if m is not None})
         if calibrated_config_path(model_display_name(engine.model)) is not None:
             self.methods[CALIBRATED] = engine.method_config(CALIBRATED)  # only where one ships
+            self.methods[AUTO] = engine.method_config(AUTO)  # it, at its validated document counts
         self.methods.update(extra_methods or {})
 
     def names(self) -> list[str]:

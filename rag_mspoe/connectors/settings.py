@@ -114,8 +114,10 @@ class EngineFields(BaseModel):
     )
     method: Any = Field(
         default=None,
-        description="Rescaling method for every call: a short name ('mspoe', 'pi', 'none'), a method config "
-        "or a saved JSON path. None uses the engine's default.",
+        description="Rescaling method for every call: a short name ('mspoe', 'pi', 'none', 'calibrated', "
+        "'auto'), a method config or a saved JSON path. None uses the engine's default: for an engine the "
+        "adapter loads, 'auto' (the model's shipped method on prompts of the document counts it was "
+        "validated at, the unmodified model elsewhere and where none ships).",
     )
     temperature: float = Field(default=0.0, ge=0, description="0 is greedy decoding.")
     max_tokens: int = Field(default=256, ge=1, description="Most tokens to generate per call.")

@@ -45,7 +45,7 @@ from rag_mspoe.engine.engine_types import (
 from rag_mspoe.engine.scored_generation import ScoredGeneratingEngine
 from rag_mspoe.engine.text_stream import AsyncTextStream, TextPiece, TextStream
 from rag_mspoe.engine.token_logprobs import TokenLogprob
-from rag_mspoe.methods.method_spec import MethodSpec
+from rag_mspoe.methods.method_spec import AUTO, MethodSpec
 
 __all__ = [
     "ENGINE_DEFAULT",
@@ -107,7 +107,8 @@ def shared_engine(
     dtype: torch.dtype | str | None = None,
 ) -> Engine:
     """The process-wide engine for a model source (None: the embedded model) on a device and in a
-    dtype (as `load_model` takes them), loaded on first use.
+    dtype (as `load_model` takes them), loaded on first use, its default method "auto" (the model's
+    shipped method on prompts of the document counts it was validated at; none where none ships).
 
     Adapters built from a source name share it, so a second chat model does not load the
     weights again.
@@ -115,5 +116,5 @@ def shared_engine(
     key = (str(source) if source is not None else "", str(device), str(dtype))
     with _shared_engines_guard:
         if key not in _shared_engines:
-            _shared_engines[key] = Engine.load(source, device=device, dtype=dtype)
+            _shared_engines[key] = Engine.load(source, method=AUTO, device=device, dtype=dtype)
         return _shared_engines[key]

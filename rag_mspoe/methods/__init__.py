@@ -4,6 +4,7 @@
     registry         the one registry: how a method registers, which modules ship one, plugins
     method_spec      parse_method: the config a spec means ("mspoe", "pi:2", "layerwise+pi", a path)
     hidden_scaling   HiddenScale, positional hidden-state scaling
+    where_validated  WhereValidated ("auto"): a shipped reordering on the prompts it was validated for
 
 The RoPE families live in `rag_mspoe.rope` (uniform, layerwise, mspoe) beside the hooks every
 method is applied with, the attention-level ones in `rag_mspoe.attention`; `registry.BUILT_IN_METHODS`
@@ -27,7 +28,7 @@ from rag_mspoe.methods.method_config import (
     load_method,
     method_name,
 )
-from rag_mspoe.methods.method_spec import CALIBRATED, UNMODIFIED_NAMES, MethodSpec, parse_method
+from rag_mspoe.methods.method_spec import AUTO, CALIBRATED, UNMODIFIED_NAMES, MethodSpec, parse_method
 from rag_mspoe.methods.registry import BUILT_IN_METHODS, registered_methods
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from rag_mspoe.attention.pine import Pine
     from rag_mspoe.attention.reorder import CalibratedReorder
     from rag_mspoe.methods.hidden_scaling import HiddenScale
+    from rag_mspoe.methods.where_validated import WhereValidated
     from rag_mspoe.rope.layerwise import LayerWise
     from rag_mspoe.rope.mspoe import GqaPolicy, MsPoE
     from rag_mspoe.rope.uniform import Uniform
@@ -51,6 +53,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "AUTO",
     "AttentionCalibration",
     "CALIBRATED",
     "CalibratedReorder",
@@ -67,6 +70,7 @@ __all__ = [
     "Pine",
     "UNMODIFIED_NAMES",
     "Uniform",
+    "WhereValidated",
     "load_method",
     "method_name",
     "parse_method",

@@ -151,6 +151,12 @@ class MethodConfig:
         (`rag_mspoe.engine.document_prefix`). Off unless a method declares it."""
         return False
 
+    def applies_at(self, documents: int) -> bool:
+        """Whether it changes anything on a prompt of this many documents (`documents` found by a
+        chain's document finder): all do, but a shipped method applied where it was validated only
+        (`rag_mspoe.methods.where_validated`), whose absence at other counts is nothing to warn about."""
+        return True
+
     def reorders_documents(self) -> bool:
         """Whether its rewriting reorders (or drops) the prompt's documents, so that the documents
         the model read, and where each went, are read off the two prompts (evaluation records them).

@@ -3,8 +3,9 @@
 A spec is '[label=]part+part+...'. Each part is one of:
 - a rescaling config applied per call through hooks: a name (`pi`, `mspoe`, `layerwise`, ...),
   a name with arguments (`pi:2`, `mspoe:1.2-1.8`, `hidden:DIM,FACTOR`), `calibrated` (the config
-  shipped for the model, so it needs the model's name) or a saved config (.json file or its
-  folder); several compose into one `Compose`;
+  shipped for the model, so it needs the model's name), `auto` (that config on the prompts of the
+  document counts it was validated at, the unmodified model elsewhere and where none ships) or a
+  saved config (.json file or its folder); several compose into one `Compose`;
 - RoPE parameters of transformers' own RoPE types (`dynamic-ntk`, `yarn`, with `:factor`): these
   need a model variant, a second model object with its own config and rotary module;
 - a prompt-level document order (`longcontextreorder`, `random`);
@@ -42,6 +43,7 @@ from rag_mspoe.methods.method_config import (
     method_name,
     number_argument,
 )
+from rag_mspoe.methods.registry import registered_methods
 from rag_mspoe.prompts.document_order import long_context_reorder
 
 T = TypeVar("T")
@@ -51,6 +53,10 @@ PartKind = Literal["rescaling", "rope", "order", "none"]
 UNMODIFIED_NAMES = {"none", "unmodified", "original", "baseline"}
 # Resolves per model, to the config shipped for it (rag_mspoe.calibrated).
 CALIBRATED = "calibrated"
+# Resolves per model too: the shipped config on the prompts of the document counts it was
+# validated at, the unmodified model elsewhere (rag_mspoe.methods.where_validated); "none" where
+# no config ships.
+AUTO = "auto"
 DEFAULT_ROPE_FACTOR = 2.0
 # Characters of the spec grammar (arguments, parts, paths): a label holding one reads as a spec.
 SPEC_SYNTAX = (":", "+", "/", "\\")
@@ -142,7 +148,7 @@ class SpecPart:
 
 def known_names() -> list[str]:
     """Every name a spec part may be (the error messages of both entry points list these)."""
-    return sorted({*UNMODIFIED_NAMES, CALIBRATED, *NAMED_METHODS, *ORDER_NAMES, *ROPE_NAMES})
+    return sorted({*UNMODIFIED_NAMES, CALIBRATED, AUTO, *NAMED_METHODS, *ORDER_NAMES, *ROPE_NAMES})
 
 
 def resolve(spec: str | os.PathLike[str] | ResolvedMethod, model_name: str | None = None) -> ResolvedMethod:
@@ -295,6 +301,8 @@ def _parse_part(part: str, model_name: str | None) -> SpecPart:
             return SpecPart(part, "order", ORDER_NAMES[name])
         if name == CALIBRATED:
             return SpecPart(part, "rescaling", _calibrated(model_name))
+        if name == AUTO:
+            return _auto(part, model_name)
         if name in NAMED_METHODS:
             return SpecPart(part, "rescaling", NAMED_METHODS[name])
     if name in ROPE_NAMES:
@@ -321,16 +329,29 @@ def _parse_part(part: str, model_name: str | None) -> SpecPart:
     )
 
 
-def _calibrated(model_name: str | None) -> MethodConfig:
+def _calibrated(model_name: str | None, name: str = CALIBRATED) -> MethodConfig:
     if model_name is None:
         raise ValueError(
-            "'calibrated' is the config calibrated for one model, so it needs the model: use it "
-            "where a model is at hand (rescale(model, 'calibrated'), Engine, --method calibrated), "
+            f"'{name}' is the config calibrated for one model, so it needs the model: use it "
+            f"where a model is at hand (Engine.load(model, method='{name}'), --method {name}), "
             "or pass model_name."
         )
     from rag_mspoe.calibrated import calibrated_method
 
     return calibrated_method(model_name)
+
+
+def _auto(part: str, model_name: str | None) -> SpecPart:
+    """'auto': the shipped config where it was validated (`WhereValidated`), none where none ships."""
+    from rag_mspoe.calibrated import calibrated_config_path
+
+    if model_name is not None and calibrated_config_path(model_name) is None:
+        return SpecPart(part, "none")
+    shipped = _calibrated(model_name, AUTO)
+    if not shipped.rewrites_prompt() or shipped.validated_documents is None:
+        return SpecPart(part, "rescaling", shipped)  # a batch's one method: see where_validated
+    # Through the registry: the wrapper's module imports the methods it wraps, which import this one.
+    return SpecPart(part, "rescaling", registered_methods()["where-validated"](shipped=shipped))
 
 
 def _display_name(

@@ -31,6 +31,7 @@ BUILT_IN_METHODS = (
     "rag_mspoe.attention.attention_calibration",  # AttentionCalibration ("attention-calibration")
     "rag_mspoe.attention.reorder",  # CalibratedReorder ("calibrated-reorder")
     "rag_mspoe.attention.invariant_reorder",  # InvariantReorder ("invariant-reorder", ":KEEP")
+    "rag_mspoe.methods.where_validated",  # WhereValidated: a shipped reordering where validated ("auto")
     "rag_mspoe.attention.pine",  # Pine: position-invariant inference ("pine", "pine:SOFTNESS")
     "rag_mspoe.methods.hidden_scaling",  # HiddenScale: hidden-state scaling ("hidden:DIM,FACTOR")
     "rag_mspoe.rope.layerwise",  # LayerWise: one factor per layer ("layerwise")

@@ -1,8 +1,9 @@
-"""A warning when a config answers prompts with a number of documents it was not validated at.
+"""Warnings when a config meets prompts with a number of documents it was not validated at.
 
 A shipped config records the document counts where held-out questions showed it to help
 (`validated_documents` in its JSON). A method tuned on 10-document prompts can do nothing, or harm,
-on 3 or 30: the engine still runs it (the user chose it), and says so once per document count.
+on 3 or 30: the engine still runs it when the user chose it, and says so once per document count;
+"auto" leaves it out there, and says that once per document count.
 """
 
 from __future__ import annotations
@@ -24,14 +25,10 @@ _warned_guard = threading.Lock()
 def warn_outside_validated(method: MethodConfig, documents: int, model_name: str) -> None:
     """Warn once per (model, method, document count) when `documents` is not a validated count."""
     counts = method.validated_documents
-    if counts is None or documents in counts or documents < 2:
-        return  # fewer than two documents: nothing to read apart or reorder
-    label = method_name(method)
-    with _warned_guard:
-        if (model_name, label, documents) in _warned:
-            return
-        _warned.add((model_name, label, documents))
+    if counts is None or not _first_time(method, documents, model_name):
+        return
     validated = ", ".join(str(n) for n in counts)
+    label = method_name(method)
     warnings.warn(
         f"The method {label!r} for {model_name} was validated on prompts of {validated} documents "
         f"(held-out questions); this prompt has {documents}. It may help less there, or hurt. "
@@ -41,3 +38,32 @@ def warn_outside_validated(method: MethodConfig, documents: int, model_name: str
         UnvalidatedDocumentCount,
         stacklevel=2,
     )
+
+
+def note_left_out(method: MethodConfig, documents: int, model_name: str) -> None:
+    """Say once per (model, document count) that "auto" answered without `method`, and why."""
+    counts = method.validated_documents
+    if counts is None or not _first_time(method, documents, model_name, "auto"):
+        return
+    validated = ", ".join(str(n) for n in counts[:-1]) + " or " * (len(counts) > 1) + str(counts[-1])
+    warnings.warn(
+        f"method='auto' answered a prompt of {documents} documents with the unmodified model: the "
+        f"method shipped for {model_name} was validated on prompts of {validated} documents only "
+        f"(held-out questions). Retrieve {validated} documents for it to apply (k= in a retriever), "
+        "or pass method='calibrated' to apply it anyway. Shown once per document count.",
+        UnvalidatedDocumentCount,
+        stacklevel=2,
+    )
+
+
+def _first_time(method: MethodConfig, documents: int, model_name: str, asked: str = "") -> bool:
+    """Whether this is the first unvalidated `documents` seen for the model and method (as asked);
+    fewer than two documents never count: there is nothing to read apart or reorder."""
+    if method.validated_documents is None or documents in method.validated_documents or documents < 2:
+        return False
+    key = (model_name, asked or method_name(method), documents)
+    with _warned_guard:
+        if key in _warned:
+            return False
+        _warned.add(key)
+    return True

@@ -240,10 +240,11 @@ def _hit_record(hit: RetrievedChunk) -> dict[str, Any]:
 
 
 def _default_ask_method(args: argparse.Namespace) -> str:
-    """`ask`'s method when given none: the model's shipped method where it was validated at -k
-    documents, and none under --reorder (LongContextReorder is the remedy asked for); says on
-    stderr when a shipped method is left out."""
+    """`ask`'s method when given none: "auto" (the model's shipped method on a prompt of a document
+    count it was validated at) where it was validated at -k documents, and none under --reorder
+    (LongContextReorder is the remedy asked for); says on stderr when a shipped method is left out."""
     from rag_mspoe.calibrated import default_method
+    from rag_mspoe.methods import AUTO
     from rag_mspoe.models.loading import source_name
 
     model = source_name(args.model)
@@ -254,7 +255,7 @@ def _default_ask_method(args: argparse.Namespace) -> str:
     elif default_method(model, documents=args.k) == "none":
         reason = f"it was not validated at {args.k} documents (-k sets the count)"
     else:
-        return "calibrated"
+        return AUTO  # not "calibrated": packing may leave fewer than -k documents
     print(
         f"Answering without the method shipped for this model: {reason}; --method calibrated applies it.",
         file=sys.stderr,
