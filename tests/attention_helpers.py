@@ -1,4 +1,5 @@
-"""Prompts made of token blocks (prefix, documents, question), for the attention-method tests."""
+"""Prompts made of token blocks (prefix, documents, question), and four titled documents with a
+question one of them answers, for the attention-method and reordering tests."""
 
 from __future__ import annotations
 
@@ -10,6 +11,15 @@ import torch
 
 from rag_mspoe.attention import document_spans
 from rag_mspoe.rope.hooks import cache_argument
+
+# The gold one is "France" (index 1).
+DOCUMENTS = [
+    ("Rivers", "The Danube flows through ten countries before it reaches the Black Sea."),
+    ("France", "Paris is the capital of France and its largest city."),
+    ("Mountains", "Mont Blanc is the highest mountain in the Alps."),
+    ("Deserts", "The Sahara is the largest hot desert in the world."),
+]
+QUESTION = "What is the capital of France?"
 
 
 def block_prompt(

@@ -11,6 +11,7 @@ from collections import Counter
 
 import pytest
 import torch
+from attention_helpers import DOCUMENTS, QUESTION
 from eval_run_helpers import tiny_chat_model
 from tiny_models import tiny_model
 
@@ -30,14 +31,6 @@ from rag_mspoe.methods.method_spec import parse_method
 from rag_mspoe.prompts.document_prompts import MissingDocumentSpans, document_message, render_with_spans
 from rag_mspoe.prompts.qa_prompt import render_qa_prompt
 from rag_mspoe.rope.rescaling import STATE_ATTR
-
-DOCUMENTS = [
-    ("Rivers", "The Danube flows through ten countries before it reaches the Black Sea."),
-    ("France", "Paris is the capital of France and its largest city."),
-    ("Mountains", "Mont Blanc is the highest mountain in the Alps."),
-    ("Deserts", "The Sahara is the largest hot desert in the world."),
-]
-QUESTION = "What is the capital of France?"
 
 
 def _qa(order):

@@ -8,6 +8,7 @@ import json
 import warnings
 
 import pytest
+from attention_helpers import DOCUMENTS, QUESTION
 from eval_run_helpers import tiny_chat_model
 from forward_counts import counted_forwards
 
@@ -26,13 +27,6 @@ from rag_mspoe.methods.method_config import MethodConfig
 from rag_mspoe.methods.validated_documents import UnvalidatedDocumentCount
 from rag_mspoe.prompts.qa_prompt import render_qa_prompt
 
-DOCUMENTS = [
-    ("Rivers", "The Danube flows through ten countries before it reaches the Black Sea."),
-    ("France", "Paris is the capital of France and its largest city."),
-    ("Mountains", "Mont Blanc is the highest mountain in the Alps."),
-    ("Deserts", "The Sahara is the largest hot desert in the world."),
-]
-QUESTION = "What is the capital of France?"
 RANKING = InvariantReorder(score="question")
 SETTINGS = {"max_new_tokens": 4}
 
