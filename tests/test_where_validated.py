@@ -25,6 +25,7 @@ from rag_mspoe.methods import (
 )
 from rag_mspoe.methods.method_config import MethodConfig
 from rag_mspoe.methods.validated_documents import UnvalidatedDocumentCount
+from rag_mspoe.prompts.document_prompts import MissingDocumentSpans
 from rag_mspoe.prompts.qa_prompt import render_qa_prompt
 
 RANKING = InvariantReorder(score="question")
@@ -157,3 +158,22 @@ def test_a_server_defaulting_to_auto_reorders_only_requests_of_validated_counts(
         with warnings.catch_warnings():
             warnings.simplefilter("error", document_finder.NoDocumentsFound)  # none expected
             assert chat("Where is Paris?")["documents_read"] == []
+        completion = {"model": "tiny-llama", "prompt": "Where is Paris?", "max_tokens": 4, "temperature": 0}
+        reply = httpx.post(f"{url}/v1/completions", json=completion, timeout=60)
+        assert reply.status_code == 200  # a plain text prompt: answered, not refused for its spans
+
+
+def test_auto_answers_a_prompt_that_does_not_say_where_its_documents_are_as_given(shipped, engine):
+    # A plain completion prompt or chat: no 'Document [i]' lines, no document_spans. A method that
+    # must find documents refuses it; "auto" cannot tell the count, so nothing validated applies.
+    shipped(RANKING, [3])
+    for prompt, raw in (
+        ("Paris is in France. Where is Paris?", True),
+        ([{"role": "user", "content": "hi"}], False),
+    ):
+        answer = engine.generate(prompt, raw=raw, method=AUTO, **SETTINGS)
+        assert answer.text == engine.generate(prompt, raw=raw, method="none", **SETTINGS).text
+        assert answer.documents_read is None
+        assert "".join(engine.stream(prompt, raw=raw, method=AUTO, **SETTINGS)) == answer.text
+        with pytest.raises(MissingDocumentSpans):
+            engine.generate(prompt, raw=raw, method="calibrated", **SETTINGS)

@@ -218,7 +218,9 @@ class EngineBase:
         if not method.needs_document_spans():
             return ids, None
         if spans is None:
-            raise MissingDocumentSpans.of(method_name(method))
+            if method.applies_at(0):
+                raise MissingDocumentSpans.of(method_name(method))
+            spans = []  # a method that leaves prompts without documents alone ("auto") reads one here
         return ids, spans
 
     def _token_bytes(self) -> Callable[[int], bytes]:
