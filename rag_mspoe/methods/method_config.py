@@ -152,9 +152,10 @@ class MethodConfig:
         return False
 
     def applies_at(self, documents: int) -> bool:
-        """Whether it changes anything on a prompt of this many documents (`documents` found by a
-        chain's document finder): all do, but a shipped method applied where it was validated only
-        (`rag_mspoe.methods.where_validated`), whose absence at other counts is nothing to warn about."""
+        """Whether it changes anything on a prompt of this many documents: all do, but a shipped
+        method applied where it was validated only (`rag_mspoe.methods.where_validated`). Asked by
+        a chain's document finder (nothing to warn about where it does nothing) and by the engine
+        (a prompt that does not say where its documents are is read as one without them)."""
         return True
 
     def reorders_documents(self) -> bool:
