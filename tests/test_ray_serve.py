@@ -38,7 +38,10 @@ def ray_server():
     ray.init(num_cpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(deployment(ReplicaSettings(**SETTINGS), replicas=2), name=APP_NAME, route_prefix="/")
+    # At most two requests in progress per replica, so a burst of six must reach both: the router
+    # otherwise may keep a loaded machine's burst on one replica with room to spare.
+    application = deployment(ReplicaSettings(**SETTINGS), replicas=2, max_ongoing_requests=2)
+    serve.run(application, name=APP_NAME, route_prefix="/")
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
