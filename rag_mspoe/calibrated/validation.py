@@ -59,6 +59,17 @@ VALIDATION_RUNS: dict[str, tuple[ValidationRun, ...]] = {
         ),
         ValidationRun(
             model="qwen2.5-coder-0.5b-instruct",
+            folder="docs/results/nq3-0.5b",
+            label="calibrated",
+            command=(
+                "rag-mspoe sweep --model qwen2.5-coder-0.5b-instruct "
+                "--data docs/results/nq5-0.5b/validation-5.jsonl.gz --documents 3 --positions 0,1,2 "
+                "--methods none calibrated --samples 300 --metrics generate --max-new-tokens 64 "
+                "--threads 1 --out runs/val3-0.5b"
+            ),
+        ),
+        ValidationRun(
+            model="qwen2.5-coder-0.5b-instruct",
             folder="docs/results/nq4-0.5b",
             label="calibrated",
             command=(
