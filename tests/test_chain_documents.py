@@ -173,6 +173,37 @@ def test_a_reordering_warns_when_no_question_follows_the_documents(tiny, index):
         assert sorted(chain.invoke(QUESTION).response_metadata["documents_read"]) == list(range(K))
 
 
+def test_auto_answers_the_tutorial_chain_as_retrieved_since_it_asks_before_the_context(
+    tiny, index, tmp_path, monkeypatch
+):
+    import json
+    import warnings
+
+    from rag_mspoe import calibrated as calibrated_configs
+    from rag_mspoe.connectors.langchain import ChatRagMsPoE
+    from rag_mspoe.connectors.retrievers import langchain_retriever
+    from rag_mspoe.methods import InvariantReorder, validated_documents
+
+    # A reordering shipped for the tiny model, validated at K documents.
+    monkeypatch.setattr(calibrated_configs, "SEARCH_PATH", [tmp_path])
+    monkeypatch.setattr(validated_documents, "_warned", set())
+    monkeypatch.setattr(tiny.model, "_rag_mspoe_name", "tiny-llama", raising=False)  # as loaded by name
+    path = InvariantReorder(score="question").save(tmp_path / "tiny-llama.json", base_model="tiny-llama")
+    path.write_text(json.dumps({**json.loads(path.read_text()), "validated_documents": [K]}))
+    retriever = langchain_retriever(index, k=K)
+    unmodified = tutorial_chain(retriever, ChatRagMsPoE(engine=tiny, method="none", max_tokens=8))
+    auto = tutorial_chain(retriever, ChatRagMsPoE(engine=tiny, method="auto", max_tokens=8))
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        message = auto.invoke(QUESTION)
+    # Said once, by the engine that left the method out (not also the finder's "close to a guess").
+    said = [w for w in said if issubclass(w.category, document_finder.NoQuestionAfterDocuments)]
+    assert len(said) == 1
+    assert "method='auto' answered a prompt with the unmodified model" in str(said[0].message)
+    assert message.content == unmodified.invoke(QUESTION).content
+    assert message.response_metadata["documents_read"] == list(range(K))  # as retrieved
+
+
 def test_methods_that_read_no_documents_look_for_none(tiny):
     from rag_mspoe.connectors.langchain import ChatRagMsPoE
 

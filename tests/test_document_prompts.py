@@ -23,7 +23,9 @@ from rag_mspoe.prompts.document_prompts import (
     document_message,
     find_document_lines,
     lines_with_spans,
+    question_follows_documents,
     render_with_spans,
+    text_after_documents,
 )
 from rag_mspoe.prompts.qa_prompt import render_qa_prompt
 
@@ -354,3 +356,18 @@ def test_calibrated_reorder_leaves_a_prompt_without_documents_as_it_is(engine):
     assert engine.score_continuations(one, [" Paris"], method="calibrated-reorder") == (
         engine.score_continuations(one, [" Paris"], method="none")
     )
+
+
+def test_the_text_after_the_documents_runs_from_the_last_one_through_later_messages():
+    text = "Question: Who?\n\nDocument [1](Title: A) a\nDocument [2](Title: B) b\n\nAnswer:"
+    assert text_after_documents(text) == "\n\nAnswer:" and not question_follows_documents(text)
+    asked = text.replace("Answer:", "Question: Who built the Velmora lighthouse?\nAnswer:")
+    assert question_follows_documents(asked)
+    # Explicit spans, and the question in a later message.
+    message = document_message("Context: first one. second one.", [(9, 19), (20, 31)])
+    assert text_after_documents([message]) == ""
+    later = [message, {"role": "user", "content": "Who built the Velmora lighthouse?"}]
+    assert text_after_documents(later) == later[1]["content"] and question_follows_documents(later)
+    # No documents marked: nothing to rank, so nothing missing.
+    assert text_after_documents("Who built it?") is None and question_follows_documents("Who built it?")
+    assert text_after_documents([document_message("Name three colours.", [])]) is None

@@ -24,7 +24,7 @@ from rag_mspoe.methods import (
     validated_documents,
 )
 from rag_mspoe.methods.method_config import MethodConfig
-from rag_mspoe.methods.validated_documents import UnvalidatedDocumentCount
+from rag_mspoe.methods.validated_documents import NoQuestionAfterDocuments, UnvalidatedDocumentCount
 from rag_mspoe.prompts.document_prompts import MissingDocumentSpans
 from rag_mspoe.prompts.qa_prompt import render_qa_prompt
 
@@ -106,6 +106,40 @@ def test_auto_reorders_validated_prompts_and_reads_the_others_as_given(shipped, 
         engine.generate(qa(4), method=AUTO, **SETTINGS)
     with pytest.warns(UnvalidatedDocumentCount, match="It may help less there, or hurt"):
         engine.generate(qa(4), method="calibrated", **SETTINGS)  # asked for: it runs, and says so
+
+
+def asked_first(count: int) -> str:
+    """`qa(count)` with its question before the documents, as LangChain's tutorial prompt asks."""
+    asked = f"\n\nQuestion: {QUESTION}"
+    moved = qa(count).replace(f"{asked}\nAnswer:", "\nAnswer:")
+    return moved.replace("\n\nDocument [1]", f"{asked}\n\nDocument [1]")
+
+
+def test_auto_reads_a_prompt_that_asks_before_its_documents_as_given(shipped, engine):
+    # The shipped reorderings rank by the text after the documents; here only 'Answer:' follows.
+    shipped(RANKING, [3])
+    prompt = asked_first(3)
+    assert prompt.index(QUESTION) < prompt.index("Document [1]") and prompt.endswith("\nAnswer:")
+    unmodified, plain = counted_forwards(engine, lambda: engine.generate(prompt, method="none", **SETTINGS))
+    _, ranked = counted_forwards(engine, lambda: engine.generate(prompt, method="calibrated", **SETTINGS))
+    assert ranked != plain  # asked for, the ranking pass runs
+    with pytest.warns(NoQuestionAfterDocuments, match="only 'Answer:' follows its documents"):
+        answer, counts = counted_forwards(engine, lambda: engine.generate(prompt, method=AUTO, **SETTINGS))
+    assert answer.text == unmodified.text and answer.documents_read is None
+    assert counts == plain  # no ranking pass
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NoQuestionAfterDocuments)  # said once
+        assert engine.generate(prompt, method=AUTO, **SETTINGS).text == unmodified.text
+    # The question in a message after the documents' follows them: ranked, as "calibrated" ranks.
+    instruction, documents = qa(3).split(f"\n\nQuestion: {QUESTION}")[0].split("\n\n", 1)
+    chat = [
+        {"role": "system", "content": f"{instruction}\n\n{documents}"},
+        {"role": "user", "content": QUESTION},
+    ]
+    calibrated = engine.generate(chat, method="calibrated", **SETTINGS)
+    assert calibrated.documents_read is not None
+    auto = engine.generate(chat, method=AUTO, **SETTINGS)
+    assert (auto.text, auto.documents_read) == (calibrated.text, calibrated.documents_read)
 
 
 def test_auto_chooses_per_prompt_within_a_batch_and_a_stream(shipped, engine):

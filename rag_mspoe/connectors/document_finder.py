@@ -24,8 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from rag_mspoe.engine import GenerationResult
+from rag_mspoe.methods.validated_documents import NoQuestionAfterDocuments
 from rag_mspoe.prompts.chat_template import DOCUMENT_SPANS
-from rag_mspoe.prompts.document_prompts import find_document_lines
+from rag_mspoe.prompts.document_prompts import (
+    find_document_lines,
+    question_follows_documents,
+    text_after_documents,
+)
 
 Span = tuple[int, int]
 
@@ -34,17 +39,8 @@ MIN_DOCUMENT_CHARS = 12
 CAPACITY = 4096  # texts kept: many requests' retrievals, bounded memory
 
 
-# A reordering ranks the documents by the attention of the text after them; "Answer:" alone is too
-# little to rank by (measured: the shipped 0.5B ranking then moves the last document first).
-MIN_QUESTION_CHARS = 24
-
-
 class NoDocumentsFound(UserWarning):
     """A method that reads documents found none in the prompt, so the unmodified model answered."""
-
-
-class NoQuestionAfterDocuments(UserWarning):
-    """A reordering ranks the documents by the text that follows them, and little follows them."""
 
 
 class RetrievedTexts:
@@ -117,8 +113,10 @@ def locate_documents(messages: Sequence[Mapping[str, Any]], method: Any) -> Loca
             if spans:
                 message[DOCUMENT_SPANS] = [list(span) for span in spans]
     found = sum(len(spans or []) for spans in said)
-    if found and method.rewrites_prompt() and method.applies_at(found):
-        _check_question_after(converted, said, method)
+    # "auto" reads such a prompt unmodified (applies_at says so), and the engine says why.
+    asks_before = found and method.rewrites_prompt() and not question_follows_documents(converted)
+    if asks_before and method.applies_at(found, question_follows=False):
+        _warn_no_question_after(converted, method)
     if not found:
         if method.applies_at(0):  # "auto" expects nothing of a prompt without documents
             _warn_once(
@@ -144,15 +142,8 @@ def with_documents_read(result: GenerationResult, located: LocatedPrompt) -> Gen
     return dataclasses.replace(result, documents_read=tuple(range(located.documents)))
 
 
-def _check_question_after(
-    messages: Sequence[Mapping[str, Any]], spans: Sequence[Sequence[Span] | None], method: Any
-) -> None:
-    """Warn once when less than a question's worth of text follows the last document."""
-    last = max(index for index, found in enumerate(spans) if found)
-    after = messages[last]["content"][spans[last][-1][1] :]  # type: ignore[index]
-    after += "".join(str(m.get("content") or "") for m in messages[last + 1 :])
-    if len(after.strip()) >= MIN_QUESTION_CHARS:
-        return
+def _warn_no_question_after(messages: Sequence[Mapping[str, Any]], method: Any) -> None:
+    after = text_after_documents(messages) or ""
     _warn_once(
         NoQuestionAfterDocuments,
         f"{_name(method)} ranks the documents by the text that follows them, and only "

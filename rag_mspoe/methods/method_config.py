@@ -151,11 +151,12 @@ class MethodConfig:
         (`rag_mspoe.engine.document_prefix`). Off unless a method declares it."""
         return False
 
-    def applies_at(self, documents: int) -> bool:
-        """Whether it changes anything on a prompt of this many documents: all do, but a shipped
-        method applied where it was validated only (`rag_mspoe.methods.where_validated`). Asked by
-        a chain's document finder (nothing to warn about where it does nothing) and by the engine
-        (a prompt that does not say where its documents are is read as one without them)."""
+    def applies_at(self, documents: int, question_follows: bool = True) -> bool:
+        """Whether it changes anything on a prompt of this many documents, followed by a question
+        or not: all do, but a shipped method applied where it was validated only
+        (`rag_mspoe.methods.where_validated`). Asked by a chain's document finder (nothing to warn
+        about where it does nothing) and by the engine (a prompt that does not say where its
+        documents are is read as one without them)."""
         return True
 
     def reorders_documents(self) -> bool:

@@ -1,9 +1,12 @@
-"""Warnings when a config meets prompts with a number of documents it was not validated at.
+"""Warnings when a config meets prompts unlike those it was validated on.
 
 A shipped config records the document counts where held-out questions showed it to help
 (`validated_documents` in its JSON). A method tuned on 10-document prompts can do nothing, or harm,
 on 3 or 30: the engine still runs it when the user chose it, and says so once per document count;
-"auto" leaves it out there, and says that once per document count.
+"auto" leaves it out there, and says that once per document count. Every validation asked its
+question after the documents, and the shipped reorderings rank the documents by the text after
+them: "auto" leaves out a prompt whose documents no question follows (LangChain's tutorial prompt
+asks before its context), and says that once per model.
 """
 
 from __future__ import annotations
@@ -16,6 +19,10 @@ from rag_mspoe.methods.method_config import MethodConfig, method_name
 
 class UnvalidatedDocumentCount(UserWarning):
     """A config runs on prompts with a document count outside its `validated_documents`."""
+
+
+class NoQuestionAfterDocuments(UserWarning):
+    """A reordering ranks the documents by the text that follows them, and little follows them."""
 
 
 _warned: set[tuple[str, str, int]] = set()
@@ -56,12 +63,32 @@ def note_left_out(method: MethodConfig, documents: int, model_name: str) -> None
     )
 
 
+def note_no_question_after(method: MethodConfig, after: str, model_name: str) -> None:
+    """Say once per model that "auto" answered without `method` a prompt whose documents only
+    `after` follows."""
+    if not _once((model_name, f"auto: {method_name(method)}, no question after", 0)):
+        return
+    warnings.warn(
+        f"method='auto' answered a prompt with the unmodified model: only {after.strip()!r} follows "
+        f"its documents, and the method shipped for {model_name} ranks them by the question after "
+        "them (the layout it was validated on). Put the question after the context in the prompt "
+        "template: '...Context: {context}\nQuestion: {question}\nAnswer:' (LangChain's tutorial "
+        "prompt asks before its context; LlamaIndex's templates ask after), or pass "
+        "method='calibrated' to apply it anyway. Shown once.",
+        NoQuestionAfterDocuments,
+        stacklevel=2,
+    )
+
+
 def _first_time(method: MethodConfig, documents: int, model_name: str, asked: str = "") -> bool:
     """Whether this is the first unvalidated `documents` seen for the model and method (as asked);
     fewer than two documents never count: there is nothing to read apart or reorder."""
     if method.validated_documents is None or documents in method.validated_documents or documents < 2:
         return False
-    key = (model_name, asked or method_name(method), documents)
+    return _once((model_name, asked or method_name(method), documents))
+
+
+def _once(key: tuple[str, str, int]) -> bool:
     with _warned_guard:
         if key in _warned:
             return False

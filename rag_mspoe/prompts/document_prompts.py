@@ -36,6 +36,11 @@ Span = tuple[int, int]
 # A document line of the packer's and the benchmark's layout: "Document [3](Title: ...) text".
 _DOCUMENT_LINE = re.compile(r"^Document \[(\d+)\][^\n]*", re.MULTILINE)
 
+# The reorderings rank the documents by the text after them, the question in the prompts they were
+# validated on; "Answer:" alone is too little to rank by (measured: the shipped 0.5B ranking then
+# moves the last document first).
+MIN_QUESTION_CHARS = 24
+
 HOW_TO_PASS_SPANS = (
     "Write each document on its own line starting 'Document [1]', 'Document [2]', ... (as "
     "rag_mspoe.pipelines.packing and rag_mspoe.connectors.format_documents do), or pass the "
@@ -143,6 +148,25 @@ def _message_spans(message: Mapping[str, Any]) -> list[Span] | None:
     if message.get("role") in ("user", "system") and isinstance(message.get("content"), str):
         return find_document_lines(message["content"])
     return None
+
+
+def text_after_documents(prompt: Prompt) -> str | None:
+    """What a prompt says after its last document: the rest of that message, then every later
+    message's content; None when it does not say where its documents are or holds none."""
+    messages = as_messages(prompt)
+    marked = [(index, spans) for index, message in enumerate(messages) if (spans := _message_spans(message))]
+    if not marked:
+        return None
+    last, spans = marked[-1]
+    after = str(messages[last]["content"])[spans[-1][1] :]
+    return after + "".join(str(message.get("content") or "") for message in messages[last + 1 :])
+
+
+def question_follows_documents(prompt: Prompt) -> bool:
+    """Whether a question's worth of text follows the prompt's last document (True when it marks
+    none): the reorderings rank documents by what follows them."""
+    after = text_after_documents(prompt)
+    return after is None or len(after.strip()) >= MIN_QUESTION_CHARS
 
 
 def char_to_token_spans(offsets: Sequence[Sequence[int]], char_spans: Sequence[Span]) -> list[Span]:
