@@ -211,6 +211,100 @@ def test_methods_that_read_no_documents_look_for_none(tiny):
     assert "documents_read" not in reply.response_metadata
 
 
+# -- LangChain's current tutorial: an agent whose middleware searches the vector store -------------
+SYSTEM_PROMPT = "You are a helpful assistant. Use the following context in your response:\n\n"
+
+
+@pytest.fixture(scope="module")
+def vector_store():
+    """The tutorial's InMemoryVectorStore, over MiniLM embeddings of the corpus's texts."""
+    from langchain_core.embeddings import Embeddings
+    from langchain_core.vectorstores import InMemoryVectorStore
+
+    class MiniLM(Embeddings):
+        def embed_documents(self, texts):
+            return embedder().embed(list(texts)).tolist()
+
+        def embed_query(self, text):
+            return embedder().embed_queries([text])[0].tolist()
+
+    store = InMemoryVectorStore(MiniLM())
+    store.add_texts(list(CORPUS.values()))
+    return store
+
+
+def tutorial_agent(llm, vector_store):
+    """The RAG chain of LangChain's current tutorial: an agent without tools whose dynamic_prompt
+    middleware searches the vector store itself and puts the documents in the system message."""
+    from langchain.agents import create_agent
+    from langchain.agents.middleware import ModelRequest, dynamic_prompt
+
+    @dynamic_prompt
+    def prompt_with_context(request: ModelRequest) -> str:
+        docs = vector_store.similarity_search(request.state["messages"][-1].text, k=K)
+        return SYSTEM_PROMPT + "\n\n".join(doc.page_content for doc in docs)
+
+    return create_agent(llm, tools=[], middleware=[prompt_with_context])
+
+
+def test_the_current_tutorials_agent_runs_a_reordering_method_on_the_documents_it_searched(
+    tiny, vector_store
+):
+    from rag_mspoe.connectors.langchain import ChatRagMsPoE
+
+    llm = ChatRagMsPoE(engine=tiny, method="invariant-reorder", max_tokens=8)
+    state = tutorial_agent(llm, vector_store).invoke({"messages": [{"role": "user", "content": QUESTION}]})
+    reply = state["messages"][-1]
+    read = reply.response_metadata["documents_read"]
+    assert sorted(read) == list(range(K))  # no retriever ran, and the method found the K documents
+    texts = [doc.page_content for doc in vector_store.similarity_search(QUESTION, k=K)]
+    system = SYSTEM_PROMPT + "\n\n".join(texts)
+    spans = [(system.index(text), system.index(text) + len(text.strip())) for text in texts]
+    expected = tiny.generate(
+        [document_message(system, spans, role="system"), {"role": "user", "content": QUESTION}],
+        method="invariant-reorder",
+        max_new_tokens=8,
+    )
+    assert reply.content == expected.text and read == list(expected.documents_read)
+
+
+def test_every_vector_store_search_keeps_its_results_for_the_finder(vector_store):
+    import asyncio
+
+    from langchain_core.documents import Document
+    from langchain_core.vectorstores import VectorStore
+
+    from rag_mspoe.connectors.langchain_vector_stores import listen_to_vector_stores
+
+    listen_to_vector_stores()
+
+    class LaterStore(VectorStore):  # defined after the adapters began listening
+        def similarity_search(self, query, k=4, **kwargs):
+            return [Document(page_content=f"{query}, passage number {i}") for i in range(k)]
+
+        def add_texts(self, texts, metadatas=None, **kwargs):
+            raise NotImplementedError
+
+        @classmethod
+        def from_texts(cls, texts, embedding, metadatas=None, **kwargs):
+            raise NotImplementedError
+
+    found = LaterStore().similarity_search("The harbour", k=2)
+    assert [d.page_content for d in found] == [
+        "The harbour, passage number 0",
+        "The harbour, passage number 1",
+    ]
+    prompt = "Context: The harbour, passage number 1\n\nThe harbour, passage number 0"
+    assert len(document_finder.RETRIEVED.spans_in(prompt)) == 2
+    # Pairs with scores, and the async searches (the base class's, run in a thread).
+    document_finder.RETRIEVED.clear()
+    text = vector_store.similarity_search_with_score(QUESTION, k=1)[0][0].page_content.strip()
+    assert document_finder.RETRIEVED.spans_in(text) == [(0, len(text))]
+    document_finder.RETRIEVED.clear()
+    asyncio.run(LaterStore().asimilarity_search("The quay", k=1))
+    assert document_finder.RETRIEVED.spans_in("The quay, passage number 0") == [(0, 26)]
+
+
 # -- LlamaIndex -------------------------------------------------------------------------------------
 @pytest.fixture
 def llm_calls():

@@ -144,7 +144,7 @@ def test_e2e_retrieves_with_the_first_stage_asked_and_resumes_only_with_it(model
     assert "other settings (first_stage: 'hybrid' there, 'lexical' now)" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("chain", ["langchain", "llamaindex"])
+@pytest.mark.parametrize("chain", ["langchain", "langchain-agent", "llamaindex"])
 def test_e2e_through_the_chains_users_write(model_dir, tmp_path, chain):
     corpus, questions_file, questions = write_e2e_inputs(tmp_path, questions=3, documents=3, seed=7)
     run = tmp_path / "run"

@@ -66,6 +66,7 @@ from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ConfigDict, Field, model_validator
 
 from rag_mspoe.connectors.document_finder import RETRIEVED, LocatedPrompt, with_documents_read
+from rag_mspoe.connectors.langchain_vector_stores import listen_to_vector_stores
 from rag_mspoe.connectors.settings import EngineFields, aretrying, engine_settings, read_order, retrying
 from rag_mspoe.engine import ENGINE_DEFAULT, GenerationResult
 from rag_mspoe.engine.text_stream import TextPiece
@@ -178,6 +179,7 @@ class EngineParams(EngineFields):
     @model_validator(mode="after")
     def _listen_to_retrievers(self) -> EngineParams:
         listen_to_retrievers()
+        listen_to_vector_stores()
         return self
 
     def _settings(self, stop: list[str] | None, kwargs: dict[str, Any]) -> dict[str, Any]:

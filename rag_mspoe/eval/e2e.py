@@ -42,7 +42,7 @@ KEY_FIELDS = ("method", "example_id")
 PLOT_FILE = "accuracy_by_prompt_position.png"
 # Where the retriever put the gold: first (no method can gain), just below, or far down.
 RANK_BUCKETS = ((1, 1), (2, 5), (6, 10**9))
-THROUGH = ("pipeline", "langchain", "llamaindex")
+THROUGH = ("pipeline", "langchain", "langchain-agent", "llamaindex")
 
 
 @dataclass(frozen=True)
@@ -162,8 +162,10 @@ class EndToEnd(Evaluation):
             "--through",
             choices=THROUGH,
             default="pipeline",
-            help="answer through the package's pipeline, LangChain's tutorial RAG chain or a LlamaIndex "
-            "query engine (the LLM line the only thing of ours)",
+            help="answer through the package's pipeline, LangChain's tutorial RAG chain (langchain: the "
+            "LCEL chain, its question before the context; langchain-agent: the current tutorial's agent, "
+            "the context in its system message) or a LlamaIndex query engine (the LLM line the only "
+            "thing of ours)",
         )
 
     @classmethod

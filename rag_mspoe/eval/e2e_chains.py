@@ -1,5 +1,6 @@
-"""End-to-end answers through the chains users write: LangChain's tutorial RAG chain and a LlamaIndex
-query engine, each over the run's FAISS index, with the LLM line the only thing of ours.
+"""End-to-end answers through the chains users write: LangChain's tutorial RAG chain (the LCEL chain,
+and the agent of its current tutorial) and a LlamaIndex query engine, each over the run's FAISS
+index, with the LLM line the only thing of ours.
 
 The unmodified model and the methods that read documents answer the same chain; a document order
 (`longcontextreorder`) is the step users add for it: a `format_docs` that reorders in LangChain
@@ -16,8 +17,11 @@ if TYPE_CHECKING:
     from rag_mspoe.methods.method_spec import ResolvedMethod
     from rag_mspoe.pipelines.retrieval import Retriever
 
-CHAINS = ("langchain", "llamaindex")
-# The prompt of LangChain's RAG tutorial (its hub prompt "rlm/rag-prompt").
+CHAINS = ("langchain", "langchain-agent", "llamaindex")
+# The system prompt of LangChain's current RAG tutorial, its "RAG chain": an agent without tools
+# whose dynamic_prompt middleware searches the vector store; the question is the user's message.
+AGENT_SYSTEM_PROMPT = "You are a helpful assistant. Use the following context in your response:\n\n{context}"
+# The prompt of LangChain's earlier RAG tutorial (its hub prompt "rlm/rag-prompt").
 TUTORIAL_PROMPT = (
     "You are an assistant for question-answering tasks. Use the following pieces of retrieved "
     "context to answer the question. If you don't know the answer, just say that you don't know. "
@@ -39,6 +43,8 @@ def answer_through_chain(
     """The answer `chain` ("langchain" or "llamaindex") gives with the model of `engine` under `method`."""
     if chain == "langchain":
         return _through_langchain(engine, method, question, index, k, max_tokens)
+    if chain == "langchain-agent":
+        return _through_langchain_agent(engine, method, question, index, k, max_tokens)
     if chain == "llamaindex":
         return _through_llamaindex(engine, method, question, index, k, max_tokens)
     raise ValueError(f"--through takes pipeline, {', '.join(CHAINS)}; got {chain!r}.")
@@ -78,6 +84,32 @@ def _through_langchain(
         | llm
     )
     reply = chain.invoke(question)
+    return ChainAnswer(str(reply.content), packed, reply.response_metadata.get("documents_read"))
+
+
+def _through_langchain_agent(
+    engine: Any, method: ResolvedMethod, question: str, index: Retriever, k: int, max_tokens: int
+) -> ChainAnswer:
+    from langchain.agents import create_agent
+    from langchain.agents.middleware import ModelRequest, dynamic_prompt
+
+    from rag_mspoe.connectors.langchain import ChatRagMsPoE
+    from rag_mspoe.eval.e2e_vector_store import IndexVectorStore
+    from rag_mspoe.prompts.document_order import long_context_reorder
+
+    vector_store = IndexVectorStore(index)
+    packed: list[tuple[str, str]] = []
+
+    @dynamic_prompt
+    def prompt_with_context(request: ModelRequest) -> str:
+        docs = vector_store.similarity_search(request.state["messages"][-1].text, k=k)
+        ordered = long_context_reorder(docs) if method.order == "reorder" else docs
+        packed.extend((doc.metadata.get("source", ""), doc.page_content) for doc in ordered)
+        return AGENT_SYSTEM_PROMPT.format(context="\n\n".join(doc.page_content for doc in ordered))
+
+    llm = ChatRagMsPoE(engine=engine, method=_llm_method(method), max_tokens=max_tokens)
+    agent = create_agent(llm, tools=[], middleware=[prompt_with_context])
+    reply = agent.invoke({"messages": [{"role": "user", "content": question}]})["messages"][-1]
     return ChainAnswer(str(reply.content), packed, reply.response_metadata.get("documents_read"))
 
 
