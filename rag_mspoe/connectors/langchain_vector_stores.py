@@ -70,10 +70,11 @@ def _subclasses(cls: type) -> Iterable[type]:
 
 
 def _wrap_searches(cls: type) -> None:
-    """Wrap the searches `cls` defines itself (inherited ones are wrapped where defined)."""
+    """Wrap the searches `cls` defines itself as plain methods (inherited ones are wrapped where
+    defined)."""
     for name in SEARCHES:
         method = cls.__dict__.get(name)
-        if callable(method) and not getattr(method, _WRAPPED, False):
+        if inspect.isfunction(method) and not getattr(method, _WRAPPED, False):
             setattr(cls, name, _keeping_results(method))
 
 
