@@ -5,8 +5,8 @@ A shipped config records the document counts where held-out questions showed it 
 on 3 or 30: the engine still runs it when the user chose it, and says so once per document count;
 "auto" leaves it out there, and says that once per document count. Every validation asked its
 question after the documents, and the shipped reorderings rank the documents by the text after
-them: "auto" leaves out a prompt whose documents no question follows (LangChain's tutorial prompt
-asks before its context), and says that once per model.
+them: "auto" leaves out a prompt whose documents no question follows (LangChain's hub prompt
+rlm/rag-prompt asks before its context), and says that once per model.
 """
 
 from __future__ import annotations
@@ -72,8 +72,8 @@ def note_no_question_after(method: MethodConfig, after: str, model_name: str) ->
         f"method='auto' answered a prompt with the unmodified model: only {after.strip()!r} follows "
         f"its documents, and the method shipped for {model_name} ranks them by the question after "
         "them (the layout it was validated on). Put the question after the context in the prompt "
-        "template: '...Context: {context}\nQuestion: {question}\nAnswer:' (LangChain's tutorial "
-        "prompt asks before its context; LlamaIndex's templates ask after), or pass "
+        "template: '...Context: {context}\nQuestion: {question}\nAnswer:' (LangChain's hub prompt "
+        "rlm/rag-prompt asks before its context; LlamaIndex's templates ask after), or pass "
         "method='calibrated' to apply it anyway. Shown once.",
         NoQuestionAfterDocuments,
         stacklevel=2,
