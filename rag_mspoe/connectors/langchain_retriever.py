@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field
 
-from rag_mspoe.pipelines.retrieval import DEFAULT_TOP_K, Retriever
+from rag_mspoe.pipelines.retrieval import DEFAULT_TOP_K, RetrievedChunk, Retriever
 
 
 class LangChainRetriever(BaseRetriever):
@@ -26,7 +28,9 @@ class LangChainRetriever(BaseRetriever):
     ) -> list[Document]:
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise ValueError(f"k must be a positive whole number of documents, got {k!r}.")
-        return [
-            Document(id=hit.uid, page_content=hit.chunk.text, metadata=hit.metadata())
-            for hit in self.retriever.retrieve(query, self.k if k is None else k)
-        ]
+        return langchain_documents(self.retriever.retrieve(query, self.k if k is None else k))
+
+
+def langchain_documents(hits: Iterable[RetrievedChunk]) -> list[Document]:
+    """Retrieved chunks as LangChain documents: metadata holds source, title, offsets and score."""
+    return [Document(id=hit.uid, page_content=hit.chunk.text, metadata=hit.metadata()) for hit in hits]

@@ -67,14 +67,11 @@ def _through_langchain(
 
     from rag_mspoe.connectors.langchain import ChatRagMsPoE
     from rag_mspoe.connectors.langchain_retriever import LangChainRetriever
-    from rag_mspoe.prompts.document_order import long_context_reorder
 
     packed: list[tuple[str, str]] = []
 
     def format_docs(docs: Sequence[Any]) -> str:
-        ordered = long_context_reorder(list(docs)) if method.order == "reorder" else list(docs)
-        packed.extend((doc.metadata.get("source", ""), doc.page_content) for doc in ordered)
-        return "\n\n".join(doc.page_content for doc in ordered)
+        return _stuffed(docs, method, packed)
 
     llm = ChatRagMsPoE(engine=engine, method=_llm_method(method), max_tokens=max_tokens)
     retriever = LangChainRetriever(retriever=index, k=k)
@@ -95,7 +92,6 @@ def _through_langchain_agent(
 
     from rag_mspoe.connectors.langchain import ChatRagMsPoE
     from rag_mspoe.eval.e2e_vector_store import IndexVectorStore
-    from rag_mspoe.prompts.document_order import long_context_reorder
 
     vector_store = IndexVectorStore(index)
     packed: list[tuple[str, str]] = []
@@ -103,14 +99,22 @@ def _through_langchain_agent(
     @dynamic_prompt
     def prompt_with_context(request: ModelRequest) -> str:
         docs = vector_store.similarity_search(request.state["messages"][-1].text, k=k)
-        ordered = long_context_reorder(docs) if method.order == "reorder" else docs
-        packed.extend((doc.metadata.get("source", ""), doc.page_content) for doc in ordered)
-        return AGENT_SYSTEM_PROMPT.format(context="\n\n".join(doc.page_content for doc in ordered))
+        return AGENT_SYSTEM_PROMPT.format(context=_stuffed(docs, method, packed))
 
     llm = ChatRagMsPoE(engine=engine, method=_llm_method(method), max_tokens=max_tokens)
     agent = create_agent(llm, tools=[], middleware=[prompt_with_context])
     reply = agent.invoke({"messages": [{"role": "user", "content": question}]})["messages"][-1]
     return ChainAnswer(str(reply.content), packed, reply.response_metadata.get("documents_read"))
+
+
+def _stuffed(docs: Sequence[Any], method: ResolvedMethod, packed: list[tuple[str, str]]) -> str:
+    """LangChain documents joined by blank lines, as the tutorials' `format_docs` does, in
+    LongContextReorder's order under that label; each one's (source, text) appended to `packed`."""
+    from rag_mspoe.prompts.document_order import long_context_reorder
+
+    ordered = long_context_reorder(list(docs)) if method.order == "reorder" else list(docs)
+    packed.extend((doc.metadata.get("source", ""), doc.page_content) for doc in ordered)
+    return "\n\n".join(doc.page_content for doc in ordered)
 
 
 def _through_llamaindex(

@@ -10,6 +10,7 @@ from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import VectorStore
 
+from rag_mspoe.connectors.langchain_retriever import langchain_documents
 from rag_mspoe.pipelines.retrieval import Retriever
 
 
@@ -20,10 +21,7 @@ class IndexVectorStore(VectorStore):
         self.retriever = retriever
 
     def similarity_search(self, query: str, k: int = 4, **kwargs: Any) -> list[Document]:
-        return [
-            Document(id=hit.uid, page_content=hit.chunk.text, metadata=hit.metadata())
-            for hit in self.retriever.retrieve(query, k)
-        ]
+        return langchain_documents(self.retriever.retrieve(query, k))
 
     def add_texts(self, texts: Iterable[str], metadatas: Any = None, **kwargs: Any) -> list[str]:
         raise NotImplementedError("The run's index is read-only: add documents with `rag-mspoe index`.")
